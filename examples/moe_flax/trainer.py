@@ -1,0 +1,283 @@
+"""Training loop shared by the MoE and the dense FSDP examples.
+
+Parameters live in flat fp32 buckets (see fsdp.py), each a global array of shape (groups, padded) sharded
+``P(group_axis, shard_axes)``: ``groups`` is the number of expert-parallel ranks for the expert bucket and 1
+otherwise.  One ``jax.shard_map`` computes the gradients:
+
+    gather (all_gather, comm dtype) -> forward/backward (MoE all_to_all) -> psum_scatter [-> psum]
+
+and the fp32 optimizer update runs on the shards outside it (elementwise, no communication).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import traverse_util
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from . import data as data_lib
+from . import fsdp
+from .comm import Comm
+from .model import Config, Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    name: str
+    select: object  # key(path tuple) -> bool
+    shard_axes: tuple  # axes the bucket is FSDP-sharded (gathered / reduce-scattered) over
+    group_axis: str | None = None  # expert-parallel axis splitting every leaf's leading dim
+    psum_axes: tuple = ()  # replica axes the shard gradient is all-reduced over (HSDP)
+
+
+def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, experts: int) -> None:
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=20)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--batch-per-device", type=int, default=4, help="sequences per device per step")
+    g.add_argument("--lr", type=float, default=3e-3)
+    g.add_argument("--aux-coef", type=float, default=0.01, help="MoE load-balancing loss weight")
+    g.add_argument("--corpus-bytes", type=int, default=4 << 20, help="bytes of stdlib sources to train on")
+    g = p.add_argument_group("model")
+    g.add_argument("--seq-len", type=int, default=64)
+    g.add_argument("--d-model", type=int, default=64)
+    g.add_argument("--layers", type=int, default=layers)
+    g.add_argument("--heads", type=int, default=4)
+    g.add_argument("--d-ff", type=int, default=128)
+    g.add_argument("--experts", type=int, default=experts, help="0: dense feed-forward")
+    g.add_argument("--top-k", type=int, default=2)
+    g.add_argument("--capacity-factor", type=float, default=1.25)
+    g.add_argument("--moe-every", type=int, default=1)
+    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="activation, parameter-gather and all_to_all dtype")
+    g.add_argument("--reduce-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="dtype of the gradient psum_scatter / psum")
+    g = p.add_argument_group("parallelism and communication")
+    g.add_argument("--mesh", default=mesh, help="AxB device mesh (product = number of devices)")
+    g.add_argument("--no-compress", action="store_true",
+                   help="zipccl_jax collectives with compress=False (raw bytes, same reduction order)")
+    g.add_argument("--backend", default="zipccl", choices=["zipccl", "lax"],
+                   help="zipccl: zipccl_jax collectives (default). lax: plain jax.lax baseline")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", default=None, metavar="FILE", help="write losses and byte counts to FILE")
+    g.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+
+
+def config_from_args(args) -> Config:
+    return Config(seq_len=args.seq_len, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                  d_ff=args.d_ff, num_experts=args.experts, top_k=args.top_k,
+                  capacity_factor=args.capacity_factor, moe_every=args.moe_every, dtype=jnp.dtype(args.dtype))
+
+
+def parse_mesh(s: str) -> tuple[int, int]:
+    a, b = (int(v) for v in s.lower().split("x"))
+    return a, b
+
+
+# --------------------------------------------------------------------------------------------------------
+# state
+
+
+def init_state(cfg: Config, mesh, plan, seed: int):
+    """Initialise the full model on the host and pack it into sharded fp32 buckets."""
+    model = Transformer(cfg)
+    tokens = jnp.zeros((1, cfg.seq_len), jnp.int32)
+    cpu = jax.local_devices()[0]
+    with jax.default_device(cpu):
+        variables = jax.jit(model.init)(jax.random.key(seed), tokens)
+    flat = {k: np.asarray(v) for k, v in traverse_util.flatten_dict(variables["params"]).items()}
+    keys = sorted(flat)
+    assigned = set()
+    buckets, arrays, specs = {}, {}, {}
+    for bp in plan:
+        sel = [k for k in keys if bp.select(k) and k not in assigned]
+        assigned.update(sel)
+        groups = mesh.shape[bp.group_axis] if bp.group_axis else 1
+        n_shards = math.prod(mesh.shape[a] for a in bp.shard_axes)
+        b = fsdp.make_bucket(flat, sel, n_shards, leading_split=groups)
+        host = np.stack([b.pack_np({k: np.split(flat[k], groups, axis=0)[g] if groups > 1 else flat[k]
+                                    for k in sel}) for g in range(groups)])
+        spec = P(bp.group_axis, bp.shard_axes)
+        sharding = NamedSharding(mesh, spec)
+        arrays[bp.name] = jax.make_array_from_callback(host.shape, sharding, lambda idx, h=host: h[idx])
+        buckets[bp.name], specs[bp.name] = b, spec
+    missing = set(keys) - assigned
+    assert not missing, f"parameters in no bucket: {sorted(missing)}"
+    return buckets, arrays, specs
+
+
+def params_digest(buckets, arrays) -> str:
+    """sha256 over the fp32 bytes of every parameter bucket (all shards, all processes)."""
+    from jax.experimental import multihost_utils
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        x = arrays[name]
+        if not x.is_fully_addressable:
+            x = multihost_utils.process_allgather(x, tiled=True)
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(np.asarray(x, np.float32)).tobytes())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------------
+# step
+
+
+def make_step(cfg: Config, mesh, plan, buckets, specs, comm: Comm, optimizer, *, global_tokens: int,
+              aux_coef: float, reduce_dtype, expert_axis: str | None):
+    axes = tuple(mesh.axis_names)
+    n_dev = mesh.size
+    expert_shards = mesh.shape[expert_axis] if expert_axis else 1
+    model = Transformer(cfg, expert_shards=expert_shards, expert_axis=expert_axis, all_to_all=comm.all_to_all)
+
+    def local(params, tokens):
+        gathered = {bp.name: fsdp.gather(comm, params[bp.name][0], bp.shard_axes, cfg.dtype) for bp in plan}
+
+        def loss_fn(gathered):
+            flat = {}
+            for bp in plan:
+                flat.update(buckets[bp.name].unpack(gathered[bp.name]))
+            tree = traverse_util.unflatten_dict(flat)
+            (logits, aux), state = model.apply({"params": tree}, tokens[:, :-1], mutable=["intermediates"])
+            ce = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]))
+            drops = jax.tree.leaves(state.get("intermediates", {}))
+            dropped = jnp.mean(jnp.stack(drops)) if drops else jnp.zeros((), jnp.float32)
+            return ce / global_tokens + aux_coef * aux / n_dev, (ce, aux, dropped)
+
+        (_, (ce, aux, dropped)), grads = jax.value_and_grad(loss_fn, has_aux=True)(gathered)
+        out = {}
+        for bp in plan:
+            g = fsdp.reduce_scatter(comm, grads[bp.name].astype(reduce_dtype), bp.shard_axes)
+            if bp.psum_axes:
+                g = comm.psum(g.astype(reduce_dtype), bp.psum_axes).astype(jnp.float32)
+            out[bp.name] = g[None]
+        return ce[None], aux[None], dropped[None], out
+
+    grads_fn = jax.shard_map(local, mesh=mesh, in_specs=(specs, P(axes)),
+                             out_specs=(P(axes), P(axes), P(axes), specs))
+
+    def step(params, opt_state, tokens):
+        ce, aux, dropped, grads = grads_fn(params, tokens)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": jnp.sum(ce) / global_tokens, "aux": jnp.mean(aux), "dropped": jnp.mean(dropped)}
+        return params, opt_state, metrics
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+# --------------------------------------------------------------------------------------------------------
+# driver
+
+
+def run(args, *, name: str, plan, expert_axis: str | None, axis_names: tuple[str, str]) -> dict:
+    shape = parse_mesh(args.mesh)
+    if math.prod(shape) != jax.device_count():
+        raise SystemExit(f"--mesh {args.mesh} needs {math.prod(shape)} devices, have {jax.device_count()}")
+    mesh = jax.make_mesh(shape, axis_names)
+    with jax.set_mesh(mesh):
+        return _run(args, mesh, name=name, plan=plan, expert_axis=expert_axis)
+
+
+def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
+    from tqdm import tqdm
+
+    cfg = config_from_args(args)
+    if expert_axis and cfg.num_experts % mesh.shape[expert_axis]:
+        raise SystemExit(f"--experts {cfg.num_experts} must be a multiple of the expert axis {mesh.shape[expert_axis]}")
+    lead = jax.process_index() == 0
+    show = lead and not args.quiet
+
+    comm = Comm(args.backend, compress=not args.no_compress)
+    corpus = data_lib.load_corpus(args.corpus_bytes)
+    batch = args.batch_per_device * mesh.size
+    global_tokens = batch * cfg.seq_len
+    batches = data_lib.Batches(corpus, batch, cfg.seq_len, args.seed)
+    data_sharding = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+
+    buckets, params, specs = init_state(cfg, mesh, plan, args.seed)
+    optimizer = optax.adam(args.lr)
+    opt_state = jax.jit(optimizer.init)(params)
+    step = make_step(cfg, mesh, plan, buckets, specs, comm, optimizer, global_tokens=global_tokens,
+                     aux_coef=args.aux_coef, reduce_dtype=jnp.dtype(args.reduce_dtype), expert_axis=expert_axis)
+
+    if show:
+        n_params = sum(b.numel * (mesh.shape[bp.group_axis] if bp.group_axis else 1)
+                       for bp, b in zip(plan, buckets.values()))
+        print(f"{name}: {n_params / 1e6:.2f}M params, mesh {dict(mesh.shape)}, {jax.process_count()} process(es), "
+              f"backend={comm.backend} compress={comm.compress}, corpus {corpus.size / 1e6:.1f} MB of stdlib "
+              f"sources ({data_lib.corpus_digest(corpus)}), {global_tokens} tokens/step", flush=True)
+
+    losses, times, aux, dropped = [], [], [], []
+    bar = tqdm(range(args.steps), desc=name, disable=not show, file=sys.stderr, dynamic_ncols=True)
+    for i in bar:
+        host = next(batches)
+        tokens = jax.make_array_from_callback(host.shape, data_sharding, lambda idx, h=host: h[idx])
+        t0 = time.perf_counter()
+        params, opt_state, m = step(params, opt_state, tokens)
+        loss = float(m["loss"])  # blocks
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        aux.append(float(m["aux"]))
+        dropped.append(float(m["dropped"]))
+        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{global_tokens / times[-1]:,.0f}")
+    bar.close()
+
+    steady = times[1:] or times
+    step_s = float(np.mean(steady))
+    result = {
+        "example": name,
+        "losses": losses,
+        "loss_bits": [np.float32(x).view(np.uint32).item() for x in losses],
+        "aux_losses": aux,
+        "dropped_fraction": dropped,
+        "params_sha256": params_digest(buckets, params),
+        "first_step_s": times[0] if times else None,
+        "step_time_s": step_s,
+        "tokens_per_step": global_tokens,
+        "tokens_per_s": global_tokens / step_s if times else None,
+        "backend": comm.backend,
+        "compress": comm.compress,
+        "mesh": dict(mesh.shape),
+        "processes": jax.process_count(),
+        "config": {k: (str(v) if k == "dtype" else v) for k, v in dataclasses.asdict(cfg).items()},
+    }
+    result.update(collective_bytes(comm, mesh, args.steps))
+    if show:
+        print_summary(result, comm)
+    if args.json and lead:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    return result
+
+
+def collective_bytes(comm: Comm, mesh, steps: int) -> dict:
+    """Raw and wire bytes of every collective over the run, summed over devices."""
+    per_step = 0
+    for s in comm.sites:
+        mult = 2 if s.op == "all_to_all" else 1  # the backward all_to_all mirrors the forward one
+        per_step += mult * s.raw_bytes * mesh.size
+    return {"raw_bytes": per_step * steps, "wire_bytes": per_step * steps, "fallbacks": 0, "bytes_source": "trace"}
+
+
+def print_summary(r: dict, comm: Comm) -> None:
+    raw, wire = r["raw_bytes"], r["wire_bytes"]
+    ratio = raw / wire if wire else float("nan")
+    ops = {}
+    for s in comm.sites:
+        ops[s.op] = ops.get(s.op, 0) + 1
+    print(f"collectives traced per step (forward calls): {ops}")
+    print(f"collective bytes over {len(r['losses'])} steps: raw {raw / 1e6:.2f} MB, wire {wire / 1e6:.2f} MB "
+          f"(ratio {ratio:.3f}x, saved {100 * (1 - wire / raw) if raw else 0:.1f}%), fallbacks {r['fallbacks']}")
+    print(f"step time {r['step_time_s'] * 1e3:.1f} ms (first step incl. compile {r['first_step_s']:.2f} s), "
+          f"{r['tokens_per_s']:,.0f} tokens/s; loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
