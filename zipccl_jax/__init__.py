@@ -1,0 +1,21 @@
+"""zipccl_jax: lossless compressed collectives for JAX training.
+
+Codec: `encode`, `decode`, `max_encoded_bytes` (see FORMAT.md for the bytes).
+Collectives (inside `jax.shard_map`): `all_to_all`, `all_gather`,
+`psum_scatter`, `psum`, `ppermute`, with `jax.lax` signatures.
+"""
+
+from zipccl_jax import format
+from zipccl_jax.codec import decode, encode, max_encoded_bytes
+
+__version__ = "0.1.0"
+
+__all__ = ["encode", "decode", "max_encoded_bytes", "format"]
+
+try:  # the collectives land in their own module
+  from zipccl_jax.collectives import *  # noqa: F401,F403
+  from zipccl_jax import collectives as _collectives
+  __all__ += list(_collectives.__all__)
+except ImportError as _e:  # pragma: no cover
+  if "zipccl_jax.collectives" not in str(_e):
+    raise

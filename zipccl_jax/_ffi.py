@@ -1,0 +1,40 @@
+"""Loads the compiled extension and registers every FFI target exactly once."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import jax
+
+_log = logging.getLogger("zipccl_jax")
+_lock = threading.Lock()
+_registered = False
+
+ENCODE_TARGET = "zipccl_encode"
+DECODE_TARGET = "zipccl_decode"
+
+
+def extension():
+  """The `zipccl_jax._zipccl` module, with a clear error if it was not built."""
+  try:
+    from zipccl_jax import _zipccl
+  except ImportError as e:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "zipccl_jax._zipccl is missing: install the package with `pip install .` so the "
+        "C++ extension is built") from e
+  return _zipccl
+
+
+def register() -> None:
+  """Registers the encode/decode targets for every platform the build supports."""
+  global _registered
+  with _lock:
+    if _registered:
+      return
+    ext = extension()
+    for platform, targets in ext.registrations().items():
+      for name, capsule in targets.items():
+        jax.ffi.register_ffi_target(name, capsule, platform=platform)
+      _log.debug("registered %s for platform %s", sorted(targets), platform)
+    _registered = True

@@ -1,0 +1,185 @@
+"""Jittable encode/decode: `jax.ffi.ffi_call` wrappers with static output shapes.
+
+The payload of one frame is a uint8 vector of static length (by default
+`max_encoded_bytes(x.size, x.dtype)`); the frame itself occupies the prefix of
+`nbytes` bytes. FORMAT.md describes the bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from zipccl_jax import _ffi
+from zipccl_jax import format as fmt
+
+__all__ = ["encode", "decode", "encode_frames", "decode_frames", "max_encoded_bytes",
+           "frame_bytes_of"]
+
+max_encoded_bytes = fmt.max_encoded_bytes
+
+
+def _nbytes_dtype():
+  return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
+
+
+def _result(like, shape, dtype):
+  """A result type for `shape`/`dtype` that carries `like`'s manual-axis type.
+
+  Inside `jax.shard_map` every value is per-device ("varying"); an ffi_call
+  result must say so too, or custom_vjp/grad reject it (PLATFORM.md).
+  """
+  aval = jax.typeof(like)
+  manual = getattr(aval, "manual_axis_type", None)
+  sharding = getattr(aval, "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  if manual is not None and mesh is not None and getattr(mesh, "axis_names", ()):
+    try:
+      return jax.ShapeDtypeStruct(
+          shape, dtype, manual_axis_type=manual,
+          sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    except (TypeError, ValueError):
+      pass
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _check_capacity(capacity, default: int) -> int:
+  if capacity is None:
+    return default
+  if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+    raise TypeError(f"zipccl_jax: capacity must be an int number of bytes, got {capacity!r}")
+  capacity = int(capacity)
+  if capacity < fmt.FRAME_HEADER_BYTES:
+    raise ValueError(
+        f"zipccl_jax: capacity must be >= {fmt.FRAME_HEADER_BYTES} bytes (one frame header), "
+        f"got {capacity}")
+  return capacity
+
+
+def encode_frames(x, *, capacity: int | None = None, checksum: bool = False):
+  """Codes each row `x[f]` as its own frame, in one FFI call.
+
+  Args:
+    x: array of shape `(F, *s)` and dtype bfloat16, float16 or float32.
+    capacity: bytes reserved per frame; default `max_encoded_bytes(prod(s), dtype)`,
+      which always fits. A smaller capacity may overflow: see `encode`.
+    checksum: append an XXH32 checksum to every frame (verified on decode).
+
+  Returns:
+    `(payload, nbytes)`: uint8 `(F, capacity)` and int32 `(F,)` (int64 with x64).
+  """
+  x = jnp.asarray(x)
+  fmt.dtype_code(x.dtype, arg="x")
+  if x.ndim < 1:
+    raise ValueError("zipccl_jax: encode_frames needs x with a leading frame axis, got a scalar")
+  frames = x.shape[0]
+  n = math.prod(x.shape[1:])
+  cap = _check_capacity(capacity, fmt.max_encoded_bytes(n, x.dtype))
+  _ffi.register()
+  payload, nbytes = jax.ffi.ffi_call(
+      _ffi.ENCODE_TARGET,
+      (_result(x, (frames, cap), jnp.uint8), _result(x, (frames,), _nbytes_dtype())),
+      vmap_method="broadcast_all",
+  )(x, checksum=bool(checksum))
+  return payload, nbytes
+
+
+def decode_frames(payload, *, shape: Sequence[int], dtype):
+  """Inverse of `encode_frames`: `(F, C)` uint8 payload -> `(F, *shape)` array.
+
+  Raises (at run time, as `JaxRuntimeError: INVALID_ARGUMENT`) if any frame is
+  malformed, truncated, overflowed, or disagrees with `shape`/`dtype`.
+  """
+  payload = jnp.asarray(payload)
+  if payload.dtype != jnp.uint8:
+    raise TypeError(f"zipccl_jax: payload must be uint8, got {payload.dtype}")
+  if payload.ndim != 2:
+    raise ValueError(f"zipccl_jax: payload must have shape (frames, capacity), got {payload.shape}")
+  shape = _check_shape(shape)
+  fmt.dtype_code(dtype)
+  _ffi.register()
+  return jax.ffi.ffi_call(
+      _ffi.DECODE_TARGET,
+      _result(payload, (payload.shape[0], *shape), jnp.dtype(dtype)),
+      vmap_method="broadcast_all",
+  )(payload)
+
+
+def _check_shape(shape) -> tuple[int, ...]:
+  try:
+    shape = tuple(int(d) for d in shape)
+  except TypeError:
+    raise TypeError(f"zipccl_jax: shape must be a sequence of ints, got {shape!r}") from None
+  if any(d < 0 for d in shape):
+    raise ValueError(f"zipccl_jax: shape must be non-negative, got {shape}")
+  return shape
+
+
+def encode(x, *, checksum: bool = False, capacity: int | None = None):
+  """Losslessly compresses `x` into one frame.
+
+  Args:
+    x: array of any shape with dtype bfloat16, float16 or float32 (others raise
+      TypeError). Elements are coded in row-major order.
+    checksum: store an XXH32 checksum of the frame; decode verifies it.
+    capacity: length of the returned payload in bytes. Defaults to
+      `max_encoded_bytes(x.size, x.dtype)`, which every input fits. With a
+      smaller capacity a frame may not fit; then `nbytes > capacity`, only the
+      32-byte header is written (its `frame_bytes` field holds `nbytes`), and
+      `decode` of that payload raises.
+
+  Returns:
+    `(payload, nbytes)`: payload is uint8 of shape `(capacity,)`; nbytes is a
+    scalar int32 (int64 with `jax_enable_x64`), the frame's exact size. The
+    frame is `payload[:nbytes]`; the rest of the payload is unspecified.
+
+  Example:
+    >>> x = jnp.linspace(-1, 1, 4096, dtype=jnp.bfloat16)
+    >>> payload, nbytes = zipccl_jax.encode(x)
+    >>> y = zipccl_jax.decode(payload, shape=x.shape, dtype=x.dtype)
+    >>> bool((y.view(jnp.uint16) == x.view(jnp.uint16)).all())
+    True
+  """
+  x = jnp.asarray(x)
+  fmt.dtype_code(x.dtype, arg="x")
+  payload, nbytes = encode_frames(x.reshape(1, x.size), capacity=capacity, checksum=checksum)
+  return payload[0], nbytes[0]
+
+
+def decode(payload, *, shape: Sequence[int], dtype):
+  """Decodes the frame at the start of `payload` into an array of `shape`, `dtype`.
+
+  Args:
+    payload: uint8 vector holding a frame in its prefix (any trailing bytes are
+      ignored); for example `payload[:nbytes]` from `encode`.
+    shape, dtype: what was encoded; they must match the frame's header.
+
+  Returns:
+    The bit-exact original array.
+
+  A malformed, truncated or corrupted payload raises
+  `JaxRuntimeError: INVALID_ARGUMENT: zipccl decode (frame 0, ...): <reason>`.
+  """
+  payload = jnp.asarray(payload)
+  if payload.ndim != 1:
+    raise ValueError(f"zipccl_jax: payload must be a 1-D uint8 vector, got shape {payload.shape}")
+  shape = _check_shape(shape)
+  return decode_frames(payload[None], shape=shape, dtype=dtype)[0]
+
+
+def frame_bytes_of(payload):
+  """The `frame_bytes` header field of each frame, as int32, saturated at 2^31-1.
+
+  Reads header bytes [16, 24) with jnp ops, so it is cheap and traceable; a
+  receiver uses it to see that a sender's frame overflowed its capacity.
+  `payload` has shape `(..., C)` with `C >= 32`.
+  """
+  b = jnp.asarray(payload)[..., 16:24].astype(jnp.uint32)
+  lo = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+  hi = b[..., 4] | (b[..., 5] << 8) | (b[..., 6] << 16) | (b[..., 7] << 24)
+  big = (hi != 0) | (lo > 0x7FFFFFFF)
+  return jnp.where(big, jnp.int32(0x7FFFFFFF), lo.astype(jnp.int32))

@@ -1,0 +1,69 @@
+"""Wire-format constants and size bounds, mirrored from xla_ffi/codec/format.h.
+
+tests/test_format.py checks every constant here against the compiled extension,
+so the Python side can compute static shapes without calling into C++.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import ml_dtypes
+
+MAGIC = 0x4C43435A  # b"ZCCL" read as a little-endian u32
+VERSION = 1
+FRAME_HEADER_BYTES = 32
+DIR_ENTRY_BYTES = 4
+BLOCK_HEADER_BYTES = 8
+BLOCK_LOG2 = 16
+BLOCK_ELEMS = 1 << BLOCK_LOG2
+STREAM_LOG2 = 11
+STREAM_ELEMS = 1 << STREAM_LOG2
+STREAM_DIR_ENTRY_BYTES = 4
+MAX_CODE_LEN = 11
+NUM_SYMBOLS = 257
+ZERO_SYMBOL = 256
+FLAG_CHECKSUM = 0x01
+BLOCK_FLAG_LOW16 = 0x01
+CHECKSUM_SEED = 0
+MODE_RAW, MODE_CONST, MODE_HUFF = 0, 1, 2
+
+DTYPE_BF16, DTYPE_F16, DTYPE_F32 = 1, 2, 3
+DTYPE_CODES = {
+    np.dtype(ml_dtypes.bfloat16): DTYPE_BF16,
+    np.dtype(np.float16): DTYPE_F16,
+    np.dtype(np.float32): DTYPE_F32,
+}
+SUPPORTED_DTYPES = tuple(DTYPE_CODES)
+SUPPORTED_NAMES = "bfloat16, float16, float32"
+
+
+def dtype_code(dtype, *, arg: str = "dtype") -> int:
+  """The format's dtype byte; TypeError naming `arg` for anything unsupported."""
+  dt = np.dtype(dtype)
+  try:
+    return DTYPE_CODES[dt]
+  except KeyError:
+    raise TypeError(
+        f"zipccl_jax: {arg} has dtype {dt.name}; the codec supports {SUPPORTED_NAMES} "
+        "(send other dtypes through jax.lax directly)") from None
+
+
+def num_blocks(n_elems: int) -> int:
+  return (int(n_elems) + BLOCK_ELEMS - 1) >> BLOCK_LOG2
+
+
+def max_encoded_bytes(n_elems: int, dtype) -> int:
+  """Largest frame, in bytes, for `n_elems` elements of `dtype` (all blocks RAW).
+
+  That is raw size + 32 bytes + 12 bytes per 65536 elements (<= 0.01% for
+  bfloat16 beyond one block).
+
+  >>> max_encoded_bytes(1024, "bfloat16")
+  2092
+  """
+  n = int(n_elems)
+  if n < 0:
+    raise ValueError(f"zipccl_jax: n_elems must be >= 0, got {n}")
+  width = np.dtype(dtype).itemsize
+  dtype_code(dtype)
+  return FRAME_HEADER_BYTES + num_blocks(n) * (DIR_ENTRY_BYTES + BLOCK_HEADER_BYTES) + n * width
