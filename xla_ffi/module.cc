@@ -1,9 +1,12 @@
 // The one Python extension, zipccl_jax._zipccl: FFI registrations per platform
 // and the format constants that zipccl_jax/format.py mirrors.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <string>
 
+#include "codec/codec_cpu.h"
 #include "codec/format.h"
 #include "handlers.h"
 
@@ -16,6 +19,34 @@ nb::capsule Capsule(T* fn) {
   static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>,
                 "an FFI handler must have the XLA_FFI_Handler signature");
   return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+using HostBytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using HostOut = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Host-buffer entry points for benchmarks and the C++/NumPy cross-checks: the
+// same driver the CPU FFI handler calls, minus XLA's dispatch.
+uint64_t EncodeHost(HostBytes x, uint64_t n_elems, int dtype, bool checksum, HostOut out) {
+  if (zipccl::ElemBytes(uint8_t(dtype)) == 0) throw nb::value_error("unsupported dtype code");
+  if (x.size() != n_elems * uint64_t(zipccl::ElemBytes(uint8_t(dtype))))
+    throw nb::value_error("x must hold n_elems elements of the dtype, as bytes");
+  nb::gil_scoped_release release;
+  return zipccl::cpu::EncodeFrame(x.data(), n_elems, uint8_t(dtype), checksum, out.data(),
+                                  out.size());
+}
+
+void DecodeHost(HostBytes payload, int dtype, uint64_t n_elems, HostOut out) {
+  if (zipccl::ElemBytes(uint8_t(dtype)) == 0) throw nb::value_error("unsupported dtype code");
+  if (out.size() != n_elems * uint64_t(zipccl::ElemBytes(uint8_t(dtype))))
+    throw nb::value_error("out must hold n_elems elements of the dtype, as bytes");
+  zipccl::cpu::DecodeResult r;
+  {
+    nb::gil_scoped_release release;
+    r = zipccl::cpu::DecodeFrame(payload.data(), payload.size(), uint8_t(dtype), n_elems,
+                                 out.data());
+  }
+  if (r.status != zipccl::kOk)
+    throw nb::value_error((std::string("zipccl decode: ") + zipccl::StatusMessage(r.status)).c_str());
 }
 
 }  // namespace
@@ -36,6 +67,11 @@ NB_MODULE(_zipccl, m) {
 #endif
     return per_platform;
   });
+  m.def("encode_host", &EncodeHost, nb::arg("x"), nb::arg("n_elems"), nb::arg("dtype_code"),
+        nb::arg("checksum"), nb::arg("out"),
+        "Encodes x (raw bytes) into out; returns the frame size (> out.size on overflow).");
+  m.def("decode_host", &DecodeHost, nb::arg("payload"), nb::arg("dtype_code"), nb::arg("n_elems"),
+        nb::arg("out"), "Decodes a frame into out (raw bytes); ValueError on a bad frame.");
   m.def("max_encoded_bytes",
         [](uint64_t n_elems, int dtype) { return zipccl::MaxEncodedBytes(n_elems, uint8_t(dtype)); },
         nb::arg("n_elems"), nb::arg("dtype_code"));
