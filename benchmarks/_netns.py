@@ -1,0 +1,341 @@
+"""Private, rate-limited network namespace plus a bounded multi-process launcher.
+
+Used by ``benchmarks/collectives.py`` and ``benchmarks/train_step.py``.
+
+* ``NetNS`` creates a uniquely named namespace (``ip netns add``), brings its loopback up and shapes it with
+  ``tc ... tbf``. It is always deleted again: by ``close()``, by the ``with`` block, and by an ``atexit`` hook
+  (SIGTERM/SIGHUP are turned into ``SystemExit`` so those run too). Only the namespace's own loopback is used.
+* ``Workers`` spawns N processes (optionally inside the namespace, via ``ip netns exec``), each in its own
+  session so the whole tree can be killed, with stdout/stderr in log files, and bounds them with a deadline.
+* ``ControlDir`` is a tiny file protocol that lets the launcher change the link rate between phases while the
+  workers stay alive (JAX start-up and compilation happen once per run, not once per rate).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+TBF_BURST = "256kb"
+TBF_LATENCY = "100ms"
+
+
+class NetNSError(RuntimeError):
+    pass
+
+
+def _run(cmd: Sequence[str], timeout: float = 20.0) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+
+
+def parse_rates(spec: str) -> list[float | None]:
+    """'0.5,1,2.5,10,unshaped' -> [0.5, 1.0, 2.5, 10.0, None] (Gbit/s; None = no shaping)."""
+    out: list[float | None] = []
+    for tok in spec.split(","):
+        tok = tok.strip().lower()
+        if not tok:
+            continue
+        if tok in ("unshaped", "none", "inf"):
+            out.append(None)
+        else:
+            r = float(tok)
+            if not r > 0:
+                raise ValueError(f"link rate must be > 0 Gbit/s, got {tok!r}")
+            out.append(r)
+    if not out:
+        raise ValueError("no link rates given")
+    return out
+
+
+def rate_label(rate_gbit: float | None) -> str:
+    return "unshaped" if rate_gbit is None else f"{rate_gbit:g}Gbit"
+
+
+_SIGNALS_INSTALLED = False
+
+
+def _install_signal_exit() -> None:
+    """Make SIGTERM/SIGHUP raise SystemExit in the main thread, so finally-blocks and atexit run."""
+    global _SIGNALS_INSTALLED
+    if _SIGNALS_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, handler)
+    _SIGNALS_INSTALLED = True
+
+
+class NetNS:
+    """A private network namespace whose loopback can be rate-limited with tc tbf."""
+
+    def __init__(self, prefix: str = "zccl_bench"):
+        if os.name != "posix" or not hasattr(os, "geteuid"):
+            raise NetNSError("network namespaces need Linux")
+        if os.geteuid() != 0:
+            raise NetNSError(
+                "creating a network namespace needs root (ip netns add). Run this benchmark as root, "
+                "or pass --no-netns for an unshaped run on the host loopback.")
+        for tool in ("ip", "tc"):
+            if shutil.which(tool) is None:
+                raise NetNSError(f"'{tool}' not found on PATH (Debian: apt-get install iproute2)")
+        self.name = f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
+        self._alive = False
+        _install_signal_exit()
+        r = _run(["ip", "netns", "add", self.name])
+        if r.returncode != 0:
+            raise NetNSError(f"could not create network namespace {self.name!r}: "
+                             f"{(r.stderr or r.stdout).strip()}")
+        self._alive = True
+        atexit.register(self.close)
+        try:
+            self._check(["ip", "link", "set", "lo", "up"], "bring loopback up")
+        except BaseException:
+            self.close()
+            raise
+        self.rate_gbit: float | None = None
+
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def _check(self, cmd: Sequence[str], what: str) -> str:
+        r = _run(self.exec_prefix() + list(cmd))
+        if r.returncode != 0:
+            raise NetNSError(f"netns {self.name}: could not {what}: {' '.join(cmd)}: "
+                             f"{(r.stderr or r.stdout).strip()}")
+        return r.stdout
+
+    def set_rate(self, rate_gbit: float | None) -> None:
+        """Shape the namespace's loopback to rate_gbit Gbit/s (None: remove shaping)."""
+        if rate_gbit is None:
+            qd = _run(self.exec_prefix() + ["tc", "qdisc", "show", "dev", "lo"]).stdout
+            if "tbf" in qd:
+                self._check(["tc", "qdisc", "del", "dev", "lo", "root"], "remove shaping")
+        else:
+            mbit = max(1, int(round(rate_gbit * 1000)))
+            self._check(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", f"{mbit}mbit",
+                         "burst", TBF_BURST, "latency", TBF_LATENCY], f"shape lo to {mbit} Mbit/s")
+        self.rate_gbit = rate_gbit
+
+    def qdisc(self) -> str:
+        return _run(self.exec_prefix() + ["tc", "qdisc", "show", "dev", "lo"]).stdout.strip()
+
+    def close(self) -> None:
+        if not self._alive:
+            return
+        self._alive = False
+        r = _run(["ip", "netns", "del", self.name])
+        if r.returncode != 0:
+            print(f"warning: could not delete network namespace {self.name}: {r.stderr.strip()}"
+                  f" (run: ip netns del {self.name})", file=sys.stderr)
+        try:
+            atexit.unregister(self.close)
+        except Exception:
+            pass
+
+    def __enter__(self) -> "NetNS":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def free_port() -> int:
+    """A free TCP port on the host loopback (only used when no private namespace is used)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for one-CPU-device JAX workers: no forced host device count, CPU only, few threads."""
+    env = dict(os.environ)
+    flags = env.get("XLA_FLAGS", "")
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", flags).strip()
+    if flags:
+        env["XLA_FLAGS"] = flags
+    else:
+        env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+class WorkerFailed(RuntimeError):
+    pass
+
+
+class Workers:
+    """N child processes, each in its own session, with log files and a hard deadline."""
+
+    def __init__(self, argvs: Sequence[Sequence[str]], *, netns: NetNS | None, logdir: Path,
+                 env: dict[str, str], timeout_s: float, cwd: str | None = None):
+        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
+        self.logdir = Path(logdir)
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        _install_signal_exit()
+        atexit.register(self.kill)
+        prefix = netns.exec_prefix() if netns is not None else []
+        try:
+            for i, argv in enumerate(argvs):
+                log = self.logdir / f"worker{i}.log"
+                self.logs.append(log)
+                with open(log, "wb") as fh:
+                    self.procs.append(subprocess.Popen(prefix + list(argv), stdout=fh, stderr=subprocess.STDOUT,
+                                                       stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+                                                       start_new_session=True))
+        except BaseException:
+            self.kill()
+            raise
+
+    def log_tail(self, i: int, n: int = 40) -> str:
+        try:
+            lines = self.logs[i].read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-n:])
+
+    def check(self) -> None:
+        """Raise WorkerFailed if a worker died with an error or the deadline passed."""
+        for i, p in enumerate(self.procs):
+            rc = p.poll()
+            if rc not in (None, 0):
+                raise WorkerFailed(f"worker {i} exited with status {rc}; last lines of {self.logs[i]}:\n"
+                                   f"{self.log_tail(i)}")
+        if time.monotonic() > self.deadline:
+            raise WorkerFailed(f"workers still running after the {self.timeout_s:.0f} s timeout; last lines of "
+                               f"{self.logs[0]}:\n{self.log_tail(0)}")
+
+    def wait(self) -> None:
+        """Wait for all workers to exit cleanly (bounded by the deadline)."""
+        while any(p.poll() is None for p in self.procs):
+            self.check()
+            time.sleep(0.05)
+        self.check()
+
+    def kill(self) -> None:
+        """Terminate every child's process group (SIGTERM, then SIGKILL). Idempotent."""
+        live = [p for p in self.procs if p.poll() is None]
+        for p in live:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+        end = time.monotonic() + 3.0
+        for p in live:
+            try:
+                p.wait(timeout=max(0.05, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                p.wait(timeout=5)
+        try:
+            atexit.unregister(self.kill)
+        except Exception:
+            pass
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
+
+
+class ControlDir:
+    """File protocol between a launcher and its workers.
+
+    Launcher: ``go(k, payload)`` starts phase k; ``wait_done(k, n, workers)`` waits for n ``done`` marks;
+    ``stop()`` ends the run. Worker: ``wait_go(k)`` returns the payload (or None on stop), ``done(k, rank)``.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def _atomic_write(self, name: str, text: str) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.path / name)
+
+    def go(self, k: int, payload: dict) -> None:
+        self._atomic_write(f"go_{k}", json.dumps(payload))
+
+    def stop(self) -> None:
+        self._atomic_write("stop", "")
+
+    def wait_done(self, k: int, n: int, workers: Workers, poll_s: float = 0.05) -> None:
+        while True:
+            workers.check()
+            if all((self.path / f"done_{k}_{r}").exists() for r in range(n)):
+                return
+            time.sleep(poll_s)
+
+    def wait_go(self, k: int, timeout_s: float, poll_s: float = 0.05) -> dict | None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            p = self.path / f"go_{k}"
+            if p.exists():
+                return json.loads(p.read_text())
+            if (self.path / "stop").exists():
+                return None
+            time.sleep(poll_s)
+        raise TimeoutError(f"no go signal for phase {k} within {timeout_s:.0f} s")
+
+    def done(self, k: int, rank: int) -> None:
+        self._atomic_write(f"done_{k}_{rank}", "")
+
+
+def measure_loopback_MBps(netns: NetNS | None, nbytes: int = 16 << 20, timeout_s: float = 30.0) -> float | None:
+    """TCP throughput over 127.0.0.1 inside the namespace (MB/s), with a small python sender/receiver."""
+    code = r"""
+import socket, sys, threading, time
+n = int(sys.argv[1]); srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+port = srv.getsockname()[1]; got = [0]
+def recv():
+    c, _ = srv.accept()
+    while True:
+        b = c.recv(1 << 20)
+        if not b: break
+        got[0] += len(b)
+    c.close()
+t = threading.Thread(target=recv); t.start()
+s = socket.create_connection(("127.0.0.1", port)); buf = b"\0" * (1 << 20)
+t0 = time.perf_counter(); sent = 0
+while sent < n:
+    s.sendall(buf); sent += len(buf)
+s.shutdown(socket.SHUT_WR); t.join(); dt = time.perf_counter() - t0; s.close()
+print(got[0] / dt / 1e6)
+"""
+    cmd = (netns.exec_prefix() if netns is not None else []) + [sys.executable, "-c", code, str(nbytes)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        return float(r.stdout.strip()) if r.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def make_tempdir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -1,0 +1,539 @@
+#!/usr/bin/env python
+"""Raw vs compressed collectives on a real, rate-limited network.
+
+The launcher (run as root) creates a private network namespace, brings its loopback up and shapes it with
+``tc qdisc ... tbf`` at each requested rate, and runs N worker processes (one CPU device each) inside it under
+``jax.distributed``. The workers stay up for the whole sweep; between phases the launcher changes the qdisc.
+Only 127.0.0.1 inside that namespace is used. Everything is bounded by a timeout, the children are killed and
+the namespace is deleted however the run ends.
+
+Per case (collective x payload) and rate, the workers time, median over repetitions after warm-up, with a
+barrier before each repetition and the slowest rank counted:
+
+* ``raw_s``        ``jax.lax.<collective>`` on the tensor as is (what a user calls);
+* ``raw_bits_s``   the same data movement on the bits (uint16/uint32 bit-cast; psum_scatter as all_to_all of
+                   the bits plus a local sum). XLA:CPU widens BF16 collectives to F32 on the wire, so this is
+                   the honest raw baseline on CPU;
+* ``compressed_s`` ``zipccl_jax.<collective>(..., compress=True)`` (or ``--compressed-impl MODULE``);
+* ``auto_s``       ``compress="auto"`` once the strategy layer accepts it (null before);
+* ``codec_s``      encode + decode alone on the same chunks, no collective (``codec_share`` = codec_s /
+                   compressed_s).
+
+Wire bytes: ``wire_bytes_raw`` is the logical size of the raw collective's operand per rank;
+``wire_bytes_compressed`` is the operand size of the compressed path's collectives in the compiled HLO (fast
+path, i.e. without the raw fallback branch; ``wire_bytes_compressed_fallback`` counts that branch).
+
+    python benchmarks/collectives.py --rates 0.5,1,2.5,10,unshaped --corpus /work/shared/corpus \\
+        --json results/collectives.json --plot results/collectives.png
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import _hlo  # noqa: E402
+import _netns  # noqa: E402
+
+# (collective, payload, corpus tensor, dtype, synthetic per-rank shape)
+CASES = [
+    ("all_to_all", "moe_dispatch", "lm_act_L4_moe_dispatch", "bfloat16", (8, 1280, 256)),
+    ("all_to_all", "moe_combine", "lm_act_L4_moe_expert_out", "bfloat16", (8, 1280, 256)),
+    ("all_to_all", "moe_dispatch_grad", "lm_actgrad_L4_moe_dispatch", "bfloat16", (8, 1280, 256)),
+    ("all_to_all", "moe_combine_grad", "lm_actgrad_L4_moe_combine", "bfloat16", (8, 1280, 256)),
+    ("all_gather", "params_moe_experts", "lm_param_moe_experts", "bfloat16", (2097152,)),
+    ("psum_scatter", "grads_moe_experts", "lm_grad_moe_experts", "bfloat16", (2097152,)),
+    ("psum_scatter", "grads_attn", "lm_grad_attn", "float32", (1572864,)),
+]
+WORKER_PORT = 12355  # inside a fresh private namespace every port is free
+
+
+# ----------------------------------------------------------------------------------------------- payloads
+def load_payload(case, rank: int, nproc: int, corpus: str | None, max_elems: int | None):
+    """Per-rank local input of a case, as a numpy array (bfloat16 via ml_dtypes, or float32)."""
+    import ml_dtypes
+    import numpy as np
+
+    coll, _payload, tensor, dtype, syn_shape = case
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    if corpus:
+        manifest = json.loads((Path(corpus) / "manifest.json").read_text())
+        entry = next((t for t in manifest if t["name"] == tensor and t["dtype"] == dtype), None)
+        if entry is None:
+            raise FileNotFoundError(f"{tensor} ({dtype}) is not in {corpus}/manifest.json")
+        x = np.load(Path(corpus) / "tensors" / entry["file"])
+        x = x.view(ml_dtypes.bfloat16) if entry["storage"] == "uint16" else x.astype(np.float32, copy=False)
+        assert list(x.shape) == entry["shape"], (tensor, x.shape, entry["shape"])
+    else:
+        rng = np.random.default_rng(1234 + rank)
+        x = (rng.standard_normal(syn_shape, dtype=np.float32) * 0.02).astype(np_dtype)
+
+    if coll == "all_to_all":
+        if x.ndim < 2 or x.shape[0] % nproc:
+            x = x.reshape(-1)[: (x.size // nproc) * nproc].reshape(nproc, -1)
+        if max_elems and x.size > max_elems:
+            keep = max(1, max_elems // (x.size // x.shape[1]))
+            x = x[:, :keep]
+        if corpus:  # same tensor on every rank, but different rows in each chunk
+            x = np.roll(x, rank * max(1, x.shape[1] // nproc), axis=1)
+    else:
+        x = x.reshape(-1)
+        if coll == "all_gather":  # rank r holds shard r of the full tensor
+            n = x.size // nproc
+            if max_elems:
+                n = min(n, max(1, max_elems // nproc))
+            x = x[: n * nproc].reshape(nproc, n)[rank]
+        else:  # psum_scatter: every rank holds a full-size gradient
+            n = x.size // nproc
+            if max_elems:
+                n = min(n, max(1, max_elems // nproc))
+            x = x[: n * nproc]
+            if corpus:
+                x = np.roll(x, rank * max(1, n // 3))
+    return np.ascontiguousarray(x)
+
+
+# ----------------------------------------------------------------------------------------------- worker
+def _uint_like(dtype):
+    import jax.numpy as jnp
+    return {2: jnp.uint16, 4: jnp.uint32}[jnp.dtype(dtype).itemsize]
+
+
+def build_fns(coll: str, nproc: int, impl):
+    """Per-shard bodies (for shard_map) of the variants of one collective."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    ax = "x"
+    if coll == "all_to_all":
+        raw = lambda v: lax.all_to_all(v, ax, 0, 0, tiled=True)  # noqa: E731
+
+        def raw_bits(v):
+            u = lax.bitcast_convert_type(v, _uint_like(v.dtype))
+            return lax.bitcast_convert_type(lax.all_to_all(u, ax, 0, 0, tiled=True), v.dtype)
+
+        def comp(v, mode):
+            return impl.all_to_all(v, ax, 0, 0, tiled=True, compress=mode)
+    elif coll == "all_gather":
+        raw = lambda v: lax.all_gather(v, ax, axis=0, tiled=True)  # noqa: E731
+
+        def raw_bits(v):
+            u = lax.bitcast_convert_type(v, _uint_like(v.dtype))
+            return lax.bitcast_convert_type(lax.all_gather(u, ax, axis=0, tiled=True), v.dtype)
+
+        def comp(v, mode):
+            return impl.all_gather(v, ax, axis=0, tiled=True, compress=mode)
+    elif coll == "psum_scatter":
+        raw = lambda v: lax.psum_scatter(v, ax, scatter_dimension=0, tiled=True)  # noqa: E731
+
+        def raw_bits(v):
+            u = lax.bitcast_convert_type(v, _uint_like(v.dtype)).reshape(nproc, -1)
+            r = lax.bitcast_convert_type(lax.all_to_all(u, ax, 0, 0, tiled=True), v.dtype)
+            return jnp.sum(r.astype(jnp.float32), axis=0).astype(v.dtype)
+
+        def comp(v, mode):
+            return impl.psum_scatter(v, ax, scatter_dimension=0, tiled=True, compress=mode)
+    else:
+        raise ValueError(coll)
+    fns = {"raw": raw, "raw_bits": raw_bits}
+    if impl is not None:
+        fns["compressed"] = lambda v: comp(v, True)
+        fns["auto"] = lambda v: comp(v, "auto")
+    del jax
+    return fns
+
+
+def build_codec_fn(coll: str, nproc: int, codec):
+    """encode + decode alone (jitted, local device), on the chunks the collective codes: one frame per
+    destination, decoded once each (all_to_all, psum_scatter), or one frame that every rank decodes nproc
+    times (all_gather). Also returns a function giving (frame capacity, exact frame sizes) of those frames."""
+    import jax
+    import jax.numpy as jnp
+
+    def frames(x):
+        return x.reshape(1, -1) if coll == "all_gather" else x.reshape(nproc, -1)
+
+    def roundtrip(x):
+        fx = frames(x)
+        payload, _ = codec.encode_frames(fx)
+        if coll == "all_gather":
+            payload = jnp.tile(payload, (nproc, 1))
+        return codec.decode_frames(payload, shape=fx.shape[1:], dtype=x.dtype)
+
+    def sizes(x):
+        payload, nbytes = jax.jit(codec.encode_frames)(frames(x))
+        return payload.shape[1], nbytes
+
+    return jax.jit(roundtrip), sizes
+
+
+def worker_main(args) -> None:
+    import jax
+    import numpy as np
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.nproc,
+                               process_id=args.rank, initialization_timeout=120)
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    rank, nproc = args.rank, args.nproc
+    assert jax.local_device_count() == 1, f"expected one CPU device per process, got {jax.local_devices()}"
+    ctl = _netns.ControlDir(Path(args.ctl))
+    mesh = jax.make_mesh((nproc,), ("x",))
+    shard = NamedSharding(mesh, P("x"))
+    local_dev = jax.local_devices()[0]
+
+    def sm(body):
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+    def glob(a):
+        return jax.make_array_from_process_local_data(shard, a)
+
+    def log(*a):
+        if rank == 0:
+            print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+    impl = codec = None
+    impl_error = None
+    try:
+        impl = importlib.import_module(args.compressed_impl)
+        for name in ("all_to_all", "all_gather", "psum_scatter"):
+            getattr(impl, name)
+    except Exception as e:  # noqa: BLE001 - report, do not hide: records carry the reason
+        impl, impl_error = None, f"{args.compressed_impl}: {type(e).__name__}: {e}"
+        log("compressed path unavailable:", impl_error)
+    try:
+        codec = importlib.import_module("zipccl_jax.codec")
+        codec.encode_frames, codec.decode_frames  # noqa: B018
+    except Exception as e:  # noqa: BLE001
+        codec = None
+        log("codec unavailable, no codec_s:", type(e).__name__, e)
+
+    # First cross-process collective: a modest all_to_all (PLATFORM.md: never start with a tiny psum_scatter).
+    warm = sm(lambda v: jax.lax.all_to_all(v, "x", 0, 0, tiled=True))
+    warm(glob(np.zeros((nproc, 16384), np.float32))).block_until_ready()
+    bar_fn = sm(lambda v: jax.lax.psum(v, "x"))
+    bar_in = glob(np.ones((1,), np.float32))
+
+    def barrier():
+        bar_fn(bar_in).block_until_ready()
+
+    cases = [c for c in CASES if not args.cases or any(s in f"{c[0]}:{c[1]}" for s in args.cases.split(","))]
+    prepared = []
+    for case in cases:
+        coll, payload, tensor, dtype, _ = case
+        x = load_payload(case, rank, nproc, args.corpus, args.max_elems)
+        gx = glob(x)
+        bodies = build_fns(coll, nproc, impl)
+        fns, info = {}, {"errors": {}}
+        for name, body in bodies.items():
+            try:
+                f = sm(body)
+                compiled = f.lower(gx).compile()
+                info[f"hlo_{name}"] = _hlo.wire_bytes(compiled.as_text())
+                fns[name] = f
+            except Exception as e:  # noqa: BLE001
+                if name == "auto":  # expected until the strategy layer lands
+                    info["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    continue
+                raise
+        codec_fn = None
+        if codec is not None and dtype in ("bfloat16", "float32"):
+            try:
+                codec_fn, sizes = build_codec_fn(coll, nproc, codec)
+                lx = jax.device_put(x, local_dev)
+                cap, nb = sizes(lx)
+                info["frame_capacity"] = int(cap)
+                info["codec_bytes_local"] = int(np.asarray(nb).astype(np.int64).sum())
+                codec_fn(lx).block_until_ready()
+            except Exception as e:  # noqa: BLE001
+                info["errors"]["codec"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                codec_fn = None
+        # Correctness of the data path, once: compressed vs the same movement on bits (exact for data movement).
+        if "compressed" in fns:
+            a = np.asarray(fns["compressed"](gx).addressable_data(0))
+            b = np.asarray(fns["raw_bits" if coll != "psum_scatter" else "raw"](gx).addressable_data(0))
+            same = np.array_equal(a.view(np.uint8), b.view(np.uint8))
+            info["bit_identical"] = bool(multihost_utils.process_allgather(np.array([same])).all())
+        prepared.append((case, x, gx, fns, codec_fn, info))
+        log(f"prepared {coll}:{payload} per-rank {x.shape} {dtype} variants {sorted(fns)}"
+            f"{' +codec' if codec_fn else ''}")
+
+    k = 0
+    while True:
+        go = ctl.wait_go(k, timeout_s=args.phase_timeout)
+        if go is None:
+            break
+        rate = go["rate_gbit"]
+        records = []
+        for case, x, gx, fns, codec_fn, info in prepared:
+            coll, payload, tensor, dtype, _ = case
+            runs = dict(fns)
+            lx = None
+            if codec_fn is not None:
+                lx = jax.device_put(x, local_dev)
+                runs["codec"] = lambda _g, _f=codec_fn, _l=lx: _f(_l)
+            times = {n: [] for n in runs}
+            for rep in range(args.warmup + args.reps):
+                for name, f in runs.items():
+                    barrier()
+                    t0 = time.perf_counter()
+                    f(gx).block_until_ready()
+                    dt = time.perf_counter() - t0
+                    if rep >= args.warmup:
+                        times[name].append(dt)
+            names = sorted(times)
+            local = np.array([times[n] for n in names], dtype=np.float64)
+            allt = multihost_utils.process_allgather(local)  # (nproc, variants, reps)
+            slowest = allt.max(axis=0)
+            med = {n: float(statistics.median(slowest[i])) for i, n in enumerate(names)}
+            codec_total = multihost_utils.process_allgather(np.array([info.get("codec_bytes_local", -1)]))
+            raw_bytes = int(x.nbytes)
+            rec = {
+                "collective": coll, "payload": payload, "dtype": dtype, "rate_gbit": rate,
+                "raw_s": med["raw"], "compressed_s": med.get("compressed"), "auto_s": med.get("auto"),
+                "wire_bytes_raw": raw_bytes,
+                "wire_bytes_compressed": info.get("hlo_compressed", {}).get("fast"),
+                # extras
+                "tensor": tensor if args.corpus else "synthetic_gaussian",
+                "shape_per_rank": list(x.shape), "n_processes": nproc, "reps": args.reps,
+                "link_MBps": go.get("link_MBps"),
+                "raw_bits_s": med["raw_bits"], "codec_s": med.get("codec"),
+                "wire_bytes_raw_hlo": info["hlo_raw"]["fast"],
+                "wire_bytes_raw_bits_hlo": info["hlo_raw_bits"]["fast"],
+                "wire_bytes_compressed_fallback": info.get("hlo_compressed", {}).get("worst"),
+                "wire_bytes_auto": info.get("hlo_auto", {}).get("fast"),
+                "frame_capacity": info.get("frame_capacity"),
+                "codec_ratio": (raw_bytes * nproc / float(codec_total.sum())
+                                if (codec_total > 0).all() else None),
+                "bit_identical": info.get("bit_identical"),
+                "compressed_impl": args.compressed_impl if impl is not None else None,
+                "errors": dict(info["errors"], **({"compressed": impl_error} if impl_error else {})),
+                "rank_times_s": {n: [[round(t, 6) for t in row] for row in allt[:, i, :].tolist()]
+                                 for i, n in enumerate(names)},
+            }
+            records.append(rec)
+            log(f"{_netns.rate_label(rate):>9} {coll}:{payload} " +
+                " ".join(f"{n}={med[n] * 1e3:.1f}ms" for n in names))
+        if rank == 0:
+            (Path(args.ctl) / f"results_{k}.json").write_text(json.dumps(records))
+        barrier()
+        ctl.done(k, rank)
+        k += 1
+    jax.distributed.shutdown()
+
+
+# ----------------------------------------------------------------------------------------------- launcher
+def derived(rec: dict) -> dict:
+    """Ratios computed from a record (added to the JSON)."""
+    c = rec.get("compressed_s")
+    best_raw = min(v for v in (rec["raw_s"], rec.get("raw_bits_s")) if v is not None)
+    out = {
+        "speedup": rec["raw_s"] / c if c else None,
+        "speedup_vs_best_raw": best_raw / c if c else None,
+        "compressed_over_best_raw": c / best_raw if c else None,
+        "wire_ratio": (rec["wire_bytes_raw"] / rec["wire_bytes_compressed"]
+                       if rec.get("wire_bytes_compressed") else None),
+        "codec_share": rec["codec_s"] / c if c and rec.get("codec_s") else None,
+    }
+    a = rec.get("auto_s")
+    if a:
+        out["auto_over_best"] = a / min(best_raw, c) if c else a / best_raw
+    return out
+
+
+def plot(records: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = sorted({r["rate_gbit"] for r in records if r["rate_gbit"] is not None})
+    unshaped_x = (max(rates) * 4) if rates else 1.0
+
+    def xpos(r):
+        return unshaped_x if r is None else r
+
+    keys = []
+    for r in records:
+        k = (r["collective"], r["payload"], r["dtype"])
+        if k not in keys:
+            keys.append(k)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, field, title in ((axes[0], "speedup_vs_best_raw", "vs best raw (lax on bit-cast, no F32 widening)"),
+                             (axes[1], "speedup", "vs jax.lax as called")):
+        for k in keys:
+            pts = sorted((xpos(r["rate_gbit"]), r[field]) for r in records
+                         if (r["collective"], r["payload"], r["dtype"]) == k and r.get(field))
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{k[0]} {k[1]} ({k[2]})")
+            apts = sorted((xpos(r["rate_gbit"]), min(r["raw_s"], r.get("raw_bits_s") or r["raw_s"]) / r["auto_s"])
+                          for r in records if (r["collective"], r["payload"], r["dtype"]) == k and r.get("auto_s"))
+            if apts and field == "speedup_vs_best_raw":
+                ax.plot(*zip(*apts), marker="x", linestyle=":", label=f"auto {k[0]} {k[1]}")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.axhline(1 / 0.74, color="grey", linestyle="--", linewidth=0.8, label="1.35x target (1/0.74)")
+        ax.set_xscale("log")
+        ticks = rates + [unshaped_x]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([f"{t:g}" for t in rates] + ["unshaped"])
+        ax.minorticks_off()
+        ax.set_xlabel("loopback link rate (Gbit/s, tc tbf)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("speedup = raw time / compressed time")
+    axes[0].legend(fontsize=7, loc="best")
+    n = records[0]["n_processes"] if records else "?"
+    fig.suptitle(f"zipccl_jax compressed collectives, {n} processes x 1 CPU device, jax.distributed over gloo")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_table(records: list[dict]) -> str:
+    head = (f"{'rate':>9} {'collective:payload':<34} {'dtype':<8} {'wire':>6} {'c/raw':>6} {'c/bits':>6} "
+            f"{'auto/best':>9} {'codec%':>6}")
+    lines = [head]
+    for r in records:
+        def f(v, fmt):
+            return format(v, fmt) if v is not None else "-"
+        lines.append(f"{_netns.rate_label(r['rate_gbit']):>9} {r['collective'] + ':' + r['payload']:<34} "
+                     f"{r['dtype']:<8} {f(r.get('wire_ratio'), '.3f'):>6} "
+                     f"{f(r['compressed_s'] / r['raw_s'] if r.get('compressed_s') else None, '.3f'):>6} "
+                     f"{f(r.get('compressed_over_best_raw'), '.3f'):>6} {f(r.get('auto_over_best'), '.3f'):>9} "
+                     f"{f(100 * r['codec_share'] if r.get('codec_share') else None, '.0f'):>6}")
+    return "\n".join(lines)
+
+
+def launch(args) -> list[dict]:
+    rates = _netns.parse_rates(args.rates)
+    if args.no_netns and any(r is not None for r in rates):
+        raise SystemExit("--no-netns runs on the unshaped host loopback; use --rates unshaped")
+    ns = None
+    tmp = _netns.make_tempdir("zccl_bench_")
+    workers = None
+    ok = False
+    try:
+        if not args.no_netns:
+            try:
+                ns = _netns.NetNS()
+            except _netns.NetNSError as e:
+                raise SystemExit(f"error: {e}") from None
+            ns.set_rate(rates[0])
+        port = WORKER_PORT if ns is not None else _netns.free_port()
+        ctl = _netns.ControlDir(tmp / "ctl")
+        env = _netns.worker_env()
+        if importlib.util.find_spec("zipccl_jax") is None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        common = ["--port", str(port), "--nproc", str(args.nproc), "--ctl", str(ctl.path),
+                  "--reps", str(args.reps), "--warmup", str(args.warmup), "--phase-timeout", str(args.timeout),
+                  "--compressed-impl", args.compressed_impl]
+        if args.corpus:
+            common += ["--corpus", str(Path(args.corpus).resolve())]
+        if args.max_elems:
+            common += ["--max-elems", str(args.max_elems)]
+        if args.cases:
+            common += ["--cases", args.cases]
+        argvs = [[sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(i)] + common
+                 for i in range(args.nproc)]
+        where = f"netns {ns.name}" if ns else "host loopback (no namespace)"
+        print(f"launching {args.nproc} workers in {where}; logs in {tmp}", flush=True)
+        workers = _netns.Workers(argvs, netns=ns, logdir=tmp, env=env, timeout_s=args.timeout, cwd=str(REPO))
+        records: list[dict] = []
+        for k, rate in enumerate(rates):
+            if ns is not None:
+                ns.set_rate(rate)
+            mbps = _netns.measure_loopback_MBps(ns, nbytes=args.link_probe_mb << 20) if args.link_probe_mb else None
+            print(f"phase {k}: {_netns.rate_label(rate)}"
+                  + (f", loopback TCP measured {mbps:.0f} MB/s" if mbps else ""), flush=True)
+            ctl.go(k, {"rate_gbit": rate, "link_MBps": mbps})
+            ctl.wait_done(k, args.nproc, workers)
+            for rec in json.loads((ctl.path / f"results_{k}.json").read_text()):
+                rec.update(derived(rec))
+                records.append(rec)
+        ctl.stop()
+        workers.wait()
+        ok = True
+        return records
+    except _netns.WorkerFailed as e:
+        raise SystemExit(f"error: {e}\n(worker logs kept in {tmp})") from None
+    finally:
+        if workers is not None:
+            workers.kill()
+        if ns is not None:
+            ns.close()
+        if ok and not args.keep_logs:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="0.5,1,2.5,10,unshaped",
+                   help="comma-separated link rates in Gbit/s, 'unshaped' for no shaping")
+    p.add_argument("--corpus", default=None, help="corpus directory (manifest.json + tensors/); "
+                                                  "synthetic Gaussian payloads when omitted")
+    p.add_argument("--json", default=None, help="write the list of records here")
+    p.add_argument("--plot", default=None, help="write a PNG of speedup vs link rate here")
+    p.add_argument("--nproc", type=int, default=4, help="worker processes (one CPU device each)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per variant (median reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per variant and rate")
+    p.add_argument("--cases", default=None, help="comma-separated substrings of 'collective:payload' to run")
+    p.add_argument("--max-elems", type=int, default=None, help="cap the elements per rank (smoke tests)")
+    p.add_argument("--compressed-impl", default="zipccl_jax",
+                   help="module with all_to_all/all_gather/psum_scatter(..., compress=...) (default zipccl_jax)")
+    p.add_argument("--timeout", type=float, default=900.0, help="hard limit for the whole run, seconds")
+    p.add_argument("--link-probe-mb", type=int, default=16,
+                   help="MB sent over the loopback to measure each rate (0: skip)")
+    p.add_argument("--no-netns", action="store_true",
+                   help="no namespace, no shaping: workers use the host loopback (for smoke tests, no root)")
+    p.add_argument("--keep-logs", action="store_true", help="keep worker logs after a successful run")
+    # worker-side
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ctl", help=argparse.SUPPRESS)
+    p.add_argument("--phase-timeout", type=float, default=900.0, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        try:
+            worker_main(args)
+        except BaseException:
+            traceback.print_exc()
+            sys.stdout.flush()
+            os._exit(1)  # do not hang in jax.distributed's atexit shutdown when peers are gone
+        return 0
+    t0 = time.time()
+    records = launch(args)
+    print(summary_table(records))
+    print(f"(c/raw, c/bits: compressed time over jax.lax raw and over bit-cast raw; wire: raw/compressed "
+          f"wire bytes; {args.nproc} processes; {time.time() - t0:.0f} s)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    if args.plot:
+        plot(records, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
