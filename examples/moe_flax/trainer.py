@@ -170,7 +170,9 @@ def make_step(cfg: Config, mesh, plan, buckets, specs, comm: Comm, optimizer, *,
         ce, aux, dropped, grads = grads_fn(params, tokens)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = {"loss": jnp.sum(ce) / global_tokens, "aux": jnp.mean(aux), "dropped": jnp.mean(dropped)}
+        # per-device metrics, replicated so every process can read them; summed on the host in a fixed order
+        # (an on-device sum would follow the all-reduce order, which differs between process layouts)
+        metrics = {k: jax.sharding.reshard(v, P()) for k, v in (("ce", ce), ("aux", aux), ("dropped", dropped))}
         return params, opt_state, metrics
 
     return jax.jit(step, donate_argnums=(0, 1))
@@ -225,11 +227,12 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
         tokens = jax.make_array_from_callback(host.shape, data_sharding, lambda idx, h=host: h[idx])
         t0 = time.perf_counter()
         params, opt_state, m = step(params, opt_state, tokens)
-        loss = float(m["loss"])  # blocks
+        m = {k: np.asarray(v, np.float64) for k, v in m.items()}  # blocks
         times.append(time.perf_counter() - t0)
+        loss = float(np.float32(np.sum(m["ce"]) / global_tokens))
         losses.append(loss)
-        aux.append(float(m["aux"]))
-        dropped.append(float(m["dropped"]))
+        aux.append(float(np.mean(m["aux"])))
+        dropped.append(float(np.mean(m["dropped"])))
         bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{global_tokens / times[-1]:,.0f}")
     bar.close()
 
