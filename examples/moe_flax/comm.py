@@ -1,14 +1,22 @@
 """The one seam through which the examples communicate.
 
 Every collective of the models and of the FSDP helpers goes through a :class:`Comm`.  With
-``backend="zipccl"`` (the default) each call is ``zipccl_jax.<op>(..., compress=compress)``; ``compress=False``
-still runs zipccl_jax's code path (raw bytes, same reduction order), which is what makes compressed and
-uncompressed runs bit-identical.  ``backend="lax"`` calls plain ``jax.lax`` and must be asked for explicitly:
-the examples never fall back to it on their own.
+``backend="zipccl"`` (the default) each call is ``zipccl_jax.<op>(..., compress=mode, name=site)``:
+
+- ``compress=True``  codes every message (the default of the examples);
+- ``compress="auto"`` lets zipccl_jax decide per call (raw when compression would not pay);
+- ``compress=False`` sends raw bytes through zipccl_jax's own code path, with the same fixed reduction order,
+  which is what makes compressed and uncompressed runs bit-identical.
+
+``backend="lax"`` calls plain ``jax.lax`` (an uncompressed baseline whose reductions follow XLA's order) and
+must be asked for explicitly: the examples never fall back to it on their own.
+
+Byte accounting follows zipccl_jax's model (bytes one device sends per call: all_to_all and reduce-scatter
+``S (n-1)/n``, all_gather ``S (n-1)``, all-reduce ``2 S (n-1)/n`` for an operand of ``S`` bytes).
 """
 from __future__ import annotations
 
-import dataclasses
+import collections
 import math
 
 import jax
@@ -20,7 +28,8 @@ try:
 except Exception as e:  # noqa: BLE001  (reported when the zipccl backend is requested)
     _zipccl, _ZIPCCL_ERROR = None, e
 
-OPS = ("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute")
+OPS = ("all_to_all", "all_gather", "psum_scatter", "psum")
+MODES = {"on": True, "auto": "auto", "off": False}
 
 
 def _axis_size(axis_name) -> int:
@@ -28,62 +37,108 @@ def _axis_size(axis_name) -> int:
     return math.prod(jax.lax.axis_size(a) for a in names)
 
 
-@dataclasses.dataclass
-class CallSite:
-    op: str
-    axis_name: object
-    shape: tuple
-    dtype: str
-    group: int
-    raw_bytes: int  # logical bytes per device of the operand
+def _sent_bytes(op: str, operand_bytes: int, n: int) -> int:
+    if n <= 1:
+        return 0
+    if op in ("all_to_all", "psum_scatter"):
+        return operand_bytes * (n - 1) // n
+    if op == "all_gather":
+        return operand_bytes * (n - 1)
+    if op == "psum":
+        return 2 * operand_bytes * (n - 1) // n
+    raise ValueError(op)
+
+
+def zipccl_available() -> bool:
+    return _zipccl is not None and all(hasattr(_zipccl, op) for op in OPS)
 
 
 class Comm:
-    def __init__(self, backend: str = "zipccl", compress: bool = True):
+    """Collectives with jax.lax signatures plus a ``name`` (the call site, for the byte statistics)."""
+
+    def __init__(self, backend: str = "zipccl", compress="on", capacity=None, transport=None):
         if backend not in ("zipccl", "lax"):
             raise ValueError(f"unknown backend {backend!r}")
-        if backend == "zipccl":
-            missing = [op for op in OPS[:4] if not hasattr(_zipccl, op)] if _zipccl else list(OPS)
-            if _zipccl is None or missing:
-                raise RuntimeError(
-                    "the zipccl backend needs zipccl_jax with compressed collectives "
-                    f"(missing: {missing}; import error: {_ZIPCCL_ERROR!r}). Install the package from the "
-                    "repository root (pip install -e .) or pass --backend lax for the uncompressed jax.lax baseline.")
-        if backend == "lax" and compress:
-            compress = False  # jax.lax has nothing to compress
-        self.backend, self.compress = backend, compress
-        self.sites: list[CallSite] = []
+        mode = MODES.get(compress, compress) if isinstance(compress, str) else compress
+        if mode not in (True, False, "auto"):
+            raise ValueError(f"compress must be one of {list(MODES)}, got {compress!r}")
+        if backend == "zipccl" and not zipccl_available():
+            missing = [op for op in OPS if not hasattr(_zipccl, op)] if _zipccl else list(OPS)
+            raise RuntimeError(
+                "the zipccl backend needs zipccl_jax with its compressed collectives "
+                f"(missing: {missing}; import error: {_ZIPCCL_ERROR!r}). Install the package from the repository "
+                "root (`pip install .`), or pass --backend lax for the uncompressed jax.lax baseline.")
+        if backend == "lax":
+            mode = False  # jax.lax has nothing to compress
+        self.backend, self.compress, self.capacity, self.transport = backend, mode, capacity, transport
+        self._lax_sites: dict[str, tuple[str, int]] = {}  # lax backend: name -> (op, bytes sent per call)
+        self._names = collections.Counter()
 
-    # -- bookkeeping (trace time) ----------------------------------------------------------------------
-    def _record(self, op, x, axis_name):
-        self.sites.append(CallSite(op, axis_name, tuple(x.shape), str(x.dtype), _axis_size(axis_name),
-                                   int(np.prod(x.shape, dtype=np.int64)) * x.dtype.itemsize))
+    # -- call sites ----------------------------------------------------------------------------------
+    def _site(self, op: str, name: str | None) -> str:
+        base = name or op
+        self._names[base] += 1
+        k = self._names[base]
+        return base if k == 1 else f"{base}#{k}"
 
-    def reset_sites(self):
-        self.sites = []
+    def start(self) -> None:
+        """Forget earlier statistics; call before tracing the step."""
+        self._lax_sites.clear()
+        self._names.clear()
+        if self.backend == "zipccl":
+            _zipccl.reset_stats()
+            _zipccl.set_runtime_stats(True)  # count fallbacks at run time
 
-    # -- collectives -----------------------------------------------------------------------------------
-    def all_to_all(self, x, axis_name, split_axis, concat_axis, *, tiled=False):
-        self._record("all_to_all", x, axis_name)
+    def _lax(self, op, x, axis_name, site, mult=1):
+        n = _axis_size(axis_name)
+        self._lax_sites[site] = (op, mult * _sent_bytes(op, x.size * x.dtype.itemsize, n))
+
+    def _kw(self, site):
+        kw = {"compress": self.compress, "name": site}
+        if self.capacity is not None and self.compress is not False:
+            kw["capacity"] = self.capacity
+        if self.transport is not None:
+            kw["transport"] = self.transport
+        return kw
+
+    # -- collectives ---------------------------------------------------------------------------------
+    def all_to_all(self, x, axis_name, split_axis, concat_axis, *, tiled=False, name=None):
+        site = self._site("all_to_all", name)
         if self.backend == "lax":
+            self._lax("all_to_all", x, axis_name, site, mult=2)  # + the transposed all_to_all in jax.grad
             return jax.lax.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
-        return _zipccl.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled, compress=self.compress)
+        return _zipccl.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled, **self._kw(site))
 
-    def all_gather(self, x, axis_name, *, axis=0, tiled=False):
-        self._record("all_gather", x, axis_name)
+    def all_gather(self, x, axis_name, *, axis=0, tiled=False, name=None):
+        site = self._site("all_gather", name)
         if self.backend == "lax":
+            self._lax("all_gather", x, axis_name, site)
             return jax.lax.all_gather(x, axis_name, axis=axis, tiled=tiled)
-        return _zipccl.all_gather(x, axis_name, axis=axis, tiled=tiled, compress=self.compress)
+        return _zipccl.all_gather(x, axis_name, axis=axis, tiled=tiled, **self._kw(site))
 
-    def psum_scatter(self, x, axis_name, *, scatter_dimension=0, tiled=False):
-        self._record("psum_scatter", x, axis_name)
+    def psum_scatter(self, x, axis_name, *, scatter_dimension=0, tiled=False, name=None):
+        site = self._site("psum_scatter", name)
         if self.backend == "lax":
+            self._lax("psum_scatter", x, axis_name, site)
             return jax.lax.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
         return _zipccl.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled,
-                                    compress=self.compress)
+                                    **self._kw(site))
 
-    def psum(self, x, axis_name):
-        self._record("psum", x, axis_name)
+    def psum(self, x, axis_name, *, name=None):
+        site = self._site("psum", name)
         if self.backend == "lax":
+            self._lax("psum", x, axis_name, site)
             return jax.lax.psum(x, axis_name)
-        return _zipccl.psum(x, axis_name, compress=self.compress)
+        return _zipccl.psum(x, axis_name, **self._kw(site))
+
+    # -- statistics ----------------------------------------------------------------------------------
+    def site_table(self) -> list[dict]:
+        """Per call site (backward collectives included): op, bytes one device sends per call raw and on the
+        wire, and the fallbacks counted on this process's devices so far."""
+        if self.backend == "lax":
+            return [dict(name=k, op=op, raw_bytes=b, wire_bytes=b, compressed=False, fallbacks=0)
+                    for k, (op, b) in self._lax_sites.items()]
+        return [dict(name=s.name, op=s.op, raw_bytes=s.raw_bytes, wire_bytes=s.wire_bytes,
+                     compressed=bool(s.compressed), fallbacks=int(s.fallbacks), dtype=s.dtype,
+                     shape=list(s.shape), capacity=s.capacity)
+                for s in _zipccl.stats().values()]

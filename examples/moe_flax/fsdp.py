@@ -74,11 +74,11 @@ def make_bucket(flat: dict, keys, n_shards: int, leading_split: int = 1) -> Buck
     return Bucket(tuple(keys), tuple(shapes), n_shards)
 
 
-def gather(comm, shard, axis_name, dtype):
+def gather(comm, shard, axis_name, dtype, name=None):
     """fp32 shard (k,) -> gathered flat vector (n*k,) in the communication dtype."""
-    return comm.all_gather(shard.astype(dtype), axis_name, axis=0, tiled=True)
+    return comm.all_gather(shard.astype(dtype), axis_name, axis=0, tiled=True, name=name)
 
 
-def reduce_scatter(comm, grad, axis_name):
-    """Gradient of the gathered vector (n*k,) -> summed shard (k,), in fp32 for the optimizer."""
-    return comm.psum_scatter(grad, axis_name, scatter_dimension=0, tiled=True).astype(jnp.float32)
+def reduce_scatter(comm, grad, axis_name, name=None):
+    """Gradient of the gathered vector (n*k,) -> this device's summed shard (k,), in grad's dtype."""
+    return comm.psum_scatter(grad, axis_name, scatter_dimension=0, tiled=True, name=name)

@@ -111,6 +111,7 @@ class MoE(nn.Module):
         e_local = e // n
         capacity = max(1, math.ceil(cfg.capacity_factor * t * cfg.top_k / e))
         xt = x.reshape(t, d)
+        site = "/".join(self.scope.path)
         logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, name="router")(xt.astype(jnp.float32))
         combine, dispatch, aux, dropped = route(logits, cfg.top_k, capacity)
         init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1)
@@ -119,13 +120,13 @@ class MoE(nn.Module):
 
         buf = jnp.einsum("tec,td->ecd", dispatch.astype(cfg.dtype), xt)  # (E, C, D): capacity slots per expert
         if n > 1:  # dispatch: expert-major chunks go to the rank that owns them
-            buf = self.all_to_all(buf, self.expert_axis, 0, 0, tiled=True)  # now (src, E_local, C, D) flattened
+            buf = self.all_to_all(buf, self.expert_axis, 0, 0, tiled=True, name=f"{site}/dispatch")  # (src, E_local, C, D)
         h = buf.reshape(n, e_local, capacity, d).transpose(1, 0, 2, 3).reshape(e_local, n * capacity, d)
         h = nn.gelu(jnp.einsum("etd,edf->etf", h, w_in))
         y = jnp.einsum("etf,efd->etd", h, w_out)
         y = y.reshape(e_local, n, capacity, d).transpose(1, 0, 2, 3).reshape(e, capacity, d)
         if n > 1:  # combine: results go back to the rank that owns the tokens
-            y = self.all_to_all(y, self.expert_axis, 0, 0, tiled=True)
+            y = self.all_to_all(y, self.expert_axis, 0, 0, tiled=True, name=f"{site}/combine")
         out = jnp.einsum("tec,ecd->td", combine.astype(cfg.dtype), y)
         self.sow("intermediates", "dropped", dropped)
         return out.reshape(b, s, d), aux

@@ -64,10 +64,17 @@ def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, exper
                    help="dtype of the gradient psum_scatter / psum")
     g = p.add_argument_group("parallelism and communication")
     g.add_argument("--mesh", default=mesh, help="AxB device mesh (product = number of devices)")
-    g.add_argument("--no-compress", action="store_true",
-                   help="zipccl_jax collectives with compress=False (raw bytes, same reduction order)")
+    g.add_argument("--compress", default="on", choices=["on", "auto", "off"],
+                   help="zipccl_jax compress= mode: on (True, default), auto, off (False)")
+    g.add_argument("--no-compress", dest="compress", action="store_const", const="off",
+                   help="same as --compress off: zipccl_jax with compress=False (raw bytes, same reduction order)")
+    g.add_argument("--capacity", default=None, metavar="F[,B]",
+                   help="padded capacity per chunk as a fraction of its raw bytes, optionally a second value "
+                        "for the transposed (gradient) collectives; default: zipccl_jax's")
     g.add_argument("--backend", default="zipccl", choices=["zipccl", "lax"],
                    help="zipccl: zipccl_jax collectives (default). lax: plain jax.lax baseline")
+    g.add_argument("--transport", default=None, choices=["auto", "padded", "ragged"],
+                   help="zipccl_jax transport (default: zipccl_jax's, i.e. auto: padded on CPU, ragged on GPU)")
     g = p.add_argument_group("output")
     g.add_argument("--json", default=None, metavar="FILE", help="write losses and byte counts to FILE")
     g.add_argument("--quiet", action="store_true", help="no progress bar or summary")
@@ -77,6 +84,13 @@ def config_from_args(args) -> Config:
     return Config(seq_len=args.seq_len, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
                   d_ff=args.d_ff, num_experts=args.experts, top_k=args.top_k,
                   capacity_factor=args.capacity_factor, moe_every=args.moe_every, dtype=jnp.dtype(args.dtype))
+
+
+def parse_capacity(s: str | None):
+    if not s:
+        return None
+    v = tuple(float(x) for x in s.split(","))
+    return v[0] if len(v) == 1 else v
 
 
 def parse_mesh(s: str) -> tuple[int, int]:
@@ -141,7 +155,8 @@ def make_step(cfg: Config, mesh, plan, buckets, specs, comm: Comm, optimizer, *,
     model = Transformer(cfg, expert_shards=expert_shards, expert_axis=expert_axis, all_to_all=comm.all_to_all)
 
     def local(params, tokens):
-        gathered = {bp.name: fsdp.gather(comm, params[bp.name][0], bp.shard_axes, cfg.dtype) for bp in plan}
+        gathered = {bp.name: fsdp.gather(comm, params[bp.name][0], bp.shard_axes, cfg.dtype,
+                                         name=f"fsdp/{bp.name}/gather") for bp in plan}
 
         def loss_fn(gathered):
             flat = {}
@@ -157,10 +172,11 @@ def make_step(cfg: Config, mesh, plan, buckets, specs, comm: Comm, optimizer, *,
         (_, (ce, aux, dropped)), grads = jax.value_and_grad(loss_fn, has_aux=True)(gathered)
         out = {}
         for bp in plan:
-            g = fsdp.reduce_scatter(comm, grads[bp.name].astype(reduce_dtype), bp.shard_axes)
-            if bp.psum_axes:
-                g = comm.psum(g.astype(reduce_dtype), bp.psum_axes).astype(jnp.float32)
-            out[bp.name] = g[None]
+            g = fsdp.reduce_scatter(comm, grads[bp.name].astype(reduce_dtype), bp.shard_axes,
+                                    name=f"fsdp/{bp.name}/grad_scatter")
+            if bp.psum_axes:  # replicas of the shard (HSDP)
+                g = comm.psum(g, bp.psum_axes, name=f"fsdp/{bp.name}/grad_psum")
+            out[bp.name] = g.astype(jnp.float32)[None]
         return ce[None], aux[None], dropped[None], out
 
     grads_fn = jax.shard_map(local, mesh=mesh, in_specs=(specs, P(axes)),
@@ -196,37 +212,49 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
 
     cfg = config_from_args(args)
     if expert_axis and cfg.num_experts % mesh.shape[expert_axis]:
-        raise SystemExit(f"--experts {cfg.num_experts} must be a multiple of the expert axis {mesh.shape[expert_axis]}")
+        raise SystemExit(f"--experts {cfg.num_experts} must be a multiple of the expert axis "
+                         f"{mesh.shape[expert_axis]}")
     lead = jax.process_index() == 0
     show = lead and not args.quiet
 
-    comm = Comm(args.backend, compress=not args.no_compress)
+    comm = Comm(args.backend, compress=args.compress, capacity=parse_capacity(args.capacity),
+                transport=args.transport)
     corpus = data_lib.load_corpus(args.corpus_bytes)
     batch = args.batch_per_device * mesh.size
     global_tokens = batch * cfg.seq_len
     batches = data_lib.Batches(corpus, batch, cfg.seq_len, args.seed)
     data_sharding = NamedSharding(mesh, P(tuple(mesh.axis_names)))
 
+    def device_batch():
+        host = next(batches)
+        return jax.make_array_from_callback(host.shape, data_sharding, lambda idx: host[idx])
+
     buckets, params, specs = init_state(cfg, mesh, plan, args.seed)
     optimizer = optax.adam(args.lr)
     opt_state = jax.jit(optimizer.init)(params)
     step = make_step(cfg, mesh, plan, buckets, specs, comm, optimizer, global_tokens=global_tokens,
                      aux_coef=args.aux_coef, reduce_dtype=jnp.dtype(args.reduce_dtype), expert_axis=expert_axis)
-
+    n_params = sum(b.numel * (mesh.shape[bp.group_axis] if bp.group_axis else 1) for bp, b in
+                   zip(plan, (buckets[bp.name] for bp in plan)))
     if show:
-        n_params = sum(b.numel * (mesh.shape[bp.group_axis] if bp.group_axis else 1)
-                       for bp, b in zip(plan, buckets.values()))
         print(f"{name}: {n_params / 1e6:.2f}M params, mesh {dict(mesh.shape)}, {jax.process_count()} process(es), "
               f"backend={comm.backend} compress={comm.compress}, corpus {corpus.size / 1e6:.1f} MB of stdlib "
               f"sources ({data_lib.corpus_digest(corpus)}), {global_tokens} tokens/step", flush=True)
 
+    tokens = device_batch()
+    t0 = time.perf_counter()
+    comm.start()
+    compiled = step.lower(params, opt_state, tokens).compile()
+    compile_s = time.perf_counter() - t0
+    hlo_sent = hlo_sent_bytes(compiled, mesh)
+
     losses, times, aux, dropped = [], [], [], []
     bar = tqdm(range(args.steps), desc=name, disable=not show, file=sys.stderr, dynamic_ncols=True)
     for i in bar:
-        host = next(batches)
-        tokens = jax.make_array_from_callback(host.shape, data_sharding, lambda idx, h=host: h[idx])
+        if i:
+            tokens = device_batch()
         t0 = time.perf_counter()
-        params, opt_state, m = step(params, opt_state, tokens)
+        params, opt_state, m = compiled(params, opt_state, tokens)
         m = {k: np.asarray(v, np.float64) for k, v in m.items()}  # blocks
         times.append(time.perf_counter() - t0)
         loss = float(np.float32(np.sum(m["ce"]) / global_tokens))
@@ -237,7 +265,7 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
     bar.close()
 
     steady = times[1:] or times
-    step_s = float(np.mean(steady))
+    step_s = float(np.mean(steady)) if steady else float("nan")
     result = {
         "example": name,
         "losses": losses,
@@ -245,10 +273,13 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
         "aux_losses": aux,
         "dropped_fraction": dropped,
         "params_sha256": params_digest(buckets, params),
+        "params": n_params,
+        "compile_s": compile_s,
         "first_step_s": times[0] if times else None,
         "step_time_s": step_s,
+        "step_times_s": times,
         "tokens_per_step": global_tokens,
-        "tokens_per_s": global_tokens / step_s if times else None,
+        "tokens_per_s": global_tokens / step_s,
         "backend": comm.backend,
         "compress": comm.compress,
         "mesh": dict(mesh.shape),
@@ -256,31 +287,60 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
         "config": {k: (str(v) if k == "dtype" else v) for k, v in dataclasses.asdict(cfg).items()},
     }
     result.update(collective_bytes(comm, mesh, args.steps))
+    result["hlo_sent_bytes_per_device_step"] = hlo_sent
     if show:
-        print_summary(result, comm)
+        print_summary(result)
     if args.json and lead:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)
     return result
 
 
+def hlo_sent_bytes(compiled, mesh) -> int | None:
+    """Cross-check: bytes one device sends per step, from the compiled HLO collectives (raw-fallback branches
+    excluded).  XLA:CPU widens raw bf16 all-to-alls to f32, so raw bf16 traffic counts double here."""
+    try:
+        import zipccl_jax
+        return int(zipccl_jax.hlo_wire_bytes(compiled.as_text(), num_devices=mesh.size))
+    except Exception:  # noqa: BLE001  (zipccl_jax missing or older: the cross-check is optional)
+        return None
+
+
 def collective_bytes(comm: Comm, mesh, steps: int) -> dict:
-    """Raw and wire bytes of every collective over the run, summed over devices."""
-    per_step = 0
-    for s in comm.sites:
-        mult = 2 if s.op == "all_to_all" else 1  # the backward all_to_all mirrors the forward one
-        per_step += mult * s.raw_bytes * mesh.size
-    return {"raw_bytes": per_step * steps, "wire_bytes": per_step * steps, "fallbacks": 0, "bytes_source": "trace"}
+    """Bytes of every collective of the run (forward and backward), summed over devices and steps.
+
+    raw_bytes: what jax.lax would have sent; wire_bytes: what was sent (padded coded payloads, plus the raw
+    resend of a call that fell back); fallbacks: device executions of a call site that took the raw path.
+    """
+    jax.effects_barrier()  # runtime fallback counters are debug callbacks
+    sites = comm.site_table()
+    local = np.array([s["fallbacks"] for s in sites], np.int64)
+    if jax.process_count() > 1 and sites:
+        from jax.experimental import multihost_utils
+        local = np.asarray(multihost_utils.process_allgather(local)).reshape(-1, len(sites)).sum(0)
+    for s, f in zip(sites, local):
+        s["fallbacks"] = int(f)
+    calls = steps * mesh.size
+    raw = sum(calls * s["raw_bytes"] for s in sites)
+    wire = sum(calls * s["wire_bytes"] + s["fallbacks"] * s["raw_bytes"] for s in sites)
+    return {"raw_bytes": int(raw), "wire_bytes": int(wire), "fallbacks": int(sum(s["fallbacks"] for s in sites)),
+            "call_sites": sites}
 
 
-def print_summary(r: dict, comm: Comm) -> None:
+def print_summary(r: dict) -> None:
     raw, wire = r["raw_bytes"], r["wire_bytes"]
-    ratio = raw / wire if wire else float("nan")
-    ops = {}
-    for s in comm.sites:
-        ops[s.op] = ops.get(s.op, 0) + 1
-    print(f"collectives traced per step (forward calls): {ops}")
-    print(f"collective bytes over {len(r['losses'])} steps: raw {raw / 1e6:.2f} MB, wire {wire / 1e6:.2f} MB "
-          f"(ratio {ratio:.3f}x, saved {100 * (1 - wire / raw) if raw else 0:.1f}%), fallbacks {r['fallbacks']}")
-    print(f"step time {r['step_time_s'] * 1e3:.1f} ms (first step incl. compile {r['first_step_s']:.2f} s), "
-          f"{r['tokens_per_s']:,.0f} tokens/s; loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
+    print(f"collectives per step: {len(r['call_sites'])} call sites (backward included)")
+    for s in r["call_sites"]:
+        ratio = s["raw_bytes"] / s["wire_bytes"] if s["wire_bytes"] else float("nan")
+        print(f"  {s['name']:<34} {s['op']:<13} raw {s['raw_bytes']:>9,d} B  wire {s['wire_bytes']:>9,d} B "
+              f"({ratio:.3f}x)  fallbacks {s['fallbacks']}")
+    print(f"collective bytes over {len(r['losses'])} steps x {sum(r['mesh'].values()) and np.prod(list(r['mesh'].values()))} "
+          f"devices: raw {raw / 1e6:.3f} MB, wire {wire / 1e6:.3f} MB "
+          f"({raw / wire if wire else float('nan'):.3f}x, {100 * (1 - wire / raw) if raw else 0:.1f}% saved), "
+          f"fallbacks {r['fallbacks']}")
+    if r.get("hlo_sent_bytes_per_device_step") is not None:
+        print(f"  cross-check from the compiled HLO: {r['hlo_sent_bytes_per_device_step']:,d} B sent per device "
+              f"per step")
+    print(f"step time {r['step_time_s'] * 1e3:.1f} ms (compile {r['compile_s']:.2f} s, first step "
+          f"{r['first_step_s'] * 1e3:.0f} ms), {r['tokens_per_s']:,.0f} tokens/s; loss {r['losses'][0]:.4f} -> "
+          f"{r['losses'][-1]:.4f}")
