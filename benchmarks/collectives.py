@@ -19,9 +19,12 @@ barrier before each repetition and the slowest rank counted:
 * ``codec_s``      encode + decode alone on the same chunks, no collective (``codec_share`` = codec_s /
                    compressed_s).
 
-Wire bytes: ``wire_bytes_raw`` is the logical size of the raw collective's operand per rank;
-``wire_bytes_compressed`` is the operand size of the compressed path's collectives in the compiled HLO (fast
-path, i.e. without the raw fallback branch; ``wire_bytes_compressed_fallback`` counts that branch).
+Wire bytes are bytes one device sends per call (``zipccl_jax.collectives.hlo_wire_bytes``' model: all_to_all
+and psum_scatter S(n-1)/n, all_gather S(n-1) for an operand of S bytes). ``wire_bytes_raw`` is the logical
+figure for the tensor's own dtype (it equals the HLO figure of the bit-cast raw collective,
+``wire_bytes_raw_bits_hlo``; ``wire_bytes_raw_hlo`` shows XLA:CPU's widening). ``wire_bytes_compressed`` is
+parsed from the compiled HLO of the compressed call, without its raw-fallback branch
+(``wire_bytes_compressed_fallback`` includes it).
 
     python benchmarks/collectives.py --rates 0.5,1,2.5,10,unshaped --corpus /work/shared/corpus \\
         --json results/collectives.json --plot results/collectives.png
@@ -45,7 +48,6 @@ REPO = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-import _hlo  # noqa: E402
 import _netns  # noqa: E402
 
 # (collective, payload, corpus tensor, dtype, synthetic per-rank shape)
@@ -157,26 +159,33 @@ def build_fns(coll: str, nproc: int, impl):
     return fns
 
 
-def build_codec_fn(coll: str, nproc: int, codec):
-    """encode + decode alone (jitted, local device), on the chunks the collective codes: one frame per
-    destination, decoded once each (all_to_all, psum_scatter), or one frame that every rank decodes nproc
-    times (all_gather). Also returns a function giving (frame capacity, exact frame sizes) of those frames."""
+def build_codec_fn(coll: str, nproc: int, codec, capacity_fn):
+    """encode + decode alone (jitted, local device), on the chunks the compressed collective codes, at its
+    padded capacity: one frame per destination, each decoded once (all_to_all, psum_scatter), or one frame
+    that every rank decodes nproc times (all_gather). Also returns a function giving (capacity, exact frame
+    sizes) of those frames."""
     import jax
     import jax.numpy as jnp
+
+    kind = "gradient" if coll == "psum_scatter" else "activation"
 
     def frames(x):
         return x.reshape(1, -1) if coll == "all_gather" else x.reshape(nproc, -1)
 
+    def cap(x):
+        return capacity_fn(frames(x).shape[1], x.dtype, kind=kind)
+
     def roundtrip(x):
         fx = frames(x)
-        payload, _ = codec.encode_frames(fx)
+        payload, _ = codec.encode_frames(fx, capacity=cap(x))
         if coll == "all_gather":
             payload = jnp.tile(payload, (nproc, 1))
         return codec.decode_frames(payload, shape=fx.shape[1:], dtype=x.dtype)
 
     def sizes(x):
-        payload, nbytes = jax.jit(codec.encode_frames)(frames(x))
-        return payload.shape[1], nbytes
+        # exact frame sizes (no capacity limit) and the padded capacity the collective uses
+        _, nbytes = jax.jit(codec.encode_frames)(frames(x))
+        return cap(x), nbytes
 
     return jax.jit(roundtrip), sizes
 
@@ -208,7 +217,7 @@ def worker_main(args) -> None:
         if rank == 0:
             print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
-    impl = codec = None
+    impl = codec = zc = None
     impl_error = None
     try:
         impl = importlib.import_module(args.compressed_impl)
@@ -218,11 +227,15 @@ def worker_main(args) -> None:
         impl, impl_error = None, f"{args.compressed_impl}: {type(e).__name__}: {e}"
         log("compressed path unavailable:", impl_error)
     try:
+        zc = importlib.import_module("zipccl_jax.collectives")
         codec = importlib.import_module("zipccl_jax.codec")
-        codec.encode_frames, codec.decode_frames  # noqa: B018
+        codec.encode_frames, codec.decode_frames, zc.hlo_wire_bytes, zc.padded_capacity  # noqa: B018
     except Exception as e:  # noqa: BLE001
-        codec = None
-        log("codec unavailable, no codec_s:", type(e).__name__, e)
+        codec = zc = None
+        log("zipccl_jax codec/collectives unavailable (no codec_s, no HLO wire bytes):", type(e).__name__, e)
+    # compress="auto" is timed once the strategy layer has landed (or when asked to).
+    strategy = importlib.util.find_spec("zipccl_jax.strategy") is not None
+    time_auto = impl is not None and (args.time_auto or strategy)
 
     # First cross-process collective: a modest all_to_all (PLATFORM.md: never start with a tiny psum_scatter).
     warm = sm(lambda v: jax.lax.all_to_all(v, "x", 0, 0, tiled=True))
@@ -233,6 +246,17 @@ def worker_main(args) -> None:
     def barrier():
         bar_fn(bar_in).block_until_ready()
 
+    def short(e):
+        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+
+    def hlo_bytes(compiled, fallback=False):
+        if zc is None:
+            return None
+        return int(zc.hlo_wire_bytes(compiled.as_text(), include_fallback=fallback, num_devices=nproc))
+
+    def anywhere(flag: bool) -> bool:
+        return bool(multihost_utils.process_allgather(np.array([flag])).any())
+
     cases = [c for c in CASES if not args.cases or any(s in f"{c[0]}:{c[1]}" for s in args.cases.split(","))]
     prepared = []
     for case in cases:
@@ -240,36 +264,33 @@ def worker_main(args) -> None:
         x = load_payload(case, rank, nproc, args.corpus, args.max_elems)
         gx = glob(x)
         bodies = build_fns(coll, nproc, impl)
+        if not time_auto:
+            bodies.pop("auto", None)
         fns, info = {}, {"errors": {}}
+        if impl is not None and not time_auto:
+            info["errors"]["auto"] = "not timed: the strategy layer (zipccl_jax.strategy) has not landed"
         for name, body in bodies.items():
-            try:
-                f = sm(body)
-                compiled = f.lower(gx).compile()
-                info[f"hlo_{name}"] = _hlo.wire_bytes(compiled.as_text())
-                fns[name] = f
-            except Exception as e:  # noqa: BLE001
-                if name == "auto":  # expected until the strategy layer lands
-                    info["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                    continue
-                raise
+            f = sm(body)
+            compiled = f.lower(gx).compile()
+            info[f"wire_{name}"] = hlo_bytes(compiled)
+            if name in ("compressed", "auto"):
+                info[f"wire_{name}_fallback"] = hlo_bytes(compiled, fallback=True)
+            fns[name] = f
         codec_fn = None
         if codec is not None and dtype in ("bfloat16", "float32"):
-            try:
-                codec_fn, sizes = build_codec_fn(coll, nproc, codec)
-                lx = jax.device_put(x, local_dev)
-                cap, nb = sizes(lx)
-                info["frame_capacity"] = int(cap)
-                info["codec_bytes_local"] = int(np.asarray(nb).astype(np.int64).sum())
-                codec_fn(lx).block_until_ready()
-            except Exception as e:  # noqa: BLE001
-                info["errors"]["codec"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                codec_fn = None
-        # Correctness of the data path, once: compressed vs the same movement on bits (exact for data movement).
+            codec_fn, sizes = build_codec_fn(coll, nproc, codec, zc.padded_capacity)
+            lx = jax.device_put(x, local_dev)
+            cap, nb = sizes(lx)
+            nb = np.asarray(nb).astype(np.int64)
+            info["frame_capacity"] = int(cap)
+            info["codec_bytes_local"] = int(nb.sum())
+            info["overflow"] = anywhere(bool((nb > cap).any()))
+            codec_fn(lx).block_until_ready()
+        # Correctness, once: compressed vs the same data movement on bits (exact), or vs lax.psum_scatter.
         if "compressed" in fns:
             a = np.asarray(fns["compressed"](gx).addressable_data(0))
             b = np.asarray(fns["raw_bits" if coll != "psum_scatter" else "raw"](gx).addressable_data(0))
-            same = np.array_equal(a.view(np.uint8), b.view(np.uint8))
-            info["bit_identical"] = bool(multihost_utils.process_allgather(np.array([same])).all())
+            info["bit_identical"] = not anywhere(not np.array_equal(a.view(np.uint8), b.view(np.uint8)))
         prepared.append((case, x, gx, fns, codec_fn, info))
         log(f"prepared {coll}:{payload} per-rank {x.shape} {dtype} variants {sorted(fns)}"
             f"{' +codec' if codec_fn else ''}")
@@ -284,13 +305,12 @@ def worker_main(args) -> None:
         for case, x, gx, fns, codec_fn, info in prepared:
             coll, payload, tensor, dtype, _ = case
             runs = dict(fns)
-            lx = None
             if codec_fn is not None:
                 lx = jax.device_put(x, local_dev)
                 runs["codec"] = lambda _g, _f=codec_fn, _l=lx: _f(_l)
             times = {n: [] for n in runs}
             for rep in range(args.warmup + args.reps):
-                for name, f in runs.items():
+                for name, f in runs.items():  # interleaved, so drift hits every variant alike
                     barrier()
                     t0 = time.perf_counter()
                     f(gx).block_until_ready()
@@ -300,27 +320,29 @@ def worker_main(args) -> None:
             names = sorted(times)
             local = np.array([times[n] for n in names], dtype=np.float64)
             allt = multihost_utils.process_allgather(local)  # (nproc, variants, reps)
-            slowest = allt.max(axis=0)
+            slowest = allt.max(axis=0)  # a collective is done when its slowest rank is
             med = {n: float(statistics.median(slowest[i])) for i, n in enumerate(names)}
             codec_total = multihost_utils.process_allgather(np.array([info.get("codec_bytes_local", -1)]))
-            raw_bytes = int(x.nbytes)
+            # bytes one device sends (hlo_wire_bytes' model): all_to_all / psum_scatter S(n-1)/n, all_gather S(n-1)
+            logical = x.nbytes * (nproc - 1) if coll == "all_gather" else x.nbytes * (nproc - 1) // nproc
             rec = {
                 "collective": coll, "payload": payload, "dtype": dtype, "rate_gbit": rate,
                 "raw_s": med["raw"], "compressed_s": med.get("compressed"), "auto_s": med.get("auto"),
-                "wire_bytes_raw": raw_bytes,
-                "wire_bytes_compressed": info.get("hlo_compressed", {}).get("fast"),
+                "wire_bytes_raw": int(logical),
+                "wire_bytes_compressed": info.get("wire_compressed"),
                 # extras
                 "tensor": tensor if args.corpus else "synthetic_gaussian",
                 "shape_per_rank": list(x.shape), "n_processes": nproc, "reps": args.reps,
                 "link_MBps": go.get("link_MBps"),
                 "raw_bits_s": med["raw_bits"], "codec_s": med.get("codec"),
-                "wire_bytes_raw_hlo": info["hlo_raw"]["fast"],
-                "wire_bytes_raw_bits_hlo": info["hlo_raw_bits"]["fast"],
-                "wire_bytes_compressed_fallback": info.get("hlo_compressed", {}).get("worst"),
-                "wire_bytes_auto": info.get("hlo_auto", {}).get("fast"),
+                "wire_bytes_raw_hlo": info.get("wire_raw"),
+                "wire_bytes_raw_bits_hlo": info.get("wire_raw_bits"),
+                "wire_bytes_compressed_fallback": info.get("wire_compressed_fallback"),
+                "wire_bytes_auto": info.get("wire_auto"),
                 "frame_capacity": info.get("frame_capacity"),
-                "codec_ratio": (raw_bytes * nproc / float(codec_total.sum())
+                "codec_ratio": (x.nbytes * nproc / float(codec_total.sum())
                                 if (codec_total > 0).all() else None),
+                "overflow": info.get("overflow"),
                 "bit_identical": info.get("bit_identical"),
                 "compressed_impl": args.compressed_impl if impl is not None else None,
                 "errors": dict(info["errors"], **({"compressed": impl_error} if impl_error else {})),
@@ -442,7 +464,7 @@ def launch(args) -> list[dict]:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         common = ["--port", str(port), "--nproc", str(args.nproc), "--ctl", str(ctl.path),
                   "--reps", str(args.reps), "--warmup", str(args.warmup), "--phase-timeout", str(args.timeout),
-                  "--compressed-impl", args.compressed_impl]
+                  "--compressed-impl", args.compressed_impl] + (["--time-auto"] if args.time_auto else [])
         if args.corpus:
             common += ["--corpus", str(Path(args.corpus).resolve())]
         if args.max_elems:
@@ -497,6 +519,8 @@ def parse_args(argv=None):
     p.add_argument("--max-elems", type=int, default=None, help="cap the elements per rank (smoke tests)")
     p.add_argument("--compressed-impl", default="zipccl_jax",
                    help="module with all_to_all/all_gather/psum_scatter(..., compress=...) (default zipccl_jax)")
+    p.add_argument("--time-auto", action="store_true",
+                   help="time compress='auto' even before the strategy layer (zipccl_jax.strategy) lands")
     p.add_argument("--timeout", type=float, default=900.0, help="hard limit for the whole run, seconds")
     p.add_argument("--link-probe-mb", type=int, default=16,
                    help="MB sent over the loopback to measure each rate (0: skip)")
