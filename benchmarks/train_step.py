@@ -1,0 +1,155 @@
+#!/usr/bin/env python
+"""MoE training step, compressed vs uncompressed, on a real rate-limited network.
+
+Runs ``examples/moe_flax/train.py`` as N processes (one CPU device each, mesh 1xN: expert-parallel all_to_all
+across all processes, FSDP over the same devices) under ``jax.distributed`` inside a private network namespace
+whose loopback is shaped with ``tc tbf`` (see ``benchmarks/_netns.py``), once per variant and link rate:
+
+* ``compressed``    zipccl_jax collectives, compress=True (the example's default);
+* ``uncompressed``  zipccl_jax collectives, compress=False (same code path and reduction order: the losses must
+                    be bit-identical to ``compressed``);
+* ``lax``           plain jax.lax collectives (``--backend lax``), for reference.
+
+The step time is the example's own figure: mean over the steps after the first (compilation excluded).
+
+    python benchmarks/train_step.py --rates 1,unshaped --json results/train_step.json
+
+Extra arguments after ``--`` go to the example (model size, batch, ...).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import _netns  # noqa: E402
+
+EXAMPLE = REPO / "examples" / "moe_flax" / "train.py"
+VARIANTS = {"compressed": [], "uncompressed": ["--no-compress"], "lax": ["--backend", "lax"]}
+# A comm-heavy configuration (all_to_all bytes per step large next to the 2-core compute); override after --.
+DEFAULT_MODEL = ["--d-model", "256", "--d-ff", "256", "--seq-len", "128", "--batch-per-device", "8",
+                 "--layers", "2", "--experts", "8", "--heads", "4"]
+PORT = 12355  # inside a fresh private namespace every port is free
+
+
+def run_variant(ns, args, variant: str, tmp: Path, tag: str) -> dict:
+    nproc = args.nproc
+    out = tmp / f"{tag}.json"
+    port = PORT if ns is not None else _netns.free_port()
+    extra = args.example_args if args.example_args else DEFAULT_MODEL
+    argvs = [[sys.executable, str(EXAMPLE), "--num-processes", str(nproc), "--process-id", str(i),
+              "--coordinator", f"127.0.0.1:{port}", "--local-devices", "1", "--mesh", f"1x{nproc}",
+              "--steps", str(args.steps), "--json", str(out), "--quiet", *VARIANTS[variant], *extra]
+             for i in range(nproc)]
+    logdir = tmp / tag
+    logdir.mkdir()
+    t0 = time.perf_counter()
+    with _netns.Workers(argvs, netns=ns, logdir=logdir, env=_netns.worker_env(), timeout_s=args.timeout,
+                        cwd=str(REPO)) as w:
+        w.wait()
+    res = json.loads(out.read_text())
+    res["wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    example_args = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, example_args = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="1,unshaped", help="link rates in Gbit/s, 'unshaped' for no shaping")
+    p.add_argument("--variants", default="compressed,uncompressed,lax", help=f"subset of {list(VARIANTS)}")
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--steps", type=int, default=6, help="training steps per run (the first one compiles)")
+    p.add_argument("--rounds", type=int, default=1, help="repeat each variant, alternating (best step time kept)")
+    p.add_argument("--timeout", type=float, default=600.0, help="limit per run, seconds")
+    p.add_argument("--json", default=None)
+    p.add_argument("--no-netns", action="store_true", help="unshaped host loopback, no root needed")
+    p.add_argument("--keep-logs", action="store_true")
+    args = p.parse_args(argv)
+    args.example_args = example_args
+    rates = _netns.parse_rates(args.rates)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    if args.no_netns and any(r is not None for r in rates):
+        raise SystemExit("--no-netns runs on the unshaped host loopback; use --rates unshaped")
+
+    tmp = _netns.make_tempdir("zccl_train_")
+    ns = None
+    records = []
+    ok = False
+    try:
+        if not args.no_netns:
+            try:
+                ns = _netns.NetNS()
+            except _netns.NetNSError as e:
+                raise SystemExit(f"error: {e}") from None
+        for rate in rates:
+            if ns is not None:
+                ns.set_rate(rate)
+            runs: dict[str, list[dict]] = {v: [] for v in variants}
+            for rnd in range(args.rounds):
+                for v in variants:
+                    res = run_variant(ns, args, v, tmp, f"{_netns.rate_label(rate)}_{v}_{rnd}")
+                    runs[v].append(res)
+                    print(f"{_netns.rate_label(rate):>9} {v:<13} step {res['step_time_s'] * 1e3:8.1f} ms "
+                          f"(first {res['first_step_s']:.1f} s) loss {res['losses'][-1]:.4f} "
+                          f"wire/raw {res['wire_bytes'] / max(1, res['raw_bytes']):.3f}", flush=True)
+            for v in variants:
+                best = min(runs[v], key=lambda r: r["step_time_s"])
+                records.append({
+                    "rate_gbit": rate, "variant": v, "step_time_s": best["step_time_s"],
+                    "step_times_s": [r["step_time_s"] for r in runs[v]], "first_step_s": best["first_step_s"],
+                    "losses": best["losses"], "loss_bits": best["loss_bits"], "raw_bytes": best["raw_bytes"],
+                    "wire_bytes": best["wire_bytes"], "fallbacks": best.get("fallbacks"),
+                    "bytes_source": best.get("bytes_source"), "tokens_per_step": best["tokens_per_step"],
+                    "params_sha256": best.get("params_sha256"), "mesh": best["mesh"],
+                    "processes": best["processes"], "config": best["config"],
+                    "example_args": args.example_args or DEFAULT_MODEL, "steps": args.steps,
+                })
+        ok = True
+    except _netns.WorkerFailed as e:
+        raise SystemExit(f"error: {e}\n(logs kept in {tmp})") from None
+    finally:
+        if ns is not None:
+            ns.close()
+        if ok and not args.keep_logs:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    summary = []
+    for rate in rates:
+        by = {r["variant"]: r for r in records if r["rate_gbit"] == rate}
+        row = {"rate_gbit": rate}
+        if "compressed" in by and "uncompressed" in by:
+            c, u = by["compressed"], by["uncompressed"]
+            row["speedup_vs_uncompressed"] = u["step_time_s"] / c["step_time_s"]
+            row["losses_bit_identical"] = c["loss_bits"] == u["loss_bits"]
+            row["params_identical"] = c.get("params_sha256") == u.get("params_sha256")
+        if "compressed" in by and "lax" in by:
+            row["speedup_vs_lax"] = by["lax"]["step_time_s"] / by["compressed"]["step_time_s"]
+        if "compressed" in by and by["compressed"]["wire_bytes"]:
+            row["wire_ratio"] = by["compressed"]["raw_bytes"] / by["compressed"]["wire_bytes"]
+        summary.append(row)
+        print(f"{_netns.rate_label(rate):>9}: " + ", ".join(
+            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "rate_gbit"))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"runs": records, "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
