@@ -1,6 +1,7 @@
 #include "codec_cpu.h"
 
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 
 #include "block.h"
@@ -25,37 +26,49 @@ inline void StoreU32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 // ---- Pass 1: histogram and block properties --------------------------------
 struct Analysis {
   uint32_t hist[kNumSymbols];
+  uint32_t stream_zeros[kMaxStreamsPerBlock];
   bool all_equal;
   bool low16;
   uint32_t first;
 };
 
-// Four sub-histograms break the store-to-load chain on runs of equal symbols.
+// Bit position of the exponent byte: Symbol16/Symbol32 of a non-zero element
+// is (v >> kExpShift) & 0xFF.
+template <typename T>
+constexpr int kExpShift = sizeof(T) == 2 ? 7 : 23;
+
 template <typename T>
 void Analyse(const T* x, uint64_t n, Analysis* a) {
-  uint32_t h[4][kNumSymbols];
-  std::memset(h, 0, sizeof(h));
+  // Element properties, one vectorisable pass per stream.
   const T first = x[0];
   T diff = 0, low = 0;
+  uint64_t zeros = 0;
+  for (uint64_t lo = 0, k = 0; lo < n; lo += kStreamElems, ++k) {
+    uint64_t hi = lo + kStreamElems < n ? lo + kStreamElems : n;
+    uint32_t z = 0;
+    for (uint64_t j = lo; j < hi; ++j) {
+      diff |= x[j] ^ first;
+      low |= x[j];
+      z += x[j] == 0;
+    }
+    a->stream_zeros[k] = z;
+    zeros += z;
+  }
+  // Exponent-byte histogram; four sub-histograms break the store-to-load
+  // chain on runs of equal exponents. Zeros land in bin 0 and move to 256.
+  uint32_t h[4][256];
+  std::memset(h, 0, sizeof(h));
   uint64_t j = 0;
-  auto sym = [](T v) {
-    return sizeof(T) == 2 ? Symbol16(v) : Symbol32(v);
-  };
   for (; j + 4 <= n; j += 4) {
-    T v0 = x[j], v1 = x[j + 1], v2 = x[j + 2], v3 = x[j + 3];
-    ++h[0][sym(v0)];
-    ++h[1][sym(v1)];
-    ++h[2][sym(v2)];
-    ++h[3][sym(v3)];
-    diff |= (v0 ^ first) | (v1 ^ first) | (v2 ^ first) | (v3 ^ first);
-    low |= v0 | v1 | v2 | v3;
+    ++h[0][(x[j] >> kExpShift<T>) & 0xFF];
+    ++h[1][(x[j + 1] >> kExpShift<T>) & 0xFF];
+    ++h[2][(x[j + 2] >> kExpShift<T>) & 0xFF];
+    ++h[3][(x[j + 3] >> kExpShift<T>) & 0xFF];
   }
-  for (; j < n; ++j) {
-    ++h[0][sym(x[j])];
-    diff |= x[j] ^ first;
-    low |= x[j];
-  }
-  for (int s = 0; s < kNumSymbols; ++s) a->hist[s] = h[0][s] + h[1][s] + h[2][s] + h[3][s];
+  for (; j < n; ++j) ++h[0][(x[j] >> kExpShift<T>) & 0xFF];
+  for (int s = 0; s < 256; ++s) a->hist[s] = h[0][s] + h[1][s] + h[2][s] + h[3][s];
+  a->hist[0] -= uint32_t(zeros);
+  a->hist[kZeroSymbol] = uint32_t(zeros);
   a->all_equal = diff == 0;
   a->low16 = sizeof(T) == 4 && (uint32_t(low) & 0xFFFFu) == 0;
   a->first = uint32_t(first);
@@ -63,46 +76,81 @@ void Analyse(const T* x, uint64_t n, Analysis* a) {
 
 // ---- Pass 2: HUFF block writer ----------------------------------------------
 // Bitstream: codes are appended at increasing bit positions, bit i living in
-// byte i / 8 at bit i % 8; the encoder keeps a 64-bit accumulator and spills
-// whole 32-bit words, so it writes exactly ceil(total_bits / 8) bytes.
+// byte i / 8 at bit i % 8. Four codes (<= 44 bits) go into a 64-bit
+// accumulator, which is then stored whole and advanced by its complete bytes;
+// the store may run up to 8 bytes past the bitstream, into the raw region
+// written afterwards, so the caller guarantees 8 bytes of slack (kWide) or we
+// flush byte by byte.
+template <typename T, bool kWide>
+uint64_t PackStreams(const T* x, uint64_t n, const BlockPlan& p, const uint32_t* stream_zeros,
+                     uint8_t* dir, uint8_t* bits) {
+  // The LOW16 coding of a float32 has the same symbols (see block.h).
+  uint64_t enc[kNumSymbols];  // code in the low 32 bits, length in the high 32
+  for (int s = 0; s < kNumSymbols; ++s)
+    enc[s] = (p.enc[s] & 0xFFFFu) | (uint64_t(p.enc[s] >> 16) << 32);
+  auto sym = [](T v) -> uint32_t {
+    uint32_t e = (v >> kExpShift<T>) & 0xFF;
+    return v ? e : uint32_t(kZeroSymbol);
+  };
+  uint64_t acc = 0;
+  uint64_t nacc = 0;
+  uint8_t* bp = bits;
+  uint64_t prev_bits = 0;
+  for (int k = 0; k < p.n_streams; ++k) {
+    uint64_t lo = uint64_t(k) * kStreamElems;
+    uint64_t hi = lo + kStreamElems < n ? lo + kStreamElems : n;
+    uint64_t j = lo;
+    if (kWide) {
+      for (; j + 4 <= hi; j += 4) {
+        uint64_t t0 = enc[sym(x[j])], t1 = enc[sym(x[j + 1])];
+        uint64_t t2 = enc[sym(x[j + 2])], t3 = enc[sym(x[j + 3])];
+        acc |= uint64_t(uint32_t(t0)) << nacc;
+        nacc += t0 >> 32;
+        acc |= uint64_t(uint32_t(t1)) << nacc;
+        nacc += t1 >> 32;
+        acc |= uint64_t(uint32_t(t2)) << nacc;
+        nacc += t2 >> 32;
+        acc |= uint64_t(uint32_t(t3)) << nacc;
+        nacc += t3 >> 32;
+        std::memcpy(bp, &acc, 8);
+        bp += nacc >> 3;
+        acc >>= nacc & 56;
+        nacc &= 7;
+      }
+    }
+    for (; j < hi; ++j) {
+      uint64_t t = enc[sym(x[j])];
+      acc |= uint64_t(uint32_t(t)) << nacc;
+      nacc += t >> 32;
+      while (nacc >= 8) {
+        *bp++ = uint8_t(acc);
+        acc >>= 8;
+        nacc -= 8;
+      }
+    }
+    uint64_t now = uint64_t(bp - bits) * 8 + nacc;
+    Store16(dir + uint64_t(k) * kStreamDirEntryBytes, uint16_t(now - prev_bits));
+    Store16(dir + uint64_t(k) * kStreamDirEntryBytes + 2,
+            uint16_t((hi - lo) - stream_zeros[k]));
+    prev_bits = now;
+  }
+  if (nacc) *bp++ = uint8_t(acc);
+  return prev_bits;
+}
+
 template <typename T>
-void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, uint8_t* block) {
+void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& a,
+                    uint8_t* block, const uint8_t* out_end) {
   WriteBlockHeader(block, p);
   WriteTable(block + kBlockHeaderBytes, p);
   uint8_t* dir = block + kBlockHeaderBytes + p.table_bytes;
   uint8_t* bits = dir + uint64_t(p.n_streams) * kStreamDirEntryBytes;
   uint8_t* raw = bits + (p.total_bits + 7) / 8;
   const bool low16 = p.flags & kBlockFlagLow16;
-  auto sym = [low16](T v) {
-    if (sizeof(T) == 2) return Symbol16(v);
-    return low16 ? Symbol16(uint32_t(v) >> 16) : Symbol32(v);
-  };
-
-  uint64_t acc = 0;
-  int nacc = 0;
-  uint8_t* bp = bits;
-  for (int k = 0; k < p.n_streams; ++k) {
-    uint64_t lo = uint64_t(k) * kStreamElems;
-    uint64_t hi = lo + kStreamElems < n ? lo + kStreamElems : n;
-    uint32_t stream_bits = 0, zeros = 0;
-    for (uint64_t j = lo; j < hi; ++j) {
-      T v = x[j];
-      uint32_t e = p.enc[sym(v)];
-      acc |= uint64_t(e & 0xFFFFu) << nacc;
-      nacc += int(e >> 16);
-      stream_bits += e >> 16;
-      zeros += v == 0;
-      if (nacc >= 32) {
-        StoreU32(bp, uint32_t(acc));
-        bp += 4;
-        acc >>= 32;
-        nacc -= 32;
-      }
-    }
-    Store16(dir + uint64_t(k) * kStreamDirEntryBytes, uint16_t(stream_bits));
-    Store16(dir + uint64_t(k) * kStreamDirEntryBytes + 2, uint16_t((hi - lo) - zeros));
-  }
-  for (; nacc > 0; nacc -= 8, acc >>= 8) *bp++ = uint8_t(acc);
+  if (raw + 8 <= out_end)
+    PackStreams<T, true>(x, n, p, a.stream_zeros, dir, bits);
+  else
+    PackStreams<T, false>(x, n, p, a.stream_zeros, dir, bits);
 
   // Raw bytes of the non-zero elements, in element order.
   if (p.nnz == n) {
@@ -137,9 +185,10 @@ void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, uint8_t* block) 
 }
 
 template <typename T>
-void WriteBlock(const T* x, uint64_t n, const BlockPlan& p, uint8_t* block) {
+void WriteBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& a, uint8_t* block,
+                const uint8_t* out_end) {
   if (p.mode == kModeHuff) {
-    WriteHuffBlock(x, n, p, block);
+    WriteHuffBlock(x, n, p, a, block, out_end);
     return;
   }
   WriteBlockHeader(block, p);
@@ -160,7 +209,7 @@ uint64_t EncodeTyped(const T* x, uint64_t n, uint8_t dtype, bool checksum,
     Analyse(xb, nbe, &a);
     PlanBlock(a.hist, nbe, int(sizeof(T)), a.all_equal, a.first, a.low16, plan.get());
     if (fits && used + plan->block_bytes <= cap) {
-      WriteBlock(xb, nbe, *plan, out + used);
+      WriteBlock(xb, nbe, *plan, a, out + used, out + cap);
       Store32(out + kFrameHeaderBytes + b * kDirEntryBytes, uint32_t(plan->block_bytes));
     } else {
       fits = false;
@@ -178,26 +227,116 @@ uint64_t EncodeTyped(const T* x, uint64_t n, uint8_t dtype, bool checksum,
 }
 
 // ---- Decoder -----------------------------------------------------------------
-struct DecodeTables {
+// Symbols decode into bytes when the block leaves some exponent value unused:
+// that value then stands in for the zero symbol (the "alias"), and one 8-byte
+// table entry carries up to six symbols. A block that uses all 256 exponents
+// and zero decodes into uint16 symbols, three per entry. Either way the symbol
+// buffer holds what MergeStream joins with the raw bytes.
+template <typename S>
+struct MultiEntry {
+  static constexpr int kSyms = 6 / int(sizeof(S));
+  S sym[kSyms];
+  uint8_t n;     // symbols in this entry; 0 marks a prefix no code starts
+  uint8_t bits;  // bits they span
+};
+static_assert(sizeof(MultiEntry<uint8_t>) == 8 && sizeof(MultiEntry<uint16_t>) == 8);
+
+template <typename S>
+void BuildMultiTable(const DecodeEntry* single, S zero_code, MultiEntry<S>* multi) {
+  for (int i = 0; i < kTableSize; ++i) {
+    MultiEntry<S> e{};
+    uint32_t cur = uint32_t(i);
+    int avail = kMaxCodeLen;
+    while (e.n < MultiEntry<S>::kSyms) {
+      DecodeEntry d = single[cur & (kTableSize - 1)];
+      if (d.len == 0 || d.len > avail) break;
+      e.sym[e.n++] = d.sym == kZeroSymbol ? zero_code : S(d.sym);
+      e.bits = uint8_t(e.bits + d.len);
+      avail -= d.len;
+      cur >>= d.len;
+    }
+    multi[i] = e;
+  }
+}
+
+// The byte-symbol table, built in one pass of increasing index with SWAR
+// arithmetic instead of a walk per entry. Entry i starts with the symbol d of
+// i's low bits, followed by as many leading symbols of entry (i >> d.len) as
+// end within the remaining 11 - d.len bits (i >> d.len < i, so that entry is
+// ready). cum[i] holds, per byte k, the bits consumed after k + 1 symbols
+// (0xFF past the end), which is what the truncation test needs.
+inline void BuildMultiTable8(const DecodeEntry* single, uint8_t zero_code,
+                             MultiEntry<uint8_t>* multi, uint64_t* cum) {
+  constexpr uint64_t kL = 0x0101010101010101ull, kH = 0x8080808080808080ull;
+  constexpr uint64_t kSymMask = 0x0000FFFFFFFFFFFFull;
+  {  // Entry 0 refers to itself (0 >> len == 0), so it is walked directly.
+    MultiEntry<uint8_t> e{};
+    uint64_t c = ~0ull;
+    uint32_t cur = 0;
+    int avail = kMaxCodeLen;
+    while (e.n < MultiEntry<uint8_t>::kSyms) {
+      DecodeEntry d = single[cur & (kTableSize - 1)];
+      if (d.len == 0 || d.len > avail) break;
+      e.sym[e.n] = d.sym == kZeroSymbol ? zero_code : uint8_t(d.sym);
+      e.bits = uint8_t(e.bits + d.len);
+      c = (c & ~(0xFFull << (8 * e.n))) | (uint64_t(e.bits) << (8 * e.n));
+      ++e.n;
+      avail -= d.len;
+      cur >>= d.len;
+    }
+    multi[0] = e;
+    cum[0] = c;
+  }
+  for (int i = 1; i < kTableSize; ++i) {
+    const DecodeEntry d = single[i];
+    if (d.len == 0) {
+      multi[i] = MultiEntry<uint8_t>{};
+      cum[i] = ~0ull;
+      continue;
+    }
+    const uint64_t l = d.len;
+    const uint64_t j = uint64_t(i) >> l;
+    uint64_t cj = cum[j] | 0xFFFFFF0000000000ull;  // take at most 5 from entry j
+    uint64_t ge = ((cj | kH) - (12 - l) * kL) & kH;  // byte >= 11 - l + 1
+    uint64_t take = uint64_t(__builtin_ctzll(ge)) >> 3;
+    uint64_t n = 1 + take;
+    uint64_t sj;
+    std::memcpy(&sj, &multi[j], 8);
+    uint8_t s0 = d.sym == kZeroSymbol ? zero_code : uint8_t(d.sym);
+    uint64_t syms = ((sj << 8) | s0) & kSymMask;
+    uint64_t ci = (((cj + l * kL) << 8) | l) | (~0ull << (8 * n));
+    uint64_t bits = (ci >> (8 * (n - 1))) & 0xFF;
+    uint64_t word = syms | (n << 48) | (bits << 56);
+    std::memcpy(&multi[i], &word, 8);
+    cum[i] = ci;
+  }
+}
+
+struct DecodeScratch {
   DecodeEntry single[kTableSize];
-  MultiEntry multi[kTableSize];
+  MultiEntry<uint8_t> multi8[kTableSize];
+  MultiEntry<uint16_t> multi16[kTableSize];
+  uint64_t cum[kTableSize];
+  // Four lanes of symbols, plus slack for the 8-byte entry stores.
+  uint16_t syms[4 * (kStreamElems + 8)];
 };
 
-// Symbols of one stream. `bits` points at the block's bitstream, whose
-// readable extent (up to the end of the caller's buffer) is `readable` bytes.
+// Cursor over one stream of the block's bitstream.
+template <typename S>
 struct StreamCursor {
-  uint64_t pos;    // bit position, relative to `bits`
+  uint64_t pos;    // bit position, relative to the bitstream start
   uint64_t i;      // symbols decoded so far
   uint64_t count;  // symbols in the stream
-  uint16_t* syms;
+  S* syms;
 };
 
-// One table lookup yielding up to three symbols. The caller guarantees that
-// 8 bytes can be read at pos / 8 and that three symbol slots are writable.
-inline bool MultiStep(const uint8_t* bits, const MultiEntry* multi, StreamCursor& c) {
+// One lookup yielding up to kSyms symbols. The caller guarantees that 8 bytes
+// are readable at pos / 8 and that kSyms + 2 symbol slots are writable.
+template <typename S>
+inline bool MultiStep(const uint8_t* bits, const MultiEntry<S>* multi, StreamCursor<S>& c) {
   uint64_t w = LoadU64(bits + (c.pos >> 3)) >> (c.pos & 7);
-  MultiEntry e = multi[w & (kTableSize - 1)];
-  std::memcpy(c.syms + c.i, &e, 8);  // three symbols and one spare slot
+  MultiEntry<S> e = multi[w & (kTableSize - 1)];
+  std::memcpy(c.syms + c.i, &e, 8);  // the symbols, and two bytes of spill
   c.i += e.n;
   c.pos += e.bits;
   return e.n != 0;
@@ -205,8 +344,9 @@ inline bool MultiStep(const uint8_t* bits, const MultiEntry* multi, StreamCursor
 
 // Safe single-symbol decoding for the ends of streams: bytes past the
 // bitstream read as zero and are caught by the exact length check later.
+template <typename S>
 inline bool SlowStep(const uint8_t* bits, uint64_t bit_bytes, const DecodeEntry* single,
-                     StreamCursor& c) {
+                     S zero_code, StreamCursor<S>& c) {
   uint64_t byte = c.pos >> 3;
   uint32_t w = 0;
   for (int k = 0; k < 3; ++k)
@@ -214,64 +354,115 @@ inline bool SlowStep(const uint8_t* bits, uint64_t bit_bytes, const DecodeEntry*
   w >>= (c.pos & 7);
   DecodeEntry d = single[w & (kTableSize - 1)];
   if (d.len == 0) return false;
-  c.syms[c.i++] = d.sym;
+  c.syms[c.i++] = d.sym == kZeroSymbol ? zero_code : S(d.sym);
   c.pos += d.len;
   return true;
 }
 
-// Decodes 1..4 streams in lockstep so that their table lookups overlap.
-template <int K>
-bool DecodeStreams(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
-                   const DecodeTables& t, StreamCursor* c) {
-  for (;;) {
-    bool go = true;
-    for (int k = 0; k < K; ++k)
-      go &= (c[k].i + kMultiSyms <= c[k].count) && ((c[k].pos >> 3) + 8 <= readable);
-    if (!go) break;
-    bool ok = true;
-    for (int k = 0; k < K; ++k) ok &= MultiStep(bits, t.multi, c[k]);
-    if (!ok) return false;
-  }
-  for (int k = 0; k < K; ++k) {
-    while (c[k].i + kMultiSyms <= c[k].count && (c[k].pos >> 3) + 8 <= readable)
-      if (!MultiStep(bits, t.multi, c[k])) return false;
-    while (c[k].i < c[k].count)
-      if (!SlowStep(bits, bit_bytes, t.single, c[k])) return false;
-  }
+// Finishes one stream: multi-symbol lookups while they are safe, then single
+// symbols up to the stream's exact count.
+template <typename S>
+bool FinishStream(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
+                  const DecodeEntry* single, const MultiEntry<S>* multi, S zero_code,
+                  StreamCursor<S>& c) {
+  constexpr uint64_t kStep = MultiEntry<S>::kSyms;
+  while (c.i + kStep <= c.count && (c.pos >> 3) + 8 <= readable)
+    if (!MultiStep(bits, multi, c)) return false;
+  while (c.i < c.count)
+    if (!SlowStep(bits, bit_bytes, single, zero_code, c)) return false;
   return true;
 }
 
-// Joins symbols with their raw bytes. Returns false if the stream's zero
-// count disagrees with its directory entry.
-template <typename T>
-bool MergeStream(const uint16_t* syms, uint64_t count, const uint8_t* raw,
-                 uint64_t nnz, int raw_width, bool low16, T* out) {
-  if (nnz == count) {  // no zeros: a straight, vectorisable loop
+// Decodes four streams in lockstep so that their table lookups overlap. The
+// cursors live in named locals: symbol stores through S* (a character type
+// for uint8_t) would otherwise force them through memory on every step.
+template <typename S>
+bool DecodeStreams4(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
+                    const DecodeEntry* single, const MultiEntry<S>* multi, S zero_code,
+                    StreamCursor<S>* c) {
+  constexpr uint64_t kStep = MultiEntry<S>::kSyms;
+  uint64_t p0 = c[0].pos, p1 = c[1].pos, p2 = c[2].pos, p3 = c[3].pos;
+  S *o0 = c[0].syms, *o1 = c[1].syms, *o2 = c[2].syms, *o3 = c[3].syms;
+  uint64_t m = c[0].count;
+  for (int k = 1; k < 4; ++k) m = c[k].count < m ? c[k].count : m;
+  // A step advances a lane by at most kStep symbols and kMaxCodeLen bits and
+  // reads 8 bytes at its bit position. `safe` is how many steps every lane
+  // can take before either bound could be hit, so the inner loop runs without
+  // bounds checks. Lane state stays in 8 registers: bit position and output
+  // pointer.
+  const uint64_t bit_limit = readable >= 8 ? (readable - 8) * 8 : 0;
+  for (;;) {
+    uint64_t safe = ~0ull;
+    const uint64_t done[4] = {uint64_t(o0 - c[0].syms), uint64_t(o1 - c[1].syms),
+                              uint64_t(o2 - c[2].syms), uint64_t(o3 - c[3].syms)};
+    const uint64_t pos[4] = {p0, p1, p2, p3};
+    for (int k = 0; k < 4; ++k) {
+      uint64_t by_count = (m - done[k]) / kStep;
+      uint64_t by_bits = pos[k] <= bit_limit ? (bit_limit - pos[k]) / kMaxCodeLen : 0;
+      safe = by_count < safe ? by_count : safe;
+      safe = by_bits < safe ? by_bits : safe;
+    }
+    if (safe == 0) break;
+    for (; safe; --safe) {
+      MultiEntry<S> e0 = multi[(LoadU64(bits + (p0 >> 3)) >> (p0 & 7)) & (kTableSize - 1)];
+      MultiEntry<S> e1 = multi[(LoadU64(bits + (p1 >> 3)) >> (p1 & 7)) & (kTableSize - 1)];
+      MultiEntry<S> e2 = multi[(LoadU64(bits + (p2 >> 3)) >> (p2 & 7)) & (kTableSize - 1)];
+      MultiEntry<S> e3 = multi[(LoadU64(bits + (p3 >> 3)) >> (p3 & 7)) & (kTableSize - 1)];
+      // n == 0 marks a prefix that no code starts: corrupt input.
+      if (__builtin_expect(!e0.n || !e1.n || !e2.n || !e3.n, 0)) return false;
+      std::memcpy(o0, &e0, 8);
+      std::memcpy(o1, &e1, 8);
+      std::memcpy(o2, &e2, 8);
+      std::memcpy(o3, &e3, 8);
+      o0 += e0.n;
+      o1 += e1.n;
+      o2 += e2.n;
+      o3 += e3.n;
+      p0 += e0.bits;
+      p1 += e1.bits;
+      p2 += e2.bits;
+      p3 += e3.bits;
+    }
+  }
+  c[0].pos = p0, c[1].pos = p1, c[2].pos = p2, c[3].pos = p3;
+  c[0].i = uint64_t(o0 - c[0].syms), c[1].i = uint64_t(o1 - c[1].syms);
+  c[2].i = uint64_t(o2 - c[2].syms), c[3].i = uint64_t(o3 - c[3].syms);
+  for (int k = 0; k < 4; ++k)
+    if (!FinishStream(bits, bit_bytes, readable, single, multi, zero_code, c[k])) return false;
+  return true;
+}
+
+// Joins one stream's symbols with its raw bytes into elements. Returns false
+// if the stream's zero count disagrees with its directory entry.
+template <typename T, typename S>
+bool MergeStream(const S* syms, uint64_t count, S zero_code, const uint8_t* raw, uint64_t nnz,
+                 bool low16, T* out) {
+  if (nnz == count) {  // no zeros: straight, vectorisable loops
     uint32_t bad = 0;
     if (sizeof(T) == 2) {
       for (uint64_t j = 0; j < count; ++j) {
-        bad |= syms[j];
+        bad |= syms[j] == zero_code;
         out[j] = T(Rotr16((uint32_t(syms[j]) << 8) | raw[j]));
       }
     } else if (low16) {
       for (uint64_t j = 0; j < count; ++j) {
-        bad |= syms[j];
+        bad |= syms[j] == zero_code;
         out[j] = T(Rotr16((uint32_t(syms[j]) << 8) | raw[j]) << 16);
       }
     } else {
       for (uint64_t j = 0; j < count; ++j) {
-        bad |= syms[j];
+        bad |= syms[j] == zero_code;
         uint32_t r = raw[3 * j] | (uint32_t(raw[3 * j + 1]) << 8) |
                      (uint32_t(raw[3 * j + 2]) << 16);
         out[j] = T(Rotr32((uint32_t(syms[j]) << 24) | r));
       }
     }
-    return (bad >> 8) == 0;  // no zero symbol may appear
+    return bad == 0;
   }
   if (nnz == 0) {
     uint32_t bad = 0;
     for (uint64_t j = 0; j < count; ++j) {
-      bad |= syms[j] ^ kZeroSymbol;
+      bad |= syms[j] != zero_code;
       out[j] = 0;
     }
     return bad == 0;
@@ -288,59 +479,50 @@ bool MergeStream(const uint16_t* syms, uint64_t count, const uint8_t* raw,
       const uint8_t* q = raw + 3 * at;
       v = Rotr32((s << 24) | q[0] | (uint32_t(q[1]) << 8) | (uint32_t(q[2]) << 16));
     }
-    bool nz = s != kZeroSymbol;
+    bool nz = s != zero_code;
     out[j] = nz ? T(v) : T(0);
     r += nz;
   }
   return r == nnz;
 }
 
-template <typename T>
-Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t readable,
-                       uint64_t n, uint8_t flags, DecodeTables* t, uint16_t* syms,
-                       T* out) {
-  uint8_t lens[kNumSymbols];
-  HuffLayout L;
-  Status st = ParseHuffLayout(block, block_bytes, n, int(sizeof(T)), flags, lens, &L);
-  if (st != kOk) return st;
-  uint32_t enc[kNumSymbols];
-  if (!BuildEncodeTable(lens, enc)) return kErrTable;
-  BuildDecodeTable(enc, t->single);
-  BuildMultiTable(t->single, t->multi);
-
+template <typename T, typename S>
+Status DecodeHuffStreams(const uint8_t* block, const HuffLayout& L, uint64_t readable,
+                         uint64_t n, bool low16, const DecodeEntry* single,
+                         const MultiEntry<S>* multi, S zero_code, S* syms, T* out) {
   const uint8_t* bits = block + L.bits_off;
   const uint64_t bit_bytes = (L.total_bits + 7) / 8;
   const uint64_t bits_readable = readable - L.bits_off;
-  const bool low16 = flags & kBlockFlagLow16;
   uint64_t pos = 0, raw_at = 0;
   constexpr int kLanes = 4;
   for (int k0 = 0; k0 < L.n_streams; k0 += kLanes) {
-    int lanes = L.n_streams - k0 < kLanes ? L.n_streams - k0 : kLanes;
-    StreamCursor c[kLanes];
+    const int lanes = L.n_streams - k0 < kLanes ? L.n_streams - k0 : kLanes;
+    StreamCursor<S> c[kLanes];
     uint64_t end[kLanes], nnz[kLanes], raw_off[kLanes];
     for (int q = 0; q < lanes; ++q) {
-      int k = k0 + q;
+      const int k = k0 + q;
       const uint8_t* d = block + L.dir_off + uint64_t(k) * kStreamDirEntryBytes;
-      uint64_t first = uint64_t(k) * kStreamElems;
-      c[q] = StreamCursor{pos, 0, n - first < uint64_t(kStreamElems) ? n - first
-                                                                      : uint64_t(kStreamElems),
-                          syms + q * (kStreamElems + 4)};
+      const uint64_t first = uint64_t(k) * kStreamElems;
+      const uint64_t count = n - first < uint64_t(kStreamElems) ? n - first : kStreamElems;
+      c[q] = StreamCursor<S>{pos, 0, count, syms + q * (kStreamElems + 8)};
       end[q] = pos + Load16(d);
       pos = end[q];
       nnz[q] = Load16(d + 2);
       raw_off[q] = raw_at;
       raw_at += nnz[q] * uint64_t(L.raw_width);
     }
-    bool ok = lanes == kLanes ? DecodeStreams<kLanes>(bits, bit_bytes, bits_readable, *t, c)
-                              : DecodeStreams<1>(bits, bit_bytes, bits_readable, *t, c);
-    for (int q = 1; ok && q < lanes && lanes != kLanes; ++q)
-      ok = DecodeStreams<1>(bits, bit_bytes, bits_readable, *t, c + q);
+    bool ok = true;
+    if (lanes == kLanes) {
+      ok = DecodeStreams4(bits, bit_bytes, bits_readable, single, multi, zero_code, c);
+    } else {
+      for (int q = 0; ok && q < lanes; ++q)
+        ok = FinishStream(bits, bit_bytes, bits_readable, single, multi, zero_code, c[q]);
+    }
     if (!ok) return kErrStream;
     for (int q = 0; q < lanes; ++q) {
       if (c[q].pos != end[q]) return kErrStream;
-      T* o = out + uint64_t(k0 + q) * kStreamElems;
-      if (!MergeStream(c[q].syms, c[q].count, block + L.raw_off + raw_off[q], nnz[q],
-                       L.raw_width, low16, o))
+      if (!MergeStream(c[q].syms, c[q].count, zero_code, block + L.raw_off + raw_off[q], nnz[q],
+                       low16, out + uint64_t(k0 + q) * kStreamElems))
         return kErrStream;
     }
   }
@@ -348,6 +530,31 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t read
   if ((L.total_bits & 7) && (bits[bit_bytes - 1] >> (L.total_bits & 7)) != 0)
     return kErrReserved;
   return kOk;
+}
+
+template <typename T>
+Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t readable,
+                       uint64_t n, uint8_t flags, DecodeScratch* t, T* out) {
+  uint8_t lens[kNumSymbols];
+  HuffLayout L;
+  Status st = ParseHuffLayout(block, block_bytes, n, int(sizeof(T)), flags, lens, &L);
+  if (st != kOk) return st;
+  uint32_t enc[kNumSymbols];
+  if (!BuildEncodeTable(lens, enc)) return kErrTable;
+  BuildDecodeTable(enc, t->single);
+  const bool low16 = flags & kBlockFlagLow16;
+  int alias = -1;  // an exponent value this block never codes
+  for (int s = 0; s < 256 && alias < 0; ++s)
+    if (!lens[s]) alias = s;
+  if (alias >= 0) {
+    BuildMultiTable8(t->single, uint8_t(alias), t->multi8, t->cum);
+    return DecodeHuffStreams<T, uint8_t>(block, L, readable, n, low16, t->single, t->multi8,
+                                         uint8_t(alias), reinterpret_cast<uint8_t*>(t->syms),
+                                         out);
+  }
+  BuildMultiTable<uint16_t>(t->single, uint16_t(kZeroSymbol), t->multi16);
+  return DecodeHuffStreams<T, uint16_t>(block, L, readable, n, low16, t->single, t->multi16,
+                                        uint16_t(kZeroSymbol), t->syms, out);
 }
 
 template <typename T>
@@ -367,8 +574,7 @@ DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
   for (uint64_t b = 0; b < nb; ++b) total += Load32(in + kFrameHeaderBytes + b * kDirEntryBytes);
   if (total != frame_bytes) return {kErrFrameSize, -1};
 
-  std::unique_ptr<DecodeTables> tables;
-  std::unique_ptr<uint16_t[]> syms;
+  std::unique_ptr<DecodeScratch> scratch;  // ~50 KB, only for HUFF blocks
   for (uint64_t b = 0; b < nb; ++b) {
     const uint64_t bb = Load32(in + kFrameHeaderBytes + b * kDirEntryBytes);
     const uint64_t nbe = BlockElems(n, b);
@@ -391,11 +597,8 @@ DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
     } else if (mode == kModeHuff) {
       if (flags & kBlockFlagsReserved) return {kErrReserved, int64_t(b)};
       if (value) return {kErrReserved, int64_t(b)};
-      if (!tables) {
-        tables = std::make_unique<DecodeTables>();
-        syms = std::make_unique<uint16_t[]>(4 * (kStreamElems + 4));
-      }
-      st = DecodeHuffBlock(blk, bb, in_bytes - off, nbe, flags, tables.get(), syms.get(), ob);
+      if (!scratch) scratch.reset(new DecodeScratch);
+      st = DecodeHuffBlock(blk, bb, in_bytes - off, nbe, flags, scratch.get(), ob);
       if (st != kOk) return {st, int64_t(b)};
     } else {
       return {kErrBlockMode, int64_t(b)};

@@ -129,15 +129,6 @@ struct DecodeEntry {
   uint8_t pad;
 };
 
-// Up to three symbols per lookup. `bits` is the total length consumed; n == 0
-// marks an invalid prefix. The 8-byte layout lets the CPU decoder store the
-// three symbols with one write and advance by n.
-struct MultiEntry {
-  uint16_t sym[3];
-  uint8_t n;
-  uint8_t bits;
-};
-constexpr int kMultiSyms = 3;
 constexpr int kTableSize = 1 << kMaxCodeLen;
 
 ZIPCCL_HD void BuildDecodeTable(const uint32_t* enc, DecodeEntry* table) {
@@ -147,26 +138,6 @@ ZIPCCL_HD void BuildDecodeTable(const uint32_t* enc, DecodeEntry* table) {
     if (!l) continue;
     for (uint32_t i = enc[s] & 0xFFFFu; i < uint32_t(kTableSize); i += 1u << l)
       table[i] = DecodeEntry{uint16_t(s), uint8_t(l), 0};
-  }
-}
-
-ZIPCCL_HD void BuildMultiTable(const DecodeEntry* single, MultiEntry* multi) {
-  for (int i = 0; i < kTableSize; ++i) {
-    MultiEntry e;
-    e.sym[0] = e.sym[1] = e.sym[2] = 0;
-    e.n = 0;
-    e.bits = 0;
-    uint32_t cur = uint32_t(i);
-    int avail = kMaxCodeLen;
-    while (e.n < kMultiSyms) {
-      DecodeEntry d = single[cur & (kTableSize - 1)];
-      if (d.len == 0 || d.len > avail) break;
-      e.sym[e.n++] = d.sym;
-      e.bits = uint8_t(e.bits + d.len);
-      avail -= d.len;
-      cur >>= d.len;
-    }
-    multi[i] = e;
   }
 }
 
