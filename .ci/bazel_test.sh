@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the extension and runs every test with Bazel (offline, Debian's bazel-bootstrap 4.2.3):
+#   bazel test //...   (C++ codec tests, sanitized variants, pytest suites against the Bazel-built extension)
+# plus the nvcc compile of the CUDA sources (targets tagged "cuda") when nvcc is on PATH.
+# Prints "N passed, N failed" (test targets; a build failure counts as one failure), exits non-zero on any
+# failure, and shuts the Bazel server down. Extra arguments go to `bazel test`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# The python the build and the tests use (third_party/local_config.bzl): the repo's venv unless told otherwise.
+if [ -z "${PYTHON_BIN_PATH:-}" ]; then
+  if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
+    PYTHON_BIN_PATH="$VIRTUAL_ENV/bin/python"
+  elif [ -x .venv/bin/python ]; then
+    PYTHON_BIN_PATH="$PWD/.venv/bin/python"
+  else
+    PYTHON_BIN_PATH="$(command -v python3)"
+  fi
+fi
+export PYTHON_BIN_PATH
+echo "bazel_test: python $PYTHON_BIN_PATH"
+
+if ! command -v bazel >/dev/null; then
+  echo "bazel_test: bazel not found (apt-get install -y bazel-bootstrap)"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+
+targets=(//...)
+if command -v nvcc >/dev/null; then
+  mapfile -t cuda < <(bazel query --noshow_progress 'attr(tags, "\bcuda\b", //...)' 2>/dev/null)
+  echo "bazel_test: nvcc found, adding ${#cuda[@]} CUDA target(s): ${cuda[*]:-none}"
+  targets+=("${cuda[@]}")
+else
+  echo "bazel_test: nvcc not on PATH, CUDA targets skipped"
+fi
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+bazel test --curses=no "$@" -- "${targets[@]}" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+
+# Bazel's per-target summary lines: "//pkg:target   PASSED in 1.2s", "... FAILED in ...", "... NO STATUS", ...
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
+failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|FAILED TO BUILD|INCOMPLETE|REMOTE FAILURE)' "$log")
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  failed=1  # the build failed before any test ran, or a non-test target (e.g. CUDA) failed to build
+fi
+bazel shutdown
+echo "${passed} passed, ${failed} failed"
+[ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]
