@@ -74,8 +74,9 @@ class MLP(nn.Module):
 def route(logits, top_k: int, capacity: int):
     """GShard/Switch top-k routing with a per-expert capacity.
 
-    logits: (T, E) fp32.  Returns combine weights (T, E, C) fp32, a 0/1 dispatch mask (T, E, C), the
-    Switch load-balancing loss and the fraction of (token, choice) pairs dropped for lack of capacity.
+    logits: (T, E) fp32.  Returns, per (token, choice): the expert ``idx`` (T, k), the slot ``pos`` in that
+    expert's capacity buffer (T, k), ``keep`` (False when the expert was full: the choice is dropped) and the
+    renormalised gate (T, k); plus the Switch load-balancing loss and the dropped fraction.
     Priority: all first choices before any second choice, then token order.
     """
     t, e = logits.shape
@@ -88,13 +89,10 @@ def route(logits, top_k: int, capacity: int):
     pos = (jnp.cumsum(flat, axis=0) - 1) * flat
     pos = jnp.sum(pos.reshape(top_k, t, e).transpose(1, 0, 2), axis=-1)  # (T, k) slot in the chosen expert
     keep = pos < capacity
-    slot = jax.nn.one_hot(jnp.where(keep, pos, capacity), capacity, dtype=jnp.float32)  # (T, k, C); dropped -> 0
-    combine = jnp.einsum("tk,tke,tkc->tec", gate * keep, choice.astype(jnp.float32), slot)
-    dispatch = jax.lax.stop_gradient(jnp.einsum("tke,tkc->tec", choice.astype(jnp.float32), slot))
     frac = jnp.mean(choice[:, 0, :].astype(jnp.float32), axis=0)  # top-1 load per expert
     aux = e * jnp.sum(frac * jnp.mean(probs, axis=0))
     dropped = 1.0 - jnp.mean(keep.astype(jnp.float32))
-    return combine, dispatch, aux, dropped
+    return idx, pos, keep, gate, aux, dropped
 
 
 class MoE(nn.Module):
@@ -107,27 +105,35 @@ class MoE(nn.Module):
     def __call__(self, x):
         cfg = self.cfg
         b, s, d = x.shape
-        t, e, n = b * s, cfg.num_experts, self.expert_shards
+        t, e, n, k = b * s, cfg.num_experts, self.expert_shards, cfg.top_k
         e_local = e // n
-        capacity = max(1, math.ceil(cfg.capacity_factor * t * cfg.top_k / e))
+        capacity = max(1, math.ceil(cfg.capacity_factor * t * k / e))
         xt = x.reshape(t, d)
         site = "/".join(self.scope.path)
         logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, name="router")(xt.astype(jnp.float32))
-        combine, dispatch, aux, dropped = route(logits, cfg.top_k, capacity)
+        idx, pos, keep, gate, aux, dropped = route(logits, k, capacity)
         init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1)
         w_in = self.param("w_in", init, (e_local, d, cfg.d_ff)).astype(cfg.dtype)
         w_out = self.param("w_out", init, (e_local, cfg.d_ff, d)).astype(cfg.dtype)
 
-        buf = jnp.einsum("tec,td->ecd", dispatch.astype(cfg.dtype), xt)  # (E, C, D): capacity slots per expert
+        # dispatch buffer (E, C, D): slot (e, c) holds the token routed there, empty slots are zeros
+        slot = jnp.where(keep, idx * capacity + pos, e * capacity)  # (T, k); dropped -> out of range
+        token_of_slot = jnp.full((e * capacity,), t, jnp.int32).at[slot.reshape(-1)].set(
+            jnp.repeat(jnp.arange(t, dtype=jnp.int32), k), mode="drop")
+        xz = jnp.concatenate([xt, jnp.zeros((1, d), xt.dtype)])  # row t: the empty slot
+        buf = xz[token_of_slot].reshape(e, capacity, d)
         if n > 1:  # dispatch: expert-major chunks go to the rank that owns them
-            buf = self.all_to_all(buf, self.expert_axis, 0, 0, tiled=True, name=f"{site}/dispatch")  # (src, E_local, C, D)
+            buf = self.all_to_all(buf, self.expert_axis, 0, 0, tiled=True, name=f"{site}/dispatch")
+        # buf: (src rank, local expert, C, D) flattened -> each local expert sees the slots of every source
         h = buf.reshape(n, e_local, capacity, d).transpose(1, 0, 2, 3).reshape(e_local, n * capacity, d)
         h = nn.gelu(jnp.einsum("etd,edf->etf", h, w_in))
         y = jnp.einsum("etf,efd->etd", h, w_out)
         y = y.reshape(e_local, n, capacity, d).transpose(1, 0, 2, 3).reshape(e, capacity, d)
         if n > 1:  # combine: results go back to the rank that owns the tokens
             y = self.all_to_all(y, self.expert_axis, 0, 0, tiled=True, name=f"{site}/combine")
-        out = jnp.einsum("tec,ecd->td", combine.astype(cfg.dtype), y)
+        picked = y.reshape(e * capacity, d)[jnp.where(keep, slot, 0)]  # (T, k, D)
+        w = (gate * keep).astype(cfg.dtype)
+        out = jnp.einsum("tk,tkd->td", w, picked)
         self.sow("intermediates", "dropped", dropped)
         return out.reshape(b, s, d), aux
 

@@ -324,6 +324,7 @@ def collective_bytes(comm: Comm, mesh, steps: int) -> dict:
     raw = sum(calls * s["raw_bytes"] for s in sites)
     wire = sum(calls * s["wire_bytes"] + s["fallbacks"] * s["raw_bytes"] for s in sites)
     return {"raw_bytes": int(raw), "wire_bytes": int(wire), "fallbacks": int(sum(s["fallbacks"] for s in sites)),
+            "bytes_source": "zipccl_jax.stats" if comm.backend == "zipccl" else "examples byte model (jax.lax)",
             "call_sites": sites}
 
 
