@@ -74,7 +74,8 @@ def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, exper
     g.add_argument("--backend", default="zipccl", choices=["zipccl", "lax"],
                    help="zipccl: zipccl_jax collectives (default). lax: plain jax.lax baseline")
     g.add_argument("--transport", default=None, choices=["auto", "padded", "ragged"],
-                   help="zipccl_jax transport (default: zipccl_jax's, i.e. auto: padded on CPU, ragged on GPU)")
+                   help="zipccl_jax transport. Default: padded on CPU (what 'auto' picks there; XLA:CPU has no "
+                        "ragged all-to-all), zipccl_jax's 'auto' elsewhere")
     g = p.add_argument_group("output")
     g.add_argument("--json", default=None, metavar="FILE", help="write losses and byte counts to FILE")
     g.add_argument("--quiet", action="store_true", help="no progress bar or summary")
@@ -154,9 +155,15 @@ def make_step(cfg: Config, mesh, plan, buckets, specs, comm: Comm, optimizer, *,
     expert_shards = mesh.shape[expert_axis] if expert_axis else 1
     model = Transformer(cfg, expert_shards=expert_shards, expert_axis=expert_axis, all_to_all=comm.all_to_all)
 
+    def size(axes_):
+        return math.prod(mesh.shape[a] for a in axes_)
+
     def local(params, tokens):
-        gathered = {bp.name: fsdp.gather(comm, params[bp.name][0], bp.shard_axes, cfg.dtype,
-                                         name=f"fsdp/{bp.name}/gather") for bp in plan}
+        gathered = {}
+        for bp in plan:
+            shard = params[bp.name][0]
+            gathered[bp.name] = (fsdp.gather(comm, shard, bp.shard_axes, cfg.dtype, name=f"fsdp/{bp.name}/gather")
+                                 if size(bp.shard_axes) > 1 else shard.astype(cfg.dtype))
 
         def loss_fn(gathered):
             flat = {}
@@ -172,9 +179,10 @@ def make_step(cfg: Config, mesh, plan, buckets, specs, comm: Comm, optimizer, *,
         (_, (ce, aux, dropped)), grads = jax.value_and_grad(loss_fn, has_aux=True)(gathered)
         out = {}
         for bp in plan:
-            g = fsdp.reduce_scatter(comm, grads[bp.name].astype(reduce_dtype), bp.shard_axes,
-                                    name=f"fsdp/{bp.name}/grad_scatter")
-            if bp.psum_axes:  # replicas of the shard (HSDP)
+            g = grads[bp.name].astype(reduce_dtype)
+            if size(bp.shard_axes) > 1:
+                g = fsdp.reduce_scatter(comm, g, bp.shard_axes, name=f"fsdp/{bp.name}/grad_scatter")
+            if size(bp.psum_axes) > 1:  # replicas of the shard (HSDP)
                 g = comm.psum(g, bp.psum_axes, name=f"fsdp/{bp.name}/grad_psum")
             out[bp.name] = g.astype(jnp.float32)[None]
         return ce[None], aux[None], dropped[None], out
@@ -218,7 +226,7 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
     show = lead and not args.quiet
 
     comm = Comm(args.backend, compress=args.compress, capacity=parse_capacity(args.capacity),
-                transport=args.transport)
+                transport=args.transport or ("padded" if jax.default_backend() == "cpu" else None))
     corpus = data_lib.load_corpus(args.corpus_bytes)
     batch = args.batch_per_device * mesh.size
     global_tokens = batch * cfg.seq_len
@@ -282,6 +290,7 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
         "tokens_per_s": global_tokens / step_s,
         "backend": comm.backend,
         "compress": comm.compress,
+        "transport": comm.transport,
         "mesh": dict(mesh.shape),
         "processes": jax.process_count(),
         "config": {k: (str(v) if k == "dtype" else v) for k, v in dataclasses.asdict(cfg).items()},
