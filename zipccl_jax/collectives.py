@@ -95,10 +95,12 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-# Exported at the package top level; the statistics and HLO helpers stay in
-# zipccl_jax.collectives (stats, totals, reset_stats, set_runtime_stats,
-# hlo_collectives, hlo_wire_bytes, padded_capacity).
-__all__ = ["all_to_all", "all_gather", "psum_scatter", "psum", "ppermute"]
+# Everything here is re-exported at the package top level by zipccl_jax/__init__.
+__all__ = [
+    "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute",
+    "padded_capacity", "CallSiteStats", "stats", "totals", "reset_stats", "set_runtime_stats",
+    "hlo_collectives", "hlo_wire_bytes",
+]
 
 HEADER_BYTES = 32            # frame header size (FORMAT.md)
 _FRAME_BYTES_FIELD = (16, 24)  # u64 little-endian `frame_bytes` in the header
@@ -381,6 +383,8 @@ def _call_site(op: str, name) -> str:
 
 def _sent_bytes(kind: str, operand_bytes: int, n: int) -> int:
   """Bytes one device sends for a collective with the given operand size."""
+  if kind == "collective-permute":
+    return operand_bytes
   if n <= 1:
     return 0
   if kind in ("all-to-all", "ragged-all-to-all", "reduce-scatter"):
@@ -389,8 +393,6 @@ def _sent_bytes(kind: str, operand_bytes: int, n: int) -> int:
     return operand_bytes * (n - 1)
   if kind == "all-reduce":
     return 2 * operand_bytes * (n - 1) // n
-  if kind == "collective-permute":
-    return operand_bytes
   raise ValueError(kind)
 
 
@@ -601,8 +603,6 @@ def _platform_select(transport: str, padded: Callable, ragged: Callable, *args):
 
 def _xchg_a2a(payload, nbytes, axis_name, n: int, capacity: int, transport: str):
   """Row j of each sender's (n, C) payload goes to rank j; returns (n, C), row s from rank s."""
-  axes = _axes(axis_name)
-
   def padded(p, s):
     return lax.all_to_all(p, axis_name, 0, 0, tiled=True)
 
@@ -611,9 +611,10 @@ def _xchg_a2a(payload, nbytes, axis_name, n: int, capacity: int, transport: str)
     send = _send_sizes(s, C)
     recv_sizes = lax.all_to_all(send, axis_name, 0, 0, tiled=True)
     me = lax.axis_index(axis_name).astype(jnp.int32)
-    in_off = _vary(jnp.arange(n, dtype=jnp.int32) * C, axes)
-    out_off = jnp.full((n,), C, jnp.int32) * me
-    out = _vary(jnp.zeros((n * C,), jnp.uint8), axes)
+    z = _zero_like_batch(p)
+    in_off = _vary_like(jnp.arange(n, dtype=jnp.int32) * C, p) + z
+    out_off = jnp.full((n,), C, jnp.int32) * me + z
+    out = _vary_like(jnp.zeros((n * C,), jnp.uint8), p)
     r = lax.ragged_all_to_all(p.reshape(n * C), out, in_off, send, out_off, recv_sizes,
                               axis_name=axis_name)
     return r.reshape(n, C)
@@ -624,8 +625,6 @@ def _xchg_a2a(payload, nbytes, axis_name, n: int, capacity: int, transport: str)
 def _xchg_gather(payload, nbytes, axis_name, n: int, capacity: int, transport: str,
                  invariant: bool = False):
   """Every sender's (C,) payload to every rank; returns (n, C), row s from rank s."""
-  axes = _axes(axis_name)
-
   def padded(p, s):
     if invariant:
       return lax.all_gather(p, axis_name, to="invarying")
@@ -637,9 +636,10 @@ def _xchg_gather(payload, nbytes, axis_name, n: int, capacity: int, transport: s
     send = jnp.broadcast_to(send1, (n,))
     recv_sizes = lax.all_gather(send1, axis_name, tiled=True)
     me = lax.axis_index(axis_name).astype(jnp.int32)
-    in_off = _vary(jnp.zeros((n,), jnp.int32), axes)
-    out_off = jnp.full((n,), C, jnp.int32) * me
-    out = _vary(jnp.zeros((n * C,), jnp.uint8), axes)
+    z = _zero_like_batch(p)
+    in_off = _vary_like(jnp.zeros((n,), jnp.int32), p) + z
+    out_off = jnp.full((n,), C, jnp.int32) * me + z
+    out = _vary_like(jnp.zeros((n * C,), jnp.uint8), p)
     r = lax.ragged_all_to_all(p, out, in_off, send, out_off, recv_sizes, axis_name=axis_name)
     return r.reshape(n, C)
 
@@ -650,8 +650,6 @@ def _xchg_gather(payload, nbytes, axis_name, n: int, capacity: int, transport: s
 
 def _xchg_permute(payload, nbytes, axis_name, n: int, perm, capacity: int, transport: str):
   """ppermute of one (C,) frame; returns (C,) (zeros on ranks that receive nothing)."""
-  axes = _axes(axis_name)
-
   def padded(p, s):
     return lax.ppermute(p, axis_name, perm)
 
@@ -670,8 +668,8 @@ def _xchg_permute(payload, nbytes, axis_name, n: int, perm, capacity: int, trans
       src_of[dst] = src
     my_src = jnp.asarray(src_of)[me]
     recv_sizes = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_src, got, 0).astype(jnp.int32)
-    zeros = _vary(jnp.zeros((n,), jnp.int32), axes)
-    out = _vary(jnp.zeros((C,), jnp.uint8), axes)
+    zeros = _vary_like(jnp.zeros((n,), jnp.int32), p) + _zero_like_batch(p)
+    out = _vary_like(jnp.zeros((C,), jnp.uint8), p)
     return lax.ragged_all_to_all(p, out, zeros, send, zeros, recv_sizes, axis_name=axis_name)
 
   return _platform_select(transport, padded, ragged, payload, nbytes)
@@ -679,6 +677,47 @@ def _xchg_permute(payload, nbytes, axis_name, n: int, perm, capacity: int, trans
 
 def _decode_rows(recv, m: int, dtype):
   return _codec().decode_frames(recv, shape=(m,), dtype=dtype)
+
+
+def _vary_like(z, ref):
+  """pcast `z` to the varying axes of `ref` (check_vma only)."""
+  if not _check_vma_on():
+    return z
+  try:
+    axes = tuple(sorted(jax.typeof(ref).mat.varying - jax.typeof(z).mat.varying, key=str))
+  except AttributeError:  # pragma: no cover
+    return z
+  return lax.pcast(z, axes, to="varying") if axes else z
+
+
+def _decode_guarded(recv, fallback, m: int, dtype):
+  """Decode in the coded branch of `lax.cond(fallback, raw, coded)`.
+
+  Unbatched, the cond never runs this on poisoned frames. Under `jax.vmap`
+  the predicate is per example and the cond becomes a select that runs both
+  branches, so the batching rule decodes example by example and skips the
+  ones that fell back (their rows are discarded by the select).
+  """
+  @jax.custom_batching.custom_vmap
+  def dec(recv, fallback):
+    return _decode_rows(recv, m, dtype)
+
+  @dec.def_vmap
+  def dec_vmap(axis_size, in_batched, recv, fallback):
+    rb, fb = in_batched
+    if not rb:
+      recv = jnp.broadcast_to(recv, (axis_size,) + recv.shape)
+    if not fb:
+      fallback = jnp.broadcast_to(fallback, (axis_size,))
+
+    def one(args):
+      r, f = args
+      return lax.cond(f, lambda: _vary_like(jnp.zeros((r.shape[0], m), dtype), r),
+                      lambda: dec(r, f))
+
+    return lax.map(one, (recv, fallback)), True
+
+  return dec(recv, fallback)
 
 
 def _ordered_sum(rows, dtype):
@@ -697,6 +736,46 @@ def _ordered_sum(rows, dtype):
 def _fallback(fn):
   with jax.named_scope(_FALLBACK_SCOPE):
     return fn()
+
+
+_UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def _raw(fn, x):
+  """`fn` (a data-movement collective) applied to the bit pattern of `x`.
+
+  Moving bits instead of floats keeps NaN payloads intact and stops XLA:CPU
+  from widening 16-bit float collectives to float32.
+  """
+  dt = x.dtype
+  u = lax.bitcast_convert_type(x, _UINT_OF_SIZE[np.dtype(dt).itemsize])
+  return lax.bitcast_convert_type(fn(u), dt)
+
+
+def _cond_bits(pred, raw_fn: Callable, coded_fn: Callable):
+  """`lax.cond(pred, raw_fn, coded_fn)` carried as bit patterns.
+
+  Under `jax.vmap` a cond with a batched predicate becomes a select, which
+  XLA:CPU evaluates on floats and which may rewrite NaN payloads; selecting
+  the uint views keeps every bit.
+  """
+  box = {}
+
+  def as_bits(fn):
+    def g():
+      y = fn()
+      box["dtype"] = y.dtype
+      return lax.bitcast_convert_type(y, _UINT_OF_SIZE[np.dtype(y.dtype).itemsize])
+    return g
+
+  out = lax.cond(pred, as_bits(raw_fn), as_bits(coded_fn))
+  return lax.bitcast_convert_type(out, box["dtype"])
+
+
+def _zero_like_batch(p):
+  """An int32 zero that is batched exactly when `p` is (ragged_all_to_all's
+  batching rule needs every offset/size operand batched)."""
+  return (p.reshape(-1)[0] & 0).astype(jnp.int32)
 
 
 # --------------------------------------------------------------------------- #
@@ -778,10 +857,10 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
     plan = _decide(api, x.dtype, m, n_chunks=n, axis_size=n, compress=compress, capacity=cap_f)
     raw_b = _sent_bytes("all-to-all", x.size * _itemsize(x), n)
     _record(site, api, x, n, plan, raw_b, _sent_bytes("all-to-all", n * plan.capacity, n))
-    if not plan.compress:
+    if np.dtype(x.dtype) not in CODED_DTYPES:
       return lax.all_to_all(x, axis_name, sa, ca, tiled=tiled)
-    return _a2a_vjp(x, axis_name, sa, ca, tiled, plan.capacity, transport, site,
-                    (compress, cap_b))
+    return _a2a_vjp(x, axis_name, sa, ca, tiled, plan.capacity if plan.compress else 0,
+                    transport, site, (compress, cap_b))
 
   return _tree_apply(leaf, x, site)
 
@@ -789,6 +868,9 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
 def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
   n = _axis_size(axis_name, "all_to_all")
   x = _vary(x, _axes(axis_name))
+  if not C:
+    _count(site, jnp.bool_(False))
+    return _raw(lambda u: lax.all_to_all(u, axis_name, sa, ca, tiled=tiled), x)
   m = x.size // n
   k = x.shape[sa] // n
   rows = jnp.moveaxis(x, sa, 0).reshape(n, m)
@@ -798,10 +880,11 @@ def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
   _count(site, fallback)
 
   def raw():
-    return _fallback(lambda: lax.all_to_all(x, axis_name, sa, ca, tiled=tiled))
+    return _fallback(lambda: _raw(lambda u: lax.all_to_all(u, axis_name, sa, ca, tiled=tiled),
+                                  x))
 
   def coded():
-    out = _decode_rows(recv, m, x.dtype)
+    out = _decode_guarded(recv, fallback, m, x.dtype)
     rest = x.shape[:sa] + x.shape[sa + 1:]
     if tiled:
       pieces = jnp.moveaxis(out.reshape((n, k) + rest), 1, sa + 1)  # (n, *x.shape[sa]->k)
@@ -811,7 +894,7 @@ def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
       return y.reshape(shp)
     return jnp.moveaxis(out.reshape((n,) + rest), 0, ca)
 
-  return lax.cond(fallback, raw, coded)
+  return _cond_bits(fallback, raw, coded)
 
 
 def _a2a_vjp(x, axis_name, sa, ca, tiled, C, transport, site, bwd_opts):
@@ -900,10 +983,10 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
       plan = _Plan(False, reason="to='reduced'")
     raw_b = _sent_bytes("all-gather", m * _itemsize(x), n)
     _record(site, api, x, n, plan, raw_b, _sent_bytes("all-gather", plan.capacity, n))
-    if not plan.compress:
+    if np.dtype(x.dtype) not in CODED_DTYPES or to == "reduced":
       return lax.all_gather(x, axis_name, axis=ax, tiled=tiled, to=to)
-    return _ag_vjp(x, axis_name, ax, tiled, to, plan.capacity, transport, site,
-                   (compress, cap_b))
+    return _ag_vjp(x, axis_name, ax, tiled, to, plan.capacity if plan.compress else 0,
+                   transport, site, (compress, cap_b))
 
   return _tree_apply(leaf, x, site)
 
@@ -911,6 +994,9 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
 def _ag_impl(x, axis_name, ax, tiled, to, C, transport, site):
   n = _axis_size(axis_name, "all_gather")
   x = _vary(x, _axes(axis_name))
+  if not C:
+    _count(site, jnp.bool_(False))
+    return _raw(lambda u: lax.all_gather(u, axis_name, axis=ax, tiled=tiled, to=to), x)
   m = x.size
   payload, nbytes, _ = _encode_rows(x.reshape(1, m), C)
   recv = _xchg_gather(payload[0], nbytes[0], axis_name, n, C, transport,
@@ -919,10 +1005,11 @@ def _ag_impl(x, axis_name, ax, tiled, to, C, transport, site):
   _count(site, fallback)
 
   def raw():
-    return _fallback(lambda: lax.all_gather(x, axis_name, axis=ax, tiled=tiled, to=to))
+    return _fallback(lambda: _raw(
+        lambda u: lax.all_gather(u, axis_name, axis=ax, tiled=tiled, to=to), x))
 
   def coded():
-    out = _decode_rows(recv, m, x.dtype).reshape((n,) + x.shape)
+    out = _decode_guarded(recv, fallback, m, x.dtype).reshape((n,) + x.shape)
     y = jnp.moveaxis(out, 0, ax)
     if tiled:
       shp = list(x.shape)
@@ -930,7 +1017,7 @@ def _ag_impl(x, axis_name, ax, tiled, to, C, transport, site):
       y = y.reshape(shp)
     return y
 
-  return lax.cond(fallback, raw, coded)
+  return _cond_bits(fallback, raw, coded)
 
 
 def _ag_vjp(x, axis_name, ax, tiled, to, C, transport, site, bwd_opts):
@@ -1048,12 +1135,13 @@ def _reduce_scatter_rows(rows, axis_name, n, C, transport, site):
     recv = _xchg_a2a(payload, nbytes, axis_name, n, C, transport)
     fallback = _any_overflow(recv, C)
     _count(site, fallback)
-    got = lax.cond(
+    got = _cond_bits(
         fallback,
-        lambda: _fallback(lambda: lax.all_to_all(rows, axis_name, 0, 0, tiled=True)),
-        lambda: _decode_rows(recv, rows.shape[1], rows.dtype))
+        lambda: _fallback(lambda: _raw(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True),
+                                       rows)),
+        lambda: _decode_guarded(recv, fallback, rows.shape[1], rows.dtype))
   else:
-    got = lax.all_to_all(rows, axis_name, 0, 0, tiled=True)
+    got = _raw(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True), rows)
     _count(site, jnp.bool_(False))
   return _ordered_sum(got, rows.dtype)
 
@@ -1158,20 +1246,21 @@ def psum(x, axis_name, *, axis_index_groups=None, compress="auto", capacity=None
 def _gather_rows(red, axis_name, n, C, transport, site, invariant):
   """red (m,) per rank -> (n, m), row s from rank s (padded transport when invariant)."""
   m = red.shape[0]
+
+  def raw_gather(u):
+    return lax.all_gather(u, axis_name, to="invarying" if invariant else "varying")
+
   if not C:
-    if invariant:
-      return lax.all_gather(red, axis_name, to="invarying")
-    return lax.all_gather(red, axis_name)
+    return _raw(raw_gather, red)
   payload, nbytes, _ = _encode_rows(red.reshape(1, m), C)
   recv = _xchg_gather(payload[0], nbytes[0], axis_name, n, C, transport, invariant=invariant)
   fallback = _any_overflow(recv, C)
   _count(site, fallback)
 
   def raw():
-    return _fallback(lambda: (lax.all_gather(red, axis_name, to="invarying") if invariant
-                              else lax.all_gather(red, axis_name)))
+    return _fallback(lambda: _raw(raw_gather, red))
 
-  return lax.cond(fallback, raw, lambda: _decode_rows(recv, m, red.dtype))
+  return _cond_bits(fallback, raw, lambda: _decode_guarded(recv, fallback, m, red.dtype))
 
 
 def _psum_impl(x, axis_name, C, transport, site):
@@ -1281,9 +1370,10 @@ def ppermute(x, axis_name, perm, *, compress="auto", capacity=None, transport="a
     raw_b = _sent_bytes("collective-permute", m * _itemsize(x), n)
     _record(site, api, x, n, plan, raw_b,
             _sent_bytes("collective-permute", plan.capacity, n) + _sent_bytes("all-reduce", 4, n))
-    if not plan.compress:
+    if np.dtype(x.dtype) not in CODED_DTYPES:
       return lax.ppermute(x, axis_name, pairs)
-    return _pp_vjp(x, axis_name, pairs, plan.capacity, transport, site, (compress, cap_b))
+    return _pp_vjp(x, axis_name, pairs, plan.capacity if plan.compress else 0, transport, site,
+                   (compress, cap_b))
 
   return _tree_apply(leaf, x, site)
 
@@ -1292,6 +1382,9 @@ def _pp_impl(x, axis_name, perm, C, transport, site):
   n = _axis_size(axis_name, "ppermute")
   axes = _axes(axis_name)
   x = _vary(x, axes)
+  if not C:
+    _count(site, jnp.bool_(False))
+    return _raw(lambda u: lax.ppermute(u, axis_name, perm), x)
   m = x.size
   payload, nbytes, over = _encode_rows(x.reshape(1, m), C)
   any_over = lax.psum(over.astype(jnp.int32), axis_name) > 0
@@ -1302,17 +1395,17 @@ def _pp_impl(x, axis_name, perm, C, transport, site):
     receivers[d] = True
 
   def raw():
-    return _fallback(lambda: lax.ppermute(x, axis_name, perm))
+    return _fallback(lambda: _raw(lambda u: lax.ppermute(u, axis_name, perm), x))
 
   def coded():
     def dec():
-      return _decode_rows(recv[None], m, x.dtype).reshape(x.shape)
+      return _decode_guarded(recv[None], any_over, m, x.dtype).reshape(x.shape)
     if receivers.all():
       return dec()
     is_recv = jnp.asarray(receivers)[lax.axis_index(axis_name)]
-    return lax.cond(is_recv, dec, lambda: _vary(jnp.zeros(x.shape, x.dtype), axes))
+    return _cond_bits(is_recv, dec, lambda: _vary(jnp.zeros(x.shape, x.dtype), axes))
 
-  return lax.cond(any_over, raw, coded)
+  return _cond_bits(any_over, raw, coded)
 
 
 def _pp_vjp(x, axis_name, perm, C, transport, site, bwd_opts):
