@@ -1,0 +1,155 @@
+// CUDA FFI adapters: decode operands and attributes, validate shapes, take
+// scratch from XLA's allocator, then enqueue the codec kernels on XLA's stream.
+// No format logic, no cudaMalloc, no stream synchronisation.
+//
+// Operands and results are those of the CPU handlers (xla_ffi/codec_cpu.cc):
+// the last payload dimension is the per-frame capacity and every leading
+// dimension counts frames. The decoder additionally accepts an optional second
+// result, int32[frames], that receives each frame's status (0 = ok, else the
+// Status code of codec/format.h): a GPU handler cannot report a data-dependent
+// error without synchronising, so a rejected frame decodes to NaNs and the
+// status says why.
+//
+// Not command-buffer compatible: the scratch comes from XLA's allocator at run
+// time, which CUDA-graph capture forbids (XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER
+// _COMPATIBLE condition 2), so XLA runs these calls outside command buffers.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "codec/codec_cuda.cuh"
+#include "codec/format.h"
+#include "handlers.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+uint8_t DTypeCode(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::BF16: return zipccl::kBF16;
+    case ffi::DataType::F16: return zipccl::kF16;
+    case ffi::DataType::F32: return zipccl::kF32;
+    default: return zipccl::kDTypeInvalid;
+  }
+}
+
+ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument(msg); }
+
+ffi::Error CudaError(const char* what, int err) {
+  return ffi::Error::Internal(std::string(what) + ": " + zipccl::cuda::ErrorString(err));
+}
+
+// Scratch of `bytes` bytes (none for 0), 256-byte aligned.
+ffi::ErrorOr<void*> Scratch(ffi::ScratchAllocator& alloc, uint64_t bytes, const char* what) {
+  if (bytes == 0) return static_cast<void*>(nullptr);
+  std::optional<void*> p = alloc.Allocate(size_t(bytes), size_t(zipccl::cuda::kScratchAlign));
+  if (!p.has_value() || *p == nullptr)
+    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                                      std::string(what) + ": cannot allocate " +
+                                          std::to_string(bytes) + " bytes of scratch"));
+  return *p;
+}
+
+ffi::Error EncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
+                      bool checksum, ffi::Result<ffi::Buffer<ffi::U8>> payload,
+                      ffi::Result<ffi::AnyBuffer> nbytes) {
+  const uint8_t dtype = DTypeCode(x.element_type());
+  if (dtype == zipccl::kDTypeInvalid)
+    return Invalid("zipccl encode: x has an unsupported dtype; supported: bfloat16, float16, float32");
+  const ffi::DataType nb_type = nbytes->element_type();
+  if (nb_type != ffi::DataType::S32 && nb_type != ffi::DataType::S64)
+    return Invalid("zipccl encode: nbytes must be int32 or int64");
+  auto pdims = payload->dimensions();
+  if (pdims.size() == 0) return Invalid("zipccl encode: payload must have rank >= 1");
+  const uint64_t frames = nbytes->element_count();
+  const uint64_t cap = uint64_t(pdims[pdims.size() - 1]);
+  if (payload->element_count() != frames * cap)
+    return Invalid("zipccl encode: payload must have shape (*batch, capacity) matching nbytes (*batch)");
+  if (frames == 0) return ffi::Error::Success();
+  if (x.element_count() % frames != 0)
+    return Invalid("zipccl encode: x element count is not a multiple of the frame count");
+  const uint64_t n = x.element_count() / frames;
+  // The size is only known on the device, so int32 sizes are refused up front
+  // whenever a frame could exceed them (the CPU handler checks the actual size).
+  if (nb_type == ffi::DataType::S32 && zipccl::MaxEncodedBytes(n, dtype) > uint64_t(INT32_MAX))
+    return Invalid("zipccl encode: a frame may exceed 2^31-1 bytes; enable jax_enable_x64 for int64 sizes");
+  const uint64_t total = frames * zipccl::NumBlocks(n);
+  if (total > uint64_t(INT32_MAX))
+    return Invalid("zipccl encode: too many blocks for one call");
+  uint64_t cub_bytes = 0;
+  if (total) {
+    int err = zipccl::cuda::ScanTempBytes(total + 1, &cub_bytes);
+    if (err) return CudaError("zipccl encode: cub scan size query", err);
+  }
+  const zipccl::cuda::EncodeLayout L = zipccl::cuda::MakeEncodeLayout(frames, n, cub_bytes);
+  ffi::ErrorOr<void*> s = Scratch(scratch, L.scratch_bytes, "zipccl encode");
+  if (s.has_error()) return s.error();
+  int err = zipccl::cuda::EncodeAsync(x.untyped_data(), dtype, checksum, payload->typed_data(), cap,
+                                      nbytes->untyped_data(), nb_type == ffi::DataType::S64, L,
+                                      s.value(), stream);
+  if (err) return CudaError("zipccl encode: kernel launch", err);
+  return ffi::Error::Success();
+}
+
+ffi::Error DecodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                      ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> out,
+                      ffi::RemainingRets extra) {
+  const uint8_t dtype = DTypeCode(out->element_type());
+  if (dtype == zipccl::kDTypeInvalid)
+    return Invalid("zipccl decode: unsupported output dtype; supported: bfloat16, float16, float32");
+  auto pdims = payload.dimensions();
+  if (pdims.size() == 0) return Invalid("zipccl decode: payload must have rank >= 1");
+  const uint64_t cap = uint64_t(pdims[pdims.size() - 1]);
+  uint64_t frames = 1;
+  for (size_t i = 0; i + 1 < pdims.size(); ++i) frames *= uint64_t(pdims[i]);
+  if (frames == 0) return ffi::Error::Success();
+  if (out->element_count() % frames != 0)
+    return Invalid("zipccl decode: output element count is not a multiple of the frame count");
+  const uint64_t n = out->element_count() / frames;
+  int32_t* status = nullptr;
+  if (extra.size() > 1) return Invalid("zipccl decode: at most one extra result (status)");
+  if (extra.size() == 1) {
+    ffi::ErrorOr<ffi::Result<ffi::Buffer<ffi::S32>>> st = extra.get<ffi::Buffer<ffi::S32>>(0);
+    if (st.has_error()) return Invalid("zipccl decode: the status result must be int32");
+    if ((*st)->element_count() != frames)
+      return Invalid("zipccl decode: the status result must have one int32 per frame");
+    status = (*st)->typed_data();
+  }
+  const uint64_t total = frames * zipccl::NumBlocks(n);
+  if (total > uint64_t(INT32_MAX))
+    return Invalid("zipccl decode: too many blocks for one call");
+  uint64_t cub_bytes = 0;
+  if (total) {
+    int err = zipccl::cuda::ScanTempBytes(total + 1, &cub_bytes);
+    if (err) return CudaError("zipccl decode: cub scan size query", err);
+  }
+  const zipccl::cuda::DecodeLayout L = zipccl::cuda::MakeDecodeLayout(frames, n, cub_bytes);
+  ffi::ErrorOr<void*> s = Scratch(scratch, L.scratch_bytes, "zipccl decode");
+  if (s.has_error()) return s.error();
+  int err = zipccl::cuda::DecodeAsync(payload.typed_data(), cap, dtype, out->untyped_data(),
+                                      status, L, s.value(), stream);
+  if (err) return CudaError("zipccl decode: kernel launch", err);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCuda, EncodeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()           // x
+                                  .Attr<bool>("checksum")
+                                  .Ret<ffi::Buffer<ffi::U8>>()     // payload
+                                  .Ret<ffi::AnyBuffer>());         // nbytes
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCuda, DecodeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()     // payload
+                                  .Ret<ffi::AnyBuffer>()           // out
+                                  .RemainingRets());               // optional int32 status
