@@ -169,10 +169,10 @@ def build_fns(coll: str, nproc: int, impl, calibrated_capacity: int | None = Non
 
 
 def build_codec_fn(coll: str, nproc: int, codec, capacity_fn):
-    """encode + decode alone (jitted, local device), on the chunks the compressed collective codes, at its
-    padded capacity: one frame per destination, each decoded once (all_to_all, psum_scatter), or one frame
-    that every rank decodes nproc times (all_gather). Also returns a function giving (capacity, exact frame
-    sizes) of those frames."""
+    """encode + decode alone (jitted, local device) on the chunks the compressed collective codes: one frame
+    per destination, each decoded once (all_to_all, psum_scatter), or one frame that every rank decodes nproc
+    times (all_gather). Returns (roundtrip(capacity) -> jitted fn, sizes(x) -> (default padded capacity,
+    exact frame sizes))."""
     import jax
     import jax.numpy as jnp
 
@@ -181,22 +181,21 @@ def build_codec_fn(coll: str, nproc: int, codec, capacity_fn):
     def frames(x):
         return x.reshape(1, -1) if coll == "all_gather" else x.reshape(nproc, -1)
 
-    def cap(x):
-        return capacity_fn(frames(x).shape[1], x.dtype, kind=kind)
-
-    def roundtrip(x):
-        fx = frames(x)
-        payload, _ = codec.encode_frames(fx, capacity=cap(x))
-        if coll == "all_gather":
-            payload = jnp.tile(payload, (nproc, 1))
-        return codec.decode_frames(payload, shape=fx.shape[1:], dtype=x.dtype)
+    def roundtrip(capacity: int):
+        @jax.jit
+        def f(x):
+            fx = frames(x)
+            payload, _ = codec.encode_frames(fx, capacity=capacity)
+            if coll == "all_gather":
+                payload = jnp.tile(payload, (nproc, 1))
+            return codec.decode_frames(payload, shape=fx.shape[1:], dtype=x.dtype)
+        return f
 
     def sizes(x):
-        # exact frame sizes (no capacity limit) and the padded capacity the collective uses
-        _, nbytes = jax.jit(codec.encode_frames)(frames(x))
-        return cap(x), nbytes
+        _, nbytes = jax.jit(codec.encode_frames)(frames(x))  # exact frame sizes, no capacity limit
+        return capacity_fn(frames(x).shape[1], x.dtype, kind=kind), nbytes
 
-    return jax.jit(roundtrip), sizes
+    return roundtrip, sizes
 
 
 def worker_main(args) -> None:
@@ -275,17 +274,20 @@ def worker_main(args) -> None:
         info = {"errors": {}}
         codec_fn, calibrated = None, None
         if codec is not None and dtype in ("bfloat16", "float32"):
-            codec_fn, sizes = build_codec_fn(coll, nproc, codec, zc.padded_capacity)
+            roundtrip, sizes = build_codec_fn(coll, nproc, codec, zc.padded_capacity)
             lx = jax.device_put(x, local_dev)
             cap, nb = sizes(lx)
             nb = np.asarray(nb).astype(np.int64)
             info["frame_capacity"] = int(cap)
             info["codec_bytes_local"] = int(nb.sum())
+            # an overflowing chunk sends every rank down the raw fallback (compressed_s then includes it)
             info["overflow"] = anywhere(bool((nb > cap).any()))
             # per-call-site capacity calibrated from the observed frame sizes (all ranks), plus a margin
             biggest = int(multihost_utils.process_allgather(np.array([nb.max()])).max())
             calibrated = -(-int(biggest * (1 + args.calibration_margin)) // 8) * 8
             info["calibrated_capacity"] = calibrated
+            # codec alone at the capacity the coded path runs with (the calibrated one if the default overflows)
+            codec_fn = roundtrip(calibrated if info["overflow"] else int(cap))
             codec_fn(lx).block_until_ready()
         bodies = build_fns(coll, nproc, impl, calibrated)
         if not time_auto:
