@@ -130,11 +130,13 @@ def golden_inputs() -> list[tuple[str, np.ndarray, bool, str]]:
       ("empty_bf16", np.zeros(0, BF16), False, "FORMAT.md: the empty bfloat16 array"),
       ("one_bf16", np.array([1.0], BF16), False, "FORMAT.md: one bfloat16 1.0 (CONST block)"),
       ("small_bf16", np.array([0, 0, 1.5, -2], BF16), False,
-       "FORMAT.md: [0, 0, 1.5, -2] in bfloat16 (HUFF with ZERO)"),
+       "FORMAT.md: [0, 0, 1.5, -2] in bfloat16 (RAW: too short for HUFF to pay off)"),
       ("ramp_bf16_4096", np.linspace(-4, 4, 4096, dtype=np.float32).astype(BF16), False,
        "FORMAT.md: a 4096-element bfloat16 ramp (two streams)"),
       ("upcast_f32_1000", rng.normal(size=1000).astype(BF16).astype(np.float32), False,
        "FORMAT.md: float32 up-cast bfloat16 values (HUFF + LOW16)"),
+      ("zeros_mixed_bf16_48", np.tile(np.array([0, 0, 1.5, -2, 0, 1.5], BF16), 8), False,
+       "HUFF with the ZERO symbol (3 symbols, 1-3 bit codes)"),
       ("small_bf16_checksum", np.array([0, 0, 1.5, -2], BF16), True, "CHECKSUM flag + XXH32"),
       ("ramp_f16_300", np.linspace(-2, 2, 300, dtype=np.float32).astype(np.float16), False,
        "float16 HUFF"),
@@ -204,8 +206,11 @@ def make_golden() -> dict:
                                fmt.dtype_code(x.dtype), checksum, out)
       if out[:nb].tobytes() != frame:
         raise SystemExit(f"golden vector {name}: C++ and reference frames differ")
+    modes = [("RAW", "CONST", "HUFF")[b["mode"]] + ("+LOW16" if b["flags"] else "")
+             for b in ref.frame_info(frame)["blocks"]]
     vectors.append(dict(name=name, dtype=x.dtype.name, shape=list(x.shape), checksum=checksum,
-                        note=note, input_segments=_segments(x), frame_hex=frame.hex()))
+                        note=note, block_modes=modes, input_segments=_segments(x),
+                        frame_hex=frame.hex()))
     print(f"  {name:32s} {x.size:6d} elements -> {len(frame)} bytes")
   return dict(format_version=fmt.VERSION, generator="tests/data/make_test_data.py",
               vectors=vectors)
