@@ -285,6 +285,10 @@ def test_golden_vectors_cover_format_md():
   names = {v["name"] for v in golden_vectors()}
   assert {"empty_bf16", "one_bf16", "small_bf16", "ramp_bf16_4096", "upcast_f32_1000"} <= names
   assert json.loads((DATA / "golden.json").read_text())["format_version"] == fmt.VERSION
+  for v in golden_vectors():          # the recorded block modes describe the frames
+    frame = bytes.fromhex(v["frame_hex"])
+    modes = [("RAW", "CONST", "HUFF")[m] for m in block_modes(frame)]
+    assert [m.split("+")[0] for m in v["block_modes"]] == modes, v["name"]
   small = next(v for v in golden_vectors() if v["name"] == "small_bf16")
   frame = bytes.fromhex(small["frame_hex"])
   assert frame[:4] == b"ZCCL" and header(frame)["frame_bytes"] == len(frame)
@@ -301,6 +305,16 @@ def test_jit_matches_eager():
   assert n_j.dtype == (jnp.int64 if jax.config.jax_enable_x64 else jnp.int32) and n_j.shape == ()
   dec = jax.jit(lambda p: zj.decode(p, shape=(5000,), dtype=BF16))
   assert same_bits(dec(p_j), x)
+
+
+def test_x64_nbytes_int64_and_float64_rejected():
+  x = normal(300, F32, seed=23)
+  with jax.enable_x64(True):
+    payload, nbytes = zj.encode(x)
+    assert nbytes.dtype == jnp.int64 and int(nbytes) <= payload.shape[0]
+    assert same_bits(zj.decode(payload, shape=x.shape, dtype=F32), x)
+    with pytest.raises(TypeError, match="bfloat16, float16, float32"):
+      zj.encode(np.zeros(3, np.float64))
 
 
 def test_vmap_matches_per_row():
@@ -459,6 +473,15 @@ def test_capacity_overflow():
   assert int(N[0]) == 44 and int(N[1]) == need
   assert np.array_equal(np.asarray(codec.frame_bytes_of(P)), np.asarray(N))
   assert same_bits(zj.decode(P[0], shape=(4000,), dtype=BF16), xs[0])
+
+
+def test_frame_bytes_of_saturates():
+  hdr = np.zeros((3, 40), np.uint8)
+  hdr[0, 16:24] = np.frombuffer(struct.pack("<Q", 4026), np.uint8)
+  hdr[1, 16:24] = np.frombuffer(struct.pack("<Q", 1 << 31), np.uint8)
+  hdr[2, 16:24] = np.frombuffer(struct.pack("<Q", 1 << 40), np.uint8)
+  got = np.asarray(codec.frame_bytes_of(hdr))
+  assert got.dtype == np.int32 and got.tolist() == [4026, 2**31 - 1, 2**31 - 1]
 
 
 # --------------------------------------------------------------------------- bad input
