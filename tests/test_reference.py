@@ -204,6 +204,8 @@ def _inputs():
     cases[f"random_bits_{dt.name}"] = rng.integers(
         0, 1 << (8 * dt.itemsize), 3001, dtype=f"u{dt.itemsize}").view(dt)
     cases[f"tiny_{dt.name}"] = np.array([0, 1], dt)
+    cases[f"empty_{dt.name}"] = np.zeros(0, dt)
+    cases[f"one_{dt.name}"] = np.array([-7], dt)
     cases[f"scaled_{dt.name}"] = normal(5000, dt, seed=6, scale=1e-3)
   cases["low16_f32"] = normal(140_000, BF16, seed=7).astype(F32)
   cases["low16_mixed_blocks_f32"] = np.concatenate(
@@ -264,6 +266,27 @@ def test_reference_matches_jax_api(dtype):
   assert frame == ref.encode(x, checksum=True)
   y = zj.decode(np.frombuffer(ref.encode(x), np.uint8), shape=x.shape, dtype=dtype)
   assert same_bits(np.asarray(y), x)
+
+
+def test_small_capacity_writes_header_only():
+  """FORMAT.md: an encoder short of capacity writes only the header (if it fits) with the
+  needed frame_bytes, flags 0 and checksum 0, and reports the size it needed."""
+  x = normal(1000, BF16, seed=24)
+  want = ref.encode(x)
+  for checksum in (False, True):
+    for cap in (0, 10, 31, 32, 33, len(want) - 1):
+      out = np.full(cap, 0xAB, np.uint8)
+      n = ext.encode_host(x.view(np.uint8), x.size, fmt.DTYPE_BF16, checksum, out)
+      assert n == len(want)
+      if cap < 32:
+        assert np.all(out == 0xAB), "wrote past a buffer that cannot hold the header"
+      else:
+        h = struct.unpack("<IBBBBQQII", out[:32].tobytes())
+        assert h == (fmt.MAGIC, 1, fmt.DTYPE_BF16, 0, 16, x.size, len(want), 0, 0)
+        with pytest.raises(ValueError, match="truncated|exceeds"):
+          ref.decode(out, shape=x.shape, dtype=BF16)
+        with pytest.raises(ValueError, match="truncated"):
+          c_decode(out, x.size, BF16)
 
 
 def test_frame_info():
@@ -522,6 +545,16 @@ def test_crafted_frames_valid_controls():
   assert frame != ref.encode(X_TINY)
   assert same_bits(ref.decode(frame, shape=X_TINY.shape, dtype=BF16), X_TINY)
   assert same_bits(c_decode(frame, X_TINY.size, BF16), X_TINY)
+  # a HUFF block whose only used symbol is ZERO (lo = hi = 0): encoders write CONST, but the
+  # block is compliant and decoders accept it
+  z = np.zeros(10, BF16)
+  hdr = struct.pack("<IBBBBQQII", fmt.MAGIC, 1, fmt.DTYPE_BF16, 0, 16, 10, 36 + 8 + 3 + 4 + 2,
+                    0, 0)
+  blk = struct.pack("<BBHI", fmt.MODE_HUFF, 0, 0, 0) + bytes([0, 0, 0x01]) \
+      + struct.pack("<HH", 10, 0) + b"\0\0"
+  zframe = hdr + struct.pack("<I", len(blk)) + blk
+  assert same_bits(ref.decode(zframe, shape=(10,), dtype=BF16), z)
+  assert same_bits(c_decode(zframe, 10, BF16), z)
   # the same with the CHECKSUM flag and a checksum recomputed over the edited frame
   q = _block_parts(frame, BF16)
   q["hdr"][3] = fmt.FLAG_CHECKSUM
