@@ -7,6 +7,7 @@
 // collectives use to code one frame per peer.
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -54,6 +55,11 @@ ffi::Error EncodeImpl(ffi::AnyBuffer x, bool checksum,
   uint8_t* out = payload->typed_data();
   for (uint64_t f = 0; f < frames; ++f) {
     uint64_t need = zipccl::cpu::EncodeFrame(xs + f * n * w, n, dtype, checksum, out + f * cap, cap);
+    // The padded transport sends all `cap` bytes. XLA recycles output buffers, so zero whatever is not the
+    // frame (after an overflow: everything after the header), lest stale memory of this process (other
+    // tensors, heap pointers) reach the peers and the wire bytes vary from run to run.
+    const uint64_t keep = need <= cap ? need : (cap < zipccl::kFrameHeaderBytes ? cap : zipccl::kFrameHeaderBytes);
+    std::memset(out + f * cap + keep, 0, cap - keep);
     if (nb_type == ffi::DataType::S32) {
       if (need > uint64_t(INT32_MAX))
         return Invalid("zipccl encode: frame exceeds 2^31-1 bytes; enable jax_enable_x64 for int64 sizes");
