@@ -8,8 +8,8 @@ REPO = Path(__file__).resolve().parents[1]
 def _commands():
   text = (REPO / "README.md").read_text()
   blocks = text.split("```")
-  # The first fenced block holds the demo and test commands, one per line.
-  lines = [l.strip() for l in blocks[1].splitlines() if l.strip() and not l.strip().startswith("#")]
+  # The first fenced block (after its language tag) holds the demo and test commands.
+  lines = [l.strip() for l in blocks[1].splitlines()[1:] if l.strip() and not l.strip().startswith("#")]
   return lines
 
 

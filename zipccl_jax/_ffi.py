@@ -19,10 +19,13 @@ def extension():
   """The `zipccl_jax._zipccl` module, with a clear error if it was not built."""
   try:
     from zipccl_jax import _zipccl
-  except ImportError as e:  # pragma: no cover - only on a broken install
+  except ImportError as e:
+    import zipccl_jax
     raise ImportError(
-        "zipccl_jax._zipccl is missing: install the package with `pip install .` so the "
-        "C++ extension is built") from e
+        f"zipccl_jax._zipccl (the compiled codec) is not next to {zipccl_jax.__file__}. "
+        "Install the package with `pip install .`; if you did, this import found the source "
+        "tree instead (e.g. `python -m pytest` from the repository root puts it first on "
+        "sys.path): run `pytest` instead.") from e
   return _zipccl
 
 

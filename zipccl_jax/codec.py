@@ -60,6 +60,13 @@ def _check_capacity(capacity, default: int) -> int:
   return capacity
 
 
+def _as_coded_array(x, arg: str):
+  """`x` as a jax array, after checking its own dtype (before any x64 narrowing)."""
+  dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+  fmt.dtype_code(dtype, arg=arg)
+  return jnp.asarray(x)
+
+
 def encode_frames(x, *, capacity: int | None = None, checksum: bool = False):
   """Codes each row `x[f]` as its own frame, in one FFI call.
 
@@ -72,8 +79,7 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False):
   Returns:
     `(payload, nbytes)`: uint8 `(F, capacity)` and int32 `(F,)` (int64 with x64).
   """
-  x = jnp.asarray(x)
-  fmt.dtype_code(x.dtype, arg="x")
+  x = _as_coded_array(x, "x")
   if x.ndim < 1:
     raise ValueError("zipccl_jax: encode_frames needs x with a leading frame axis, got a scalar")
   frames = x.shape[0]
@@ -91,8 +97,10 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False):
 def decode_frames(payload, *, shape: Sequence[int], dtype):
   """Inverse of `encode_frames`: `(F, C)` uint8 payload -> `(F, *shape)` array.
 
-  Raises (at run time, as `JaxRuntimeError: INVALID_ARGUMENT`) if any frame is
-  malformed, truncated, overflowed, or disagrees with `shape`/`dtype`.
+  Raises at run time if any frame is malformed, truncated, overflowed, or
+  disagrees with `shape`/`dtype`: a `JaxRuntimeError` (or, on some of JAX's
+  eager dispatch paths, a `ValueError`) whose message starts with
+  `INVALID_ARGUMENT: zipccl decode (frame F, ...)`.
   """
   payload = jnp.asarray(payload)
   if payload.dtype != jnp.uint8:
@@ -144,8 +152,7 @@ def encode(x, *, checksum: bool = False, capacity: int | None = None):
     >>> bool((y.view(jnp.uint16) == x.view(jnp.uint16)).all())
     True
   """
-  x = jnp.asarray(x)
-  fmt.dtype_code(x.dtype, arg="x")
+  x = _as_coded_array(x, "x")
   payload, nbytes = encode_frames(x.reshape(1, x.size), capacity=capacity, checksum=checksum)
   return payload[0], nbytes[0]
 
@@ -161,8 +168,9 @@ def decode(payload, *, shape: Sequence[int], dtype):
   Returns:
     The bit-exact original array.
 
-  A malformed, truncated or corrupted payload raises
-  `JaxRuntimeError: INVALID_ARGUMENT: zipccl decode (frame 0, ...): <reason>`.
+  A malformed, truncated or corrupted payload raises `JaxRuntimeError` (a
+  `ValueError` on some eager dispatch paths) with the message
+  `INVALID_ARGUMENT: zipccl decode (frame 0, ...): <reason>`.
   """
   payload = jnp.asarray(payload)
   if payload.ndim != 1:
