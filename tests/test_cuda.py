@@ -1,0 +1,529 @@
+"""CUDA codec: build and registration, host-side pieces, kernels in the SIMT emulator, GPU runs.
+
+This machine has no GPU, so the CUDA path is checked in four layers:
+- the extension was built with the kernels (sm_80 and sm_90 cubins present) and registers
+  `zipccl_encode`/`zipccl_decode` for platform "CUDA"; the codec lowers to those custom calls for
+  `lowering_platforms=("cuda",)`;
+- the host-side pieces: scratch layout, launch sequence and geometry, error keys;
+- the kernel bodies of xla_ffi/codec/codec_cuda.cuh and their launch sequence, run on the CPU by
+  the SIMT emulator of xla_ffi/cuda_host_bindings.cc (one fiber per thread, shuffled thread and
+  CTA order, garbage-filled shared and scratch memory), must produce the CPU driver's bytes and
+  verdicts;
+- tests marked `gpu` run the real kernels through JAX and are skipped, with the reason, when JAX
+  sees no GPU (`pytest -m gpu` selects only them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import struct
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import zipccl_jax
+from zipccl_jax import _ffi
+
+EXT = _ffi.extension()
+HOST = getattr(EXT, "cuda_host", None)
+
+BF16, F16, F32 = 1, 2, 3
+NP_DTYPE = {BF16: ml_dtypes.bfloat16, F16: np.float16, F32: np.float32}
+UINT = {BF16: np.uint16, F16: np.uint16, F32: np.uint32}
+HEADER = 32
+BLOCK = 65536
+
+
+def _cuda_build_expected() -> bool:
+  disabled = os.environ.get("ZIPCCL_DISABLE_CUDA", "") not in ("", "0")
+  return shutil.which("nvcc") is not None and not disabled
+
+
+needs_host = pytest.mark.skipif(
+    HOST is None and not EXT.with_cuda,
+    reason="extension built without xla_ffi/cuda_host_bindings.cc (no CUDA host bindings)")
+
+
+def _gpu_devices():
+  try:
+    return jax.devices("gpu")
+  except RuntimeError:
+    return []
+
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(
+    not _gpu_devices(), reason="no CUDA GPU visible to JAX; the kernels are covered by the emulator")
+
+
+# ---- Build and registration ---------------------------------------------------------
+
+
+def test_extension_reports_cuda():
+  if not _cuda_build_expected():
+    pytest.skip("nvcc not on PATH or ZIPCCL_DISABLE_CUDA set: CUDA build not expected")
+  assert EXT.with_cuda, "nvcc is on PATH but the extension was built without the CUDA kernels"
+  regs = EXT.registrations()
+  assert "CUDA" in regs, sorted(regs)
+  assert sorted(regs["CUDA"]) == ["zipccl_decode", "zipccl_encode"]
+  assert sorted(regs["cpu"]) == sorted(regs["CUDA"])
+
+
+def test_host_bindings_present_with_cuda():
+  if not EXT.with_cuda:
+    pytest.skip("extension built without CUDA")
+  assert HOST is not None, "module.cc must register the cuda_host submodule"
+  assert hasattr(HOST, "scan_temp_bytes")
+
+
+def _fatbin_entries(path: str) -> set[tuple[int, int]]:
+  """(kind, sm) of every fatbinary entry in a shared object: kind 1 = PTX, 2 = cubin."""
+  data = open(path, "rb").read()
+  magic = struct.pack("<I", 0xBA55ED50)
+  found, i = set(), 0
+  while (i := data.find(magic, i)) >= 0:
+    _, header_size, fat_size = struct.unpack_from("<HHQ", data, i + 4)
+    j, end = i + header_size, i + header_size + fat_size
+    while j + 32 <= end:
+      kind, _, entry_header, size = struct.unpack_from("<HHIQ", data, j)
+      found.add((kind, struct.unpack_from("<I", data, j + 28)[0]))
+      if entry_header == 0:
+        break
+      j += entry_header + size
+    i = max(end, i + 4)
+  return found
+
+
+def test_cubins_for_sm80_and_sm90():
+  if not EXT.with_cuda:
+    pytest.skip("extension built without CUDA")
+  so = EXT.__file__
+  entries = _fatbin_entries(so)
+  assert (2, 80) in entries and (2, 90) in entries, f"cubins in {so}: {sorted(entries)}"
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_lowering_for_cuda_has_custom_calls(dtype):
+  x = jnp.zeros((3000,), dtype)
+  text = jax.jit(lambda x: zipccl_jax.encode(x, checksum=True)).trace(x).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "stablehlo.custom_call @zipccl_encode" in text
+  assert "checksum = true" in text
+  payload, _ = zipccl_jax.encode(x)
+  text = jax.jit(lambda p: zipccl_jax.decode(p, shape=x.shape, dtype=dtype)).trace(payload).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "stablehlo.custom_call @zipccl_decode" in text
+
+
+def test_lowering_for_cuda_batched():
+  from zipccl_jax import codec
+  x = jnp.zeros((4, 5, 700), jnp.bfloat16)
+  f = lambda x: codec.decode_frames(codec.encode_frames(x, capacity=900)[0], shape=(5, 700),
+                                    dtype=jnp.bfloat16)
+  text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert "@zipccl_encode" in text and "@zipccl_decode" in text
+  assert "tensor<4x900xui8>" in text
+
+
+# ---- Host-side pieces ----------------------------------------------------------------
+
+
+@needs_host
+@pytest.mark.parametrize("frames,n", [(1, 0), (1, 1), (1, BLOCK), (3, BLOCK + 1), (8, 5 * BLOCK - 7),
+                                      (1, 1 << 31), (1000, 4099)])
+@pytest.mark.parametrize("cub_bytes", [0, 767, 4096])
+def test_scratch_layout(frames, n, cub_bytes):
+  c = HOST.constants()
+  align = c["SCRATCH_ALIGN"]
+  nb = -(-n // BLOCK)
+  total = frames * nb
+  enc = HOST.encode_layout(frames, n, cub_bytes)
+  assert (enc["blocks_per_frame"], enc["total_blocks"]) == (nb, total)
+  if total == 0:
+    assert enc["scratch_bytes"] == 0  # header-only frames need no scratch
+  else:
+    sections = [("stats_off", total * c["BLOCK_STATS_BYTES"]),
+                ("plans_off", total * c["BLOCK_PLAN_BYTES"]),
+                ("sizes_off", (total + 1) * 8), ("offsets_off", (total + 1) * 8),
+                ("cub_off", cub_bytes)]
+    _check_sections(enc, sections, align)
+  dec = HOST.decode_layout(frames, n, cub_bytes)
+  sections = [("ferr_off", frames * 8), ("berr_off", frames * 8)]
+  if total:
+    sections += [("sizes_off", (total + 1) * 8), ("offsets_off", (total + 1) * 8),
+                 ("cub_off", cub_bytes)]
+  _check_sections(dec, sections, align)
+
+
+def _check_sections(layout, sections, align):
+  end = 0
+  for key, size in sections:
+    off = layout[key]
+    assert off % align == 0, (key, off)
+    assert off >= end, f"{key} overlaps the previous section"
+    end = off + size
+  assert layout["scratch_bytes"] >= end
+  assert layout["scratch_bytes"] % align == 0
+
+
+@needs_host
+@pytest.mark.parametrize("frames,n", [(1, 1), (1, BLOCK), (3, BLOCK + 1), (130, 2 * BLOCK)])
+@pytest.mark.parametrize("code", [BF16, F32])
+def test_encode_launch_geometry(frames, n, code):
+  c = HOST.constants()
+  total = frames * (-(-n // BLOCK))
+  launches = HOST.encode_launches(frames, n, code)
+  assert [l[0] for l in launches] == ["zipccl_hist", "zipccl_plan", "cub_exclusive_sum",
+                                      "zipccl_write", "zipccl_finish"]
+  grid = {name: (g, t) for name, g, t, _ in launches}
+  assert grid["zipccl_hist"] == (total, c["THREADS"])     # one CTA per block
+  assert grid["zipccl_plan"] == (-(-(total + 1) // c["ITEM_THREADS"]), c["ITEM_THREADS"])
+  assert grid["cub_exclusive_sum"][0] == total + 1        # sizes plus the trailing 0
+  assert grid["zipccl_write"] == (total, c["THREADS"])
+  assert grid["zipccl_finish"] == (-(-frames // c["ITEM_THREADS"]), c["ITEM_THREADS"])
+  for name, _, _, shared in launches:
+    assert shared <= 48 * 1024, f"{name} needs {shared} B of static shared memory"
+  assert HOST.encode_launches(frames, 0, code) == [("zipccl_finish", -(-frames // 64), 64, 4)]
+  assert HOST.encode_launches(0, n, code) == []
+
+
+@needs_host
+@pytest.mark.parametrize("status", [False, True])
+def test_decode_launch_geometry(status):
+  c = HOST.constants()
+  frames, n = 5, 3 * BLOCK + 11
+  total = frames * 4
+  launches = HOST.decode_launches(frames, n, F16, status)
+  names = ["zipccl_frame_check", "zipccl_dir", "cub_exclusive_sum", "zipccl_decode_block",
+           "zipccl_poison"] + (["zipccl_status"] if status else [])
+  assert [l[0] for l in launches] == names
+  grid = {name: (g, t) for name, g, t, _ in launches}
+  assert grid["zipccl_frame_check"] == (1, c["ITEM_THREADS"])
+  assert grid["zipccl_dir"] == (-(-(total + 1) // 64), c["ITEM_THREADS"])
+  assert grid["zipccl_decode_block"] == (total, c["THREADS"])
+  assert grid["zipccl_poison"] == (total, c["THREADS"])
+  for name, _, _, shared in launches:
+    assert shared <= 48 * 1024, f"{name} needs {shared} B of static shared memory"
+  # 8 merge threads of 8 elements per stream, 32 streams per block.
+  assert c["ROUND_SYMS"] * 32 == c["THREADS"] * c["ELEMS_PER_THREAD"]
+
+
+@needs_host
+def test_error_keys_order_like_the_cpu_driver():
+  k = HOST.error_key
+  assert k(-1, 9) < k(0, 1) < k(0, 13) < k(1, 1) < k(70000, 1)
+
+
+# ---- Kernels in the emulator vs the CPU driver -------------------------------------------
+
+RNG = np.random.default_rng(20261122)
+
+
+def _gauss(n, code, scale=1.0):
+  return (RNG.standard_normal(n) * scale).astype(NP_DTYPE[code]).view(UINT[code])
+
+
+def _data(kind, n, code):
+  if kind == "gauss":
+    return _gauss(n, code)
+  if kind == "sparse":  # embedding-gradient-like: 88% zeros
+    x = _gauss(n, code, 1e-3)
+    x[RNG.random(n) < 0.88] = 0
+    return x
+  if kind == "const":
+    return np.full(n, NP_DTYPE[code](0.375)).view(UINT[code])
+  if kind == "random":  # incompressible: RAW blocks
+    return RNG.integers(0, np.iinfo(UINT[code]).max, n, dtype=UINT[code], endpoint=True)
+  if kind == "allsym":  # every exponent and zero: 257-symbol code, long codes
+    x = RNG.integers(0, np.iinfo(UINT[code]).max, n, dtype=UINT[code], endpoint=True)
+    x[RNG.random(n) < 0.5] = 0
+    return x
+  if kind == "upcast":  # float32 holding bfloat16 values: LOW16 blocks
+    assert code == F32
+    return _gauss(n, BF16).astype(np.uint32) << 16
+  if kind == "mixed":  # per-block mode changes inside one frame
+    kinds = itertools.cycle(["const", "random", "gauss", "sparse"])
+    parts = [_data(k, min(BLOCK, n - i), code) for i, k in zip(range(0, n, BLOCK), kinds)]
+    return np.concatenate(parts) if parts else np.zeros(0, UINT[code])
+  raise ValueError(kind)
+
+
+def _cpu_encode(row: np.ndarray, code: int, checksum: bool, cap: int):
+  out = np.zeros(max(cap, 1), np.uint8)[:cap]
+  need = EXT.encode_host(row.view(np.uint8).ravel(), row.size, code, checksum, out)
+  return out, need
+
+
+def _emu_encode(x: np.ndarray, code: int, checksum: bool, cap: int, seed: int = 0):
+  frames = x.shape[0]
+  n = x[0].size if frames else 0
+  out = RNG.integers(0, 256, frames * cap, dtype=np.uint8)  # device memory is not zeroed
+  nbytes = np.full(frames, -1, np.int64)
+  HOST.emulate_encode(np.ascontiguousarray(x).view(np.uint8).ravel(), frames, n, code, checksum,
+                      out, nbytes, seed)
+  return out.reshape(frames, cap), nbytes
+
+
+def _assert_same_frames(x, code, checksum, cap, seed=0):
+  """Emulated CUDA frames equal the CPU driver's, byte for byte, including overflow headers."""
+  out, nbytes = _emu_encode(x, code, checksum, cap, seed)
+  for f in range(x.shape[0]):
+    ref, need = _cpu_encode(x[f], code, checksum, cap)
+    assert nbytes[f] == need, (f, nbytes[f], need)
+    shown = need if need <= cap else HEADER
+    np.testing.assert_array_equal(out[f, :shown], ref[:shown], err_msg=f"frame {f}")
+  return out, nbytes
+
+
+@needs_host
+@pytest.mark.parametrize("code", [BF16, F16, F32])
+@pytest.mark.parametrize("n", [1, 5, 8, 2047, 2049, 9000])
+def test_emulated_encode_small(code, n):
+  x = _data("gauss", n, code)[None]
+  _assert_same_frames(x, code, False, zipccl_jax.max_encoded_bytes(n, NP_DTYPE[code]))
+
+
+@needs_host
+@pytest.mark.parametrize("kind,code", [("gauss", BF16), ("sparse", BF16), ("allsym", BF16),
+                                       ("random", F16), ("upcast", F32), ("gauss", F32),
+                                       ("sparse", F32), ("allsym", F16)])
+def test_emulated_encode_blocks(kind, code):
+  n = BLOCK + 2048 * 3 + 5  # one full block, and a short one with a partial stream
+  x = _data(kind, n, code)[None]
+  _assert_same_frames(x, code, False, zipccl_jax.max_encoded_bytes(n, NP_DTYPE[code]))
+
+
+@needs_host
+def test_emulated_encode_mixed_modes_and_checksum():
+  n = 4 * BLOCK - 100
+  x = _data("mixed", n, BF16)[None]
+  out, nbytes = _assert_same_frames(x, BF16, True, zipccl_jax.max_encoded_bytes(n, jnp.bfloat16))
+  sizes = np.frombuffer(out[0, HEADER:HEADER + 16].tobytes(), np.uint32).astype(np.int64)
+  starts = HEADER + 16 + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+  assert [int(out[0, s]) for s in starts] == [1, 0, 2, 2]  # CONST, RAW, HUFF, HUFF
+  assert out[0, 6] == 1  # checksum flag
+
+
+@needs_host
+@pytest.mark.parametrize("code", [BF16, F32])
+def test_emulated_encode_batched_unaligned_frames(code):
+  # Odd n and odd capacity: frames, blocks, bitstreams and raw regions start at every alignment.
+  frames, n = 5, 4099
+  x = np.stack([_data(k, n, code) for k in ["gauss", "sparse", "const", "random", "allsym"]])
+  cap = zipccl_jax.max_encoded_bytes(n, NP_DTYPE[code]) + 3
+  _assert_same_frames(x, code, False, cap, seed=1)
+  _assert_same_frames(x, code, True, cap, seed=2)
+
+
+@needs_host
+def test_emulated_encode_overflow_header_only():
+  frames, n = 3, 3000
+  x = np.stack([_data("gauss", n, BF16), _data("random", n, BF16), _data("const", n, BF16)])
+  cap = 4500  # fits the Gaussian and constant frames, not the random one
+  out, nbytes = _assert_same_frames(x, BF16, True, cap)
+  assert nbytes[1] > cap and nbytes[0] <= cap and nbytes[2] <= cap
+  assert int.from_bytes(out[1, 16:24].tobytes(), "little") == nbytes[1]
+  assert out[1, 6] == 0 and not out[1, 28:32].any()  # flags and checksum zero on overflow
+
+
+@needs_host
+def test_emulated_encode_empty_frames():
+  x = np.zeros((2, 0), np.uint16)
+  out, nbytes = _assert_same_frames(x, BF16, True, 40)
+  assert list(nbytes) == [HEADER, HEADER]
+
+
+@needs_host
+def test_emulated_encode_is_schedule_independent():
+  x = _data("sparse", 3 * 2048 + 77, F16)[None]
+  cap = zipccl_jax.max_encoded_bytes(x.size, np.float16)
+  a, na = _emu_encode(x, F16, False, cap, seed=11)
+  b, nb = _emu_encode(x, F16, False, cap, seed=12)
+  assert na[0] == nb[0]
+  np.testing.assert_array_equal(a[0, :na[0]], b[0, :nb[0]])
+
+
+def _emu_decode(payload: np.ndarray, code: int, n: int, seed: int = 0):
+  frames, cap = payload.shape
+  out = RNG.integers(0, 256, frames * n * np.dtype(UINT[code]).itemsize, dtype=np.uint8)
+  status = np.full(frames, -1, np.int32)
+  HOST.emulate_decode(np.ascontiguousarray(payload).ravel(), frames, code, n, out, status, seed)
+  return out.view(UINT[code]).reshape(frames, n), status
+
+
+def _cpu_verdict(row: np.ndarray, code: int, n: int):
+  out = np.zeros(n * np.dtype(UINT[code]).itemsize, np.uint8)
+  try:
+    EXT.decode_host(row, code, n, out)
+  except ValueError as e:
+    return None, str(e)
+  return out.view(UINT[code]), None
+
+
+NAN_BITS = {BF16: 0x7FC0, F16: 0x7E00, F32: 0x7FC00000}
+
+
+@needs_host
+@pytest.mark.parametrize("kind,code", [("gauss", BF16), ("mixed", F16), ("upcast", F32),
+                                       ("gauss", F32), ("allsym", BF16), ("sparse", F16)])
+def test_emulated_decode_roundtrip(kind, code):
+  n = BLOCK + 2 * 2048 + 999 if kind != "mixed" else 4 * BLOCK - 3
+  x = _data(kind, n, code)
+  cap = zipccl_jax.max_encoded_bytes(n, NP_DTYPE[code])
+  frame, need = _cpu_encode(x, code, kind == "mixed", cap)
+  y, status = _emu_decode(frame[None], code, n)
+  assert status[0] == 0, HOST.status_message(int(status[0]))
+  np.testing.assert_array_equal(y[0], x)
+
+
+@needs_host
+def test_emulated_decode_batched_unaligned():
+  frames, n, code = 4, 2051, BF16
+  x = np.stack([_data(k, n, code) for k in ["gauss", "sparse", "const", "random"]])
+  cap = zipccl_jax.max_encoded_bytes(n, jnp.bfloat16) + 1  # odd capacity: unaligned frames
+  payload = np.stack([_cpu_encode(x[f], code, False, cap)[0] for f in range(frames)])
+  y, status = _emu_decode(payload, code, n, seed=3)
+  assert list(status) == [0] * frames
+  np.testing.assert_array_equal(y, x)
+
+
+def _huff_structure(frame: np.ndarray, n: int):
+  """[start, end) of each HUFF block's header, table, stream directory and bitstream."""
+  nb = -(-n // BLOCK)
+  sizes = np.frombuffer(frame[HEADER:HEADER + 4 * nb].tobytes(), np.uint32).astype(np.int64)
+  at, spans = HEADER + 4 * nb, []
+  for b in range(nb):
+    if frame[at] == 2:
+      lo, hi = int(frame[at + 8]), int(frame[at + 9])
+      d = at + 8 + 2 + (hi - lo + 3) // 2
+      ns = -(-min(BLOCK, n - b * BLOCK) // 2048)
+      bits = np.frombuffer(frame[d:d + 4 * ns].tobytes(), np.uint16)[::2].astype(np.int64).sum()
+      spans.append((at, d + 4 * ns + (int(bits) + 7) // 8))
+    at += int(sizes[b])
+  return spans
+
+
+@needs_host
+def test_emulated_decode_rejects_like_cpu():
+  """Damaged frames: the emulated kernels give the CPU's verdict, and NaN for rejected frames."""
+  n, code = BLOCK + 2 * 2048 + 17, BF16
+  x = np.concatenate([_data("gauss", BLOCK, code), _data("sparse", n - BLOCK, code)])
+  cap = zipccl_jax.max_encoded_bytes(n, jnp.bfloat16)
+  frame, need = _cpu_encode(x, code, False, cap)
+  spans = _huff_structure(frame, n)
+  assert len(spans) == 2
+  cases = []
+  rng = np.random.default_rng(5)
+  for i in range(40):
+    bad = frame.copy()
+    if i == 0:
+      bad[16:24] = np.frombuffer(np.uint64(need + 1).tobytes(), np.uint8)  # frame_bytes
+    elif i == 1:
+      bad[:4] = 0  # magic
+    elif i == 2:
+      bad[HEADER:HEADER + 4] = np.frombuffer(np.uint32(8).tobytes(), np.uint8)  # directory
+    elif i < 8:  # block headers and code tables
+      lo = spans[i % 2][0]
+      bad[lo + int(rng.integers(0, 16))] ^= np.uint8(1 << int(rng.integers(8)))
+    else:  # stream directories and bitstreams, one or two flips, in one or both blocks
+      for lo, hi in spans[i % 2:(i % 2) + 1 + (i % 3 == 0)]:
+        for at in rng.integers(lo + 8, hi, 1 + i % 2):
+          bad[at] ^= np.uint8(1 << int(rng.integers(8)))
+    cases.append(bad)
+  payload = np.stack(cases)
+  y, status = _emu_decode(payload, code, n, seed=7)
+  rejected = set()
+  for f, row in enumerate(cases):
+    ref, err = _cpu_verdict(row, code, n)
+    if err is None:
+      assert status[f] == 0, (f, HOST.status_message(int(status[f])))
+      np.testing.assert_array_equal(y[f], ref)
+    else:
+      rejected.add(int(status[f]))
+      assert status[f] != 0, (f, err)
+      assert err.endswith(HOST.status_message(int(status[f]))), (f, err, int(status[f]))
+      assert (y[f] == NAN_BITS[code]).all()
+  assert len(rejected) >= 4, rejected  # several distinct reasons were exercised
+
+
+@needs_host
+def test_emulated_decode_checksum_and_overflow():
+  n, code = 5000, F32
+  x = _data("gauss", n, code)
+  cap = zipccl_jax.max_encoded_bytes(n, np.float32)
+  good, need = _cpu_encode(x, code, True, cap)
+  flipped = good.copy()
+  flipped[need - 1] ^= 1  # a raw byte: only the checksum can see it
+  padded = np.zeros(cap, np.uint8)
+  padded[:need] = good[:need]  # bytes past frame_bytes are ignored
+  y, status = _emu_decode(np.stack([good, flipped, padded]), code, n)
+  assert list(status[[0, 2]]) == [0, 0]
+  np.testing.assert_array_equal(y[0], x)
+  np.testing.assert_array_equal(y[2], x)
+  assert HOST.status_message(int(status[1])).startswith("checksum mismatch")
+  assert (y[1] == NAN_BITS[code]).all()
+  # An overflowed frame (header only, frame_bytes > capacity) is rejected as truncated.
+  small, _ = _cpu_encode(x, code, True, 1000)
+  y, status = _emu_decode(small[None], code, n)
+  assert HOST.status_message(int(status[0])) == "payload is truncated (shorter than its frame)"
+
+
+# ---- Real GPU runs (skipped here) -----------------------------------------------------------
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("n", [1, 4099, 3 * BLOCK + 5])
+def test_gpu_encode_equals_cpu_bytes(dtype, n):
+  code = {jnp.bfloat16: BF16, jnp.float16: F16, jnp.float32: F32}[dtype]
+  x = _data("mixed" if n > BLOCK else "gauss", n, code)
+  xs = jnp.asarray(x.view(NP_DTYPE[code]))
+  cpu, gpu_dev = jax.devices("cpu")[0], _gpu_devices()[0]
+  pc, nc = zipccl_jax.encode(jax.device_put(xs, cpu))  # committed inputs pick the device
+  pg, ng = jax.jit(zipccl_jax.encode)(jax.device_put(xs, gpu_dev))
+  assert int(nc) == int(ng)
+  np.testing.assert_array_equal(np.asarray(pg)[:int(ng)], np.asarray(pc)[:int(nc)])
+  y = zipccl_jax.decode(pg, shape=xs.shape, dtype=dtype)
+  np.testing.assert_array_equal(np.asarray(y).view(UINT[code]), x)
+
+
+@gpu
+@needs_gpu
+def test_gpu_batched_overflow_and_checksum():
+  from zipccl_jax import codec
+  gpu_dev = _gpu_devices()[0]
+  x = np.stack([_data(k, 4099, BF16) for k in ["gauss", "random", "const"]])
+  xs = jax.device_put(jnp.asarray(x.view(ml_dtypes.bfloat16)), gpu_dev)
+  payload, nbytes = codec.encode_frames(xs, capacity=4000, checksum=True)
+  payload, nbytes = np.asarray(payload), np.asarray(nbytes)
+  for f in range(3):
+    ref, need = _cpu_encode(x[f], BF16, True, 4000)
+    assert nbytes[f] == need
+    shown = need if need <= 4000 else HEADER
+    np.testing.assert_array_equal(payload[f, :shown], ref[:shown])
+
+
+@gpu
+@needs_gpu
+def test_gpu_decode_status_output():
+  gpu_dev = _gpu_devices()[0]
+  x = _data("gauss", 9000, BF16)
+  frame, need = _cpu_encode(x, BF16, False, zipccl_jax.max_encoded_bytes(9000, jnp.bfloat16))
+  bad = frame.copy()
+  bad[0] ^= 1
+  payload = jax.device_put(jnp.asarray(np.stack([frame, bad])), gpu_dev)
+  _ffi.register()
+  out, status = jax.ffi.ffi_call(
+      "zipccl_decode", (jax.ShapeDtypeStruct((2, 9000), jnp.bfloat16),
+                        jax.ShapeDtypeStruct((2,), jnp.int32)),
+      vmap_method="broadcast_all")(payload)
+  out, status = np.asarray(out).view(np.uint16), np.asarray(status)
+  assert status[0] == 0 and HOST.status_message(int(status[1])).startswith("bad magic")
+  np.testing.assert_array_equal(out[0], x)
+  assert (out[1] == NAN_BITS[BF16]).all()
