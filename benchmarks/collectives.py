@@ -526,8 +526,10 @@ def launch(args) -> list[dict]:
                   + (f", loopback TCP measured {mbps:.0f} MB/s" if mbps else ""), flush=True)
             ctl.go(k, {"rate_gbit": rate, "link_MBps": mbps})
             ctl.wait_done(k, args.nproc, workers)
+            load = os.getloadavg()[0]  # the machine is shared: record how busy it was
             for rec in json.loads((ctl.path / f"results_{k}.json").read_text()):
                 rec.update(derived(rec))
+                rec["loadavg_1min"] = load
                 records.append(rec)
         ctl.stop()
         workers.wait()
