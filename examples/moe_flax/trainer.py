@@ -74,8 +74,7 @@ def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, exper
     g.add_argument("--backend", default="zipccl", choices=["zipccl", "lax"],
                    help="zipccl: zipccl_jax collectives (default). lax: plain jax.lax baseline")
     g.add_argument("--transport", default=None, choices=["auto", "padded", "ragged"],
-                   help="zipccl_jax transport. Default: padded on CPU (what 'auto' picks there; XLA:CPU has no "
-                        "ragged all-to-all), zipccl_jax's 'auto' elsewhere")
+                   help="zipccl_jax transport (default: zipccl_jax's 'auto', padded on CPU and ragged on GPU)")
     g = p.add_argument_group("output")
     g.add_argument("--json", default=None, metavar="FILE", help="write losses and byte counts to FILE")
     g.add_argument("--quiet", action="store_true", help="no progress bar or summary")
@@ -226,7 +225,7 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
     show = lead and not args.quiet
 
     comm = Comm(args.backend, compress=args.compress, capacity=parse_capacity(args.capacity),
-                transport=args.transport or ("padded" if jax.default_backend() == "cpu" else None))
+                transport=args.transport)
     corpus = data_lib.load_corpus(args.corpus_bytes)
     batch = args.batch_per_device * mesh.size
     global_tokens = batch * cfg.seq_len
