@@ -12,6 +12,9 @@
 
 namespace nb = nanobind;
 
+// xla_ffi/cuda_host_bindings.cc: the CUDA driver's host-side pieces and emulator.
+void ZipcclRegisterCudaHost(nb::module_& parent);
+
 namespace {
 
 template <typename T>
@@ -94,6 +97,7 @@ NB_MODULE(_zipccl, m) {
     d["DTYPE_F32"] = int(zipccl::kF32);
     return d;
   });
+  ZipcclRegisterCudaHost(m);
   m.attr("with_cuda") =
 #if defined(ZIPCCL_WITH_CUDA)
       true;
