@@ -508,6 +508,19 @@ def _axis_size(axis_name, api: str) -> int:
     raise NameError(f"zipccl_jax.{api}: {e}; call it inside jax.shard_map") from None
 
 
+def _manual_axes(axis_name) -> tuple:
+  """Every manual mesh axis of the enclosing shard_map (at least `axis_name`'s)."""
+  axes = ()
+  try:
+    axes = tuple(jax.sharding.get_abstract_mesh().manual_axes)
+  except Exception:  # pragma: no cover - API moved
+    pass
+  for a in _axes(axis_name):
+    if a not in axes:
+      axes += (a,)
+  return axes
+
+
 def _check_vma_on() -> bool:
   try:
     from jax._src import config as _cfg
@@ -1340,13 +1353,18 @@ def ppermute(x, axis_name, perm, *, compress="auto", capacity=None, transport="a
   What crosses the wire (padded transport)::
 
     payload, over = encode(x.reshape(-1))        # uint8[C]
-    any_over = lax.psum(int32(over), axis_name)  # 4 bytes, issued beside the payload
+    any_over = lax.psum(int32(over), all_manual_axes)  # 4 bytes, beside the payload
     recv = lax.ppermute(payload, axis_name, perm)      # C bytes
     return lax.ppermute(x, ...) if any_over else decode(recv)
 
   A receiver sees only its own sender's header, so it cannot tell that another
   pair overflowed; the tiny ``psum`` makes the fallback decision uniform (all
-  ranks must run the same collectives). The transpose is the compressed
+  ranks must run the same collectives). It runs over every manual axis of the
+  enclosing ``shard_map``, not only ``axis_name``: XLA lowers a ppermute over
+  one axis of a multi-axis mesh to a single collective-permute that all
+  devices join, so all of them must take the same branch. (The other
+  collectives lower to per-group operations, so their header-based decision
+  only needs to agree within each group, and it does.) The transpose is the compressed
   ``ppermute`` with the inverse permutation.
 
   Example, two devices, ``perm=[(0, 1), (1, 0)]``::
@@ -1387,7 +1405,10 @@ def _pp_impl(x, axis_name, perm, C, transport, site):
     return _raw(lambda u: lax.ppermute(u, axis_name, perm), x)
   m = x.size
   payload, nbytes, over = _encode_rows(x.reshape(1, m), C)
-  any_over = lax.psum(over.astype(jnp.int32), axis_name) > 0
+  # XLA lowers a ppermute over one axis of a multi-axis mesh to one collective-permute that every
+  # device joins, so the fallback decision must agree across all manual axes, not just axis_name.
+  flag_axes = _manual_axes(axis_name)
+  any_over = lax.psum(_vary(over.astype(jnp.int32), flag_axes), flag_axes) > 0
   recv = _xchg_permute(payload[0], nbytes[0], axis_name, n, perm, C, transport)
   _count(site, any_over)
   receivers = np.zeros((n,), bool)
