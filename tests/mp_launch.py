@@ -1,0 +1,135 @@
+"""Launches N local processes under ``jax.distributed`` (CPU, gloo) and collects what they print.
+
+    python tests/mp_launch.py --nproc 2 --local-devices 2 tests/mp_worker.py [worker args...]
+
+Each child runs ``python SCRIPT --rank R --nproc N --port P --local-devices D [worker args...]`` with
+``XLA_FLAGS=--xla_force_host_platform_device_count=D`` (any other XLA flags kept) and ``PYTHONPATH`` led by
+the directory of the ``zipccl_jax`` package this launcher imports, so the children test the same copy.
+
+Safety: the coordinator port is a free port on 127.0.0.1 picked by the OS; every child gets its own
+session (process group) and is killed, with its group, when the run ends, fails or exceeds the timeout.
+Nothing else is touched.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+@dataclasses.dataclass
+class ChildResult:
+  rank: int
+  returncode: int | None  # None: killed (timeout, or another rank failed first)
+  stdout: str
+  stderr: str
+
+
+def free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def child_env(local_devices: int) -> dict:
+  env = dict(os.environ)
+  flags = re.sub(rf"{DEVICE_FLAG}=\S+", "", env.get("XLA_FLAGS", "")).strip()
+  env["XLA_FLAGS"] = f"{flags} {DEVICE_FLAG}={local_devices}".strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONUNBUFFERED"] = "1"
+  try:  # children import the zipccl_jax this process would import
+    import importlib.util
+    spec = importlib.util.find_spec("zipccl_jax")
+    if spec is not None and spec.origin:
+      pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
+      env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in env.get("PYTHONPATH", "").split(
+          os.pathsep) if p])
+  except Exception:  # noqa: BLE001 - fall back to the inherited path
+    pass
+  return env
+
+
+def _kill(proc: subprocess.Popen) -> None:
+  if proc.poll() is not None:
+    return
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: it and its descendants only
+  except (ProcessLookupError, PermissionError):
+    pass
+  try:
+    proc.wait(timeout=10)
+  except subprocess.TimeoutExpired:
+    pass
+
+
+def launch(script, nproc: int, local_devices: int, args=(), *, timeout: float = 300.0,
+           port: int | None = None) -> list[ChildResult]:
+  """Runs `script` in `nproc` processes; returns one ChildResult per rank.
+
+  The whole run is bounded by `timeout` seconds. If a rank exits with an error the others are
+  killed at once (they would wait for it in a collective).
+  """
+  port = port or free_port()
+  env = child_env(local_devices)
+  procs, outs = [], []
+  with tempfile.TemporaryDirectory(prefix="zipccl_mp_") as tmp:
+    try:
+      for rank in range(nproc):
+        out = open(os.path.join(tmp, f"{rank}.out"), "w+")
+        err = open(os.path.join(tmp, f"{rank}.err"), "w+")
+        outs.append((out, err))
+        cmd = [sys.executable, str(script), "--rank", str(rank), "--nproc", str(nproc), "--port",
+               str(port), "--local-devices", str(local_devices), *map(str, args)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                      start_new_session=True))
+      deadline = time.monotonic() + timeout
+      while time.monotonic() < deadline:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+          break
+        time.sleep(0.1)
+    finally:
+      for p in procs:
+        _kill(p)
+    results = []
+    for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
+      out.seek(0)
+      err.seek(0)
+      results.append(ChildResult(rank, p.returncode if p.returncode is not None and p.returncode >= 0
+                                 else None, out.read(), err.read()))
+      out.close()
+      err.close()
+  return results
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--nproc", type=int, default=2)
+  ap.add_argument("--local-devices", type=int, default=1)
+  ap.add_argument("--timeout", type=float, default=300.0)
+  ap.add_argument("script")
+  ap.add_argument("args", nargs=argparse.REMAINDER)
+  a = ap.parse_args(argv)
+  results = launch(a.script, a.nproc, a.local_devices, a.args, timeout=a.timeout)
+  ok = True
+  for r in results:
+    print(f"--- rank {r.rank}: returncode {r.returncode}")
+    print(r.stdout, end="")
+    if r.returncode != 0:
+      ok = False
+      print(r.stderr[-4000:], file=sys.stderr)
+  return 0 if ok else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,141 @@
+"""One rank of the multi-process collective test (started by tests/mp_launch.py).
+
+Every rank builds the same global inputs from fixed seeds, places its local shards, runs every
+zipccl_jax collective next to its jax.lax twin in one jitted shard_map over all devices of all processes,
+and compares the shards it holds: bit-identical for data movement, the documented fixed-order float32 sum
+(and compress=True == compress=False) for reductions, jax.grad through all_to_all. It prints one line
+``RESULT {json}`` and exits 0 when every check passed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--rank", type=int, required=True)
+  ap.add_argument("--nproc", type=int, required=True)
+  ap.add_argument("--port", type=int, required=True)
+  ap.add_argument("--local-devices", type=int, required=True)
+  ap.add_argument("--rows", type=int, default=8)
+  ap.add_argument("--cols", type=int, default=1024)
+  a = ap.parse_args()
+
+  import jax
+  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{a.port}", num_processes=a.nproc,
+                             process_id=a.rank, initialization_timeout=120)
+  import jax.numpy as jnp
+  import ml_dtypes
+  import numpy as np
+  from jax import lax
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import zipccl_jax as zj
+
+  bf16 = np.dtype(ml_dtypes.bfloat16)
+  n = jax.device_count()
+  assert n == a.nproc * a.local_devices, (n, a.nproc, a.local_devices)
+  mesh = jax.make_mesh((n,), ("i",))
+  spec = P("i")
+  sharding = NamedSharding(mesh, spec)
+  R, M = a.rows, a.cols
+  shape = (n * R, M)
+
+  def glob(x):
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+  def smap(body, out_specs=spec):
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=out_specs))
+
+  rng = np.random.default_rng(1234)
+  gauss = (rng.standard_normal(shape) * 0.02).astype(bf16)
+  sign = rng.integers(0, 2, shape, dtype=np.uint16) << 15
+  expo = rng.integers(100, 141, shape, dtype=np.uint16) << 7
+  mant = rng.integers(0, 128, shape, dtype=np.uint16)
+  adversarial = (sign | expo | mant).view(bf16)
+  weights = rng.standard_normal(shape).astype(np.float32)
+
+  # First cross-process collective: a modest all_to_all (PLATFORM.md: not a tiny psum_scatter).
+  warm = smap(lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True))
+  jax.block_until_ready(warm(glob(np.zeros((n * 8, 4096), np.float32))))
+
+  ring = [(i, (i + 1) % n) for i in range(n)]
+  ops = {
+      "all_to_all": (lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, compress=True),
+                     lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True)),
+      "all_gather": (lambda v: zj.all_gather(v, "i", tiled=True, compress=True),
+                     lambda v: lax.all_gather(v, "i", tiled=True)),
+      "ppermute": (lambda v: zj.ppermute(v, "i", ring, compress=True),
+                   lambda v: lax.ppermute(v, "i", ring)),
+      "psum_scatter": (lambda v: zj.psum_scatter(v, "i", tiled=True, compress=True),
+                       lambda v: zj.psum_scatter(v, "i", tiled=True, compress=False)),
+      "psum": (lambda v: zj.psum(v, "i", compress=True),
+               lambda v: zj.psum(v, "i", compress=False)),
+  }
+  names = list(ops)
+  f = smap(lambda v: tuple((ops[k][0](v), ops[k][1](v)) for k in names))
+
+  def ordered_sum(blocks):  # (n, ...) -> f32 sum in ascending rank order, rounded once
+    acc = blocks[0].astype(np.float32)
+    for r in range(1, blocks.shape[0]):
+      acc = acc + blocks[r].astype(np.float32)
+    return acc.astype(blocks.dtype)
+
+  def bits(x):
+    return np.asarray(x).view(np.uint16)
+
+  def shards_equal(got, want):
+    """Every local shard of `got` equals the same shard of `want` (a global array or numpy)."""
+    def key(index):  # slices are unhashable before Python 3.12
+      return tuple((sl.start, sl.stop, sl.step) for sl in index)
+
+    wsh = ({key(s.index): s for s in want.addressable_shards} if hasattr(want, "addressable_shards")
+           else None)
+    for s in got.addressable_shards:
+      g = bits(s.data)
+      w = bits(wsh[key(s.index)].data) if wsh is not None else bits(np.asarray(want)[s.index])
+      if g.shape != w.shape or not np.array_equal(g, w):
+        return False
+    return True
+
+  checks = {}
+  for dname, data in (("gaussian", gauss), ("adversarial", adversarial)):
+    res = f(glob(data))
+    for k, (ours, twin) in zip(names, res):
+      checks[f"{dname}/{k}/vs_{'lax' if k in ('all_to_all', 'all_gather', 'ppermute') else 'raw'}"] = \
+          shards_equal(ours, twin)
+      total = ordered_sum(data.reshape(n, R, M))  # (R, M)
+      if k == "psum":  # every rank holds the whole sum
+        checks[f"{dname}/{k}/documented"] = shards_equal(ours, np.tile(total, (n, 1)))
+      if k == "psum_scatter":  # rank r holds rows r*R/n:(r+1)*R/n of the sum
+        checks[f"{dname}/{k}/documented"] = shards_equal(ours, total)
+
+  # jax.grad through the compressed all_to_all (its transpose is the compressed all_to_all too)
+  def loss(m, kw):
+    def fn(v, w):
+      y = jax.shard_map(lambda u: m.all_to_all(u, "i", 0, 0, tiled=True, **kw), mesh=mesh,
+                        in_specs=spec, out_specs=spec)(v)
+      return jnp.sum(y.astype(jnp.float32) * w)
+    return fn
+
+  x, w = glob(gauss), glob(weights)
+  g_ours = jax.jit(jax.grad(loss(zj, {"compress": True})))(x, w)
+  g_lax = jax.jit(jax.grad(loss(lax, {})))(x, w)
+  checks["grad/all_to_all"] = shards_equal(g_ours, g_lax)
+
+  ok = all(checks.values())
+  print("RESULT " + json.dumps({"rank": a.rank, "devices": n, "ok": ok, "checks": checks}), flush=True)
+  jax.distributed.shutdown()
+  return 0 if ok else 1
+
+
+if __name__ == "__main__":
+  try:
+    sys.exit(main())
+  except Exception:  # noqa: BLE001 - the launcher shows stderr
+    traceback.print_exc()
+    sys.exit(2)
