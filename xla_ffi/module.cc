@@ -31,7 +31,9 @@ using HostOut = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>
 // same driver the CPU FFI handler calls, minus XLA's dispatch.
 uint64_t EncodeHost(HostBytes x, uint64_t n_elems, int dtype, bool checksum, HostOut out) {
   if (zipccl::ElemBytes(uint8_t(dtype)) == 0) throw nb::value_error("unsupported dtype code");
-  if (x.size() != n_elems * uint64_t(zipccl::ElemBytes(uint8_t(dtype))))
+  // Divide rather than multiply: n_elems * width can wrap around 2^64 and pass a product check.
+  const uint64_t w = uint64_t(zipccl::ElemBytes(uint8_t(dtype)));
+  if (x.size() % w != 0 || x.size() / w != n_elems)
     throw nb::value_error("x must hold n_elems elements of the dtype, as bytes");
   nb::gil_scoped_release release;
   return zipccl::cpu::EncodeFrame(x.data(), n_elems, uint8_t(dtype), checksum, out.data(),
@@ -40,7 +42,8 @@ uint64_t EncodeHost(HostBytes x, uint64_t n_elems, int dtype, bool checksum, Hos
 
 void DecodeHost(HostBytes payload, int dtype, uint64_t n_elems, HostOut out) {
   if (zipccl::ElemBytes(uint8_t(dtype)) == 0) throw nb::value_error("unsupported dtype code");
-  if (out.size() != n_elems * uint64_t(zipccl::ElemBytes(uint8_t(dtype))))
+  const uint64_t w = uint64_t(zipccl::ElemBytes(uint8_t(dtype)));
+  if (out.size() % w != 0 || out.size() / w != n_elems)
     throw nb::value_error("out must hold n_elems elements of the dtype, as bytes");
   zipccl::cpu::DecodeResult r;
   {
