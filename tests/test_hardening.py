@@ -526,10 +526,28 @@ def test_unsupported_dtypes_and_bad_arguments(frames):
     ext.decode_host(frame, 1, x.size + 1, out)
   with pytest.raises(ValueError, match="x must hold"):
     ext.encode_host(x.view(np.uint8), x.size + 1, 1, False, np.empty(10, np.uint8))
-  # An element count whose byte size wraps around 2^64 is still rejected cleanly.
-  for n, code in ((1 << 63, 1), (1 << 62, 3), ((1 << 64) - 1, 1)):
-    with pytest.raises(ValueError):
-      ext.decode_host(frame, code, n, np.empty(0, np.uint8))
+
+def test_host_entry_points_reject_element_counts_whose_byte_size_wraps(tmp_path):
+  """n_elems * width wrapping around 2^64 must not pass the buffer-size checks (it crashed encode_host).
+
+  Run in a subprocess: the failure mode is a segmentation fault.
+  """
+  script = textwrap.dedent("""
+      import numpy as np
+      from zipccl_jax import _zipccl as ext
+      for n, code in ((1 << 63, 1), (1 << 62, 3), (1 << 63, 2), ((1 << 64) - 1, 1)):
+          for call in (lambda: ext.encode_host(np.empty(0, np.uint8), n, code, False, np.empty(64, np.uint8)),
+                       lambda: ext.decode_host(np.zeros(64, np.uint8), code, n, np.empty(0, np.uint8))):
+              try:
+                  call()
+                  raise SystemExit(f"accepted n={n} code={code}")
+              except ValueError:
+                  pass
+      print("ok")
+  """)
+  r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                     cwd=tmp_path)
+  assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 # ------------------------------------------------------------------------------------------------- checksum
