@@ -709,16 +709,14 @@ def _shape_elements(v, dtype, mode, tag):
       if dtype == F32:
         v = v & np.uint32(0xFFFF0000)
       esc = tag == 0xFF
-      v = np.where(esc, np.where((v >> 3) & 1, v | emask, v & ~emask), v)
+      v = np.where(esc, np.where((v >> (mbits - 4)) & 1, v | emask, v & ~emask), v)
   if mode == 2:
     v = np.where(tag < 64, 0, v)
   return v.astype(np.uint32)
 
 
-def _replay_roundtrip(blob: bytes):
-  """Python mirror of tests/fuzz/roundtrip_fuzzer.cc."""
-  if len(blob) < 2:
-    return
+def _roundtrip_input(blob: bytes):
+  """(x, dtype, checksum, cap_mode, ctl1) as tests/fuzz/roundtrip_fuzzer.cc builds them from an input."""
   ctl0, ctl1 = blob[0], blob[1]
   dtype = {1: BF16, 2: F16, 3: F32}[1 + (ctl0 & 3) % 3]
   checksum, mode, cap_mode = bool(ctl0 & 4), (ctl0 >> 3) & 3, (ctl0 >> 5) & 3
@@ -734,7 +732,52 @@ def _replay_roundtrip(blob: bytes):
   pert = ((rep * np.uint64(0x9E3779B1)) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
   v = v ^ (pert & np.uint32(0x0007 if w == 2 else 0xFFFF))
   x = _shape_elements(v, dtype, mode, tags[j] if src_n else np.zeros(0, np.uint8))
-  x = x.astype(UINT[w]).view(dtype)
+  return x.astype(UINT[w]).view(dtype), dtype, checksum, cap_mode, ctl1
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_python_mirror_of_the_roundtrip_harness_builds_the_same_elements(tmp_path):
+  """The harness, built with its dump hook and a plain main(), writes the elements it would code."""
+  main = tmp_path / "main.cc"
+  main.write_text(textwrap.dedent("""
+      #include <cstdint>
+      #include <cstdio>
+      #include <vector>
+      extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+      int main(int argc, char** argv) {
+        std::FILE* f = std::fopen(argv[1], "rb");
+        std::vector<uint8_t> buf(1 << 20);
+        size_t n = std::fread(buf.data(), 1, buf.size(), f);
+        std::fclose(f);
+        return LLVMFuzzerTestOneInput(buf.data(), n);
+      }
+  """))
+  exe = tmp_path / "rt"
+  codec_dir = ROOT / "xla_ffi" / "codec"
+  subprocess.run(["g++", "-std=c++17", "-O0", "-DROUNDTRIP_FUZZER_DUMP", "-I", str(codec_dir),
+                  str(FUZZ / "roundtrip_fuzzer.cc"), str(codec_dir / "codec_cpu.cc"), str(main), "-o", str(exe)],
+                 check=True, timeout=300)
+  rng = np.random.default_rng(6)
+  blobs = [p.read_bytes() for p in _fuzz_files("roundtrip")]
+  blobs += [bytes([c0, int(rng.integers(256))]) + rng.integers(0, 256, int(rng.integers(0, 300)),
+                                                                 dtype=np.uint8).tobytes()
+            for c0 in range(256)]  # every control byte
+  for k, blob in enumerate(blobs):
+    if len(blob) < 2:
+      continue
+    inp, dump = tmp_path / "in", tmp_path / "out"
+    inp.write_bytes(blob)
+    subprocess.run([str(exe), str(inp)], check=True, timeout=60, env={"ROUNDTRIP_FUZZER_DUMP": str(dump)})
+    x = _roundtrip_input(blob)[0]
+    assert dump.read_bytes() == x.tobytes(), f"input {k} (ctl0 {blob[0]:#04x}): mirror differs"
+
+
+def _replay_roundtrip(blob: bytes):
+  """Python mirror of tests/fuzz/roundtrip_fuzzer.cc."""
+  if len(blob) < 2:
+    return
+  x, dtype, checksum, cap_mode, ctl1 = _roundtrip_input(blob)
+  n = x.size
   frame, need = encode_host(x, checksum=checksum)
   assert need >= 32 + 4 * fmt.num_blocks(n) and u64(frame, 16) == need
   assert np.array_equal(bits_of(decode_host(frame, dtype, n)), bits_of(x))

@@ -51,7 +51,7 @@ uint32_t Shape(uint32_t v, uint8_t dtype, int mode, uint8_t tag) {
   v = (v & ~emask) | (e << mbits);
   if (mode == 3) {
     if (dtype == zipccl::kF32) v &= 0xFFFF0000u;
-    if (tag == 0xFF) v = ((v >> 3) & 1) ? (v | emask) : (v & ~emask);
+    if (tag == 0xFF) v = ((v >> (mbits - 4)) & 1) ? (v | emask) : (v & ~emask);  // Inf/NaN or 0/subnormal
   }
   return v;
 }
@@ -97,6 +97,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     v = Shape(v, dtype, mode, src[j * w]);
     std::memcpy(x.data() + i * w, &v, w);
   }
+#ifdef ROUNDTRIP_FUZZER_DUMP  // test hook: tests/test_hardening.py checks its Python mirror of the shaping
+  if (FILE* f = std::fopen(std::getenv("ROUNDTRIP_FUZZER_DUMP"), "wb")) {
+    std::fwrite(x.data(), 1, n * w, f);
+    std::fclose(f);
+  }
+  return 0;
+#endif
 
   const std::vector<uint8_t> frame = EncodeExact(x.data(), n, dtype, checksum);
   const uint64_t need = frame.size();
