@@ -1,6 +1,7 @@
 """Smoke tests of the benchmark harness (benchmarks/): tiny sizes, no shaping, no timing asserts."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -54,12 +55,15 @@ def test_netns_shapes_and_is_deleted():
 
 def _run_bench(tmp_path: Path, *extra: str) -> list[dict]:
     out = tmp_path / "res.json"
+    # matplotlib is an optional dependency (the 'bench' extra): plot when it is installed
+    plot = ["--plot", str(tmp_path / "res.png")] if importlib.util.find_spec("matplotlib") else []
     cmd = [sys.executable, str(BENCH / "collectives.py"), "--no-netns", "--rates", "unshaped", "--nproc", "2",
            "--max-elems", "16384", "--reps", "1", "--warmup", "1", "--link-probe-mb", "0", "--timeout", "240",
-           "--json", str(out), "--plot", str(tmp_path / "res.png"), *extra]
+           "--json", str(out), *plot, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert (tmp_path / "res.png").stat().st_size > 0
+    if plot:
+        assert (tmp_path / "res.png").stat().st_size > 0
     return json.loads(out.read_text())
 
 
@@ -88,3 +92,20 @@ def test_collectives_benchmark_smoke(tmp_path):
         assert r["wire_bytes_calibrated"] <= r["wire_bytes_compressed"]
         if r["dtype"] == "bfloat16":  # Gaussian BF16 must cross the wire smaller than raw
             assert r["wire_bytes_compressed"] < r["wire_bytes_raw"], r
+
+
+def test_train_step_benchmark_smoke(tmp_path):
+    out = tmp_path / "train.json"
+    cmd = [sys.executable, str(BENCH / "train_step.py"), "--no-netns", "--rates", "unshaped", "--nproc", "2",
+           "--steps", "2", "--rounds", "1", "--timeout", "240", "--json", str(out), "--",
+           "--d-model", "32", "--d-ff", "32", "--seq-len", "16", "--batch-per-device", "2", "--layers", "1",
+           "--experts", "4", "--heads", "2", "--corpus-bytes", "65536"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    runs = {x["variant"]: x for x in res["runs"]}
+    assert set(runs) == {"compressed", "uncompressed"}
+    assert all(x["step_time_s"] > 0 and x["processes"] == 2 for x in runs.values())
+    assert runs["compressed"]["wire_bytes"] < runs["uncompressed"]["wire_bytes"]
+    (row,) = res["summary"]
+    assert row["losses_bit_identical"] is True and row["params_identical"] is True
