@@ -1,54 +1,65 @@
-"""nvcc compile targets for the CUDA sources (sm_80 and sm_90), tagged "manual" and "cuda".
+"""CUDA sources compiled by nvcc for sm_80 and sm_90, as in CMakeLists.txt.
 
-`bazel test //...` skips them (manual); .ci/bazel_test.sh adds every target tagged "cuda" when nvcc is on PATH.
+CUDA is on when @local_config_zipccl found nvcc (and ZIPCCL_DISABLE_CUDA is unset or "0"); otherwise
+cuda_library() is an empty library and CUDA_DEFINES is empty, so the extension is CPU-only.
 """
 
-load("@local_config_zipccl//:defs.bzl", "NVCC")
+load("@local_config_zipccl//:defs.bzl", "CUDA_ENABLED", "NVCC")
 
 CUDA_ARCHS = ["80", "90"]
 
-def cuda_objects(name, srcs, hdrs = [], system_includes = [], tags = []):
-    """One `nvcc -c` genrule per .cu source, plus a filegroup `name` of the objects.
+# For the host C++ that registers the CUDA handlers (module.cc, handlers.h, cuda_host_bindings.cc).
+CUDA_DEFINES = ["-DZIPCCL_WITH_CUDA"] if CUDA_ENABLED else []
+
+_NVCC_FLAGS = [
+    "-std=c++17",
+    "-O3",
+    "-DNDEBUG",
+    "-Xptxas=-warn-spills",
+    "-Xcompiler=-fPIC,-fvisibility=hidden",
+] + [
+    # cubin and PTX per architecture, like CMAKE_CUDA_ARCHITECTURES "80;90"
+    "--generate-code=arch=compute_{a},code=[compute_{a},sm_{a}]".format(a = a)
+    for a in CUDA_ARCHS
+]
+
+def cuda_library(name, srcs, hdrs = [], includes = [], system_includes = [], deps = []):
+    """A static cc_library of nvcc-compiled objects (one genrule per .cu, tagged "cuda"), plus cudart_static.
 
     Args:
-      name: name of the filegroup holding every object file.
-      srcs: .cu files; with none, nothing is defined (the CUDA sources may not exist yet).
+      name: the cc_library; empty when CUDA is off.
+      srcs: .cu files of this package.
       hdrs: headers the sources include (files or filegroups).
+      includes: package-relative include directories ("." for the package itself).
       system_includes: exec-root-relative directories passed with -isystem.
-      tags: extra tags; "manual" and "cuda" are always added.
+      deps: cc deps of the library.
     """
-    if not srcs:
+    if not CUDA_ENABLED:
+        native.cc_library(name = name)
         return
-    tags = tags + ["manual", "cuda"]
-    gencode = " ".join([
-        "-gencode=arch=compute_{a},code=sm_{a}".format(a = a)
-        for a in CUDA_ARCHS
-    ])
-    isystem = " ".join(["-isystem " + d for d in system_includes])
+    pkg = native.package_name()
+    flags = " ".join(
+        _NVCC_FLAGS +
+        ["-I" + (pkg + "/" + d if d != "." else pkg) for d in includes] +
+        ["-isystem " + d for d in system_includes],
+    )
     objects = []
     for src in srcs:
-        obj = src[:-len(".cu")] + ".o"
-        if NVCC:
-            cmd = ("{nvcc} -c -std=c++17 -O2 {gencode} -Xcompiler=-fPIC,-fvisibility=hidden " +
-                   "-I. {isystem} $(location {src}) -o $@").format(
-                nvcc = NVCC,
-                gencode = gencode,
-                isystem = isystem,
-                src = src,
-            )
-        else:
-            cmd = "echo 'nvcc was not on PATH when @local_config_zipccl was configured' >&2; exit 1"
+        stem = src[:-len(".cu")]
+        obj = "_cuda_objs/%s/%s.pic.o" % (name, stem)
         native.genrule(
-            name = name + "_" + src[:-len(".cu")].replace("/", "_"),
+            name = "%s_%s_nvcc" % (name, stem.replace("/", "_")),
             srcs = [src] + hdrs,
             outs = [obj],
-            cmd = cmd,
-            message = "nvcc (sm_%s) %s" % (",".join(CUDA_ARCHS), src),
-            tags = tags,
+            cmd = "%s %s -c $(location %s) -o $@" % (NVCC, flags, src),
+            message = "nvcc sm_%s %s" % (",sm_".join(CUDA_ARCHS), src),
+            tags = ["cuda"],
         )
         objects.append(obj)
-    native.filegroup(
+    native.cc_library(
         name = name,
         srcs = objects,
-        tags = tags,
+        linkstatic = True,
+        tags = ["cuda"],
+        deps = deps + ["@local_config_zipccl//:cudart_static"],
     )
