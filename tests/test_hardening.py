@@ -188,65 +188,80 @@ def frames():
 # ------------------------------------------------------------------------------------------------- truncation
 
 _GUARD_SCRIPT = textwrap.dedent(r"""
-    import ctypes, mmap, sys
+    import ctypes, importlib.machinery, importlib.util, mmap, sys
     import numpy as np
-    from zipccl_jax import _zipccl as ext
+    # The extension alone, loaded from its file (no JAX import: the subprocess starts fast).
+    loader = importlib.machinery.ExtensionFileLoader("zipccl_jax._zipccl", sys.argv[1])
+    ext = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(ext)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                           ctypes.c_long]
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     PAGE = mmap.PAGESIZE
 
-    def guarded(nbytes):
+    class Guarded:
         # nbytes of writable memory that end exactly where an inaccessible page begins.
-        pages = (nbytes + PAGE - 1) // PAGE + 1
-        base = libc.mmap(None, pages * PAGE, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
-        assert base not in (None, ctypes.c_void_p(-1).value)
-        assert libc.mprotect(base + (pages - 1) * PAGE, PAGE, 0) == 0
-        start = base + (pages - 1) * PAGE - nbytes
-        return np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(start))[:nbytes]
+        def __init__(self, nbytes):
+            self.pages = (nbytes + PAGE - 1) // PAGE + 1
+            self.base = libc.mmap(None, self.pages * PAGE, 3, 0x22, -1, 0)  # RW, MAP_PRIVATE|ANONYMOUS
+            assert self.base not in (None, ctypes.c_void_p(-1).value)
+            end = self.base + (self.pages - 1) * PAGE
+            assert libc.mprotect(end, PAGE, 0) == 0
+            self.a = np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(end - nbytes))
+            self.a = self.a[:nbytes]
+        def free(self):
+            del self.a
+            libc.munmap(self.base, self.pages * PAGE)
 
-    data = np.load(sys.argv[1])
-    frame, code, n, cuts = data["frame"], int(data["code"]), int(data["n"]), data["cuts"]
-    w = 4 if code == 3 else 2
-    out = guarded(n * w)
-    rejected = 0
-    for cut in cuts:
-        buf = guarded(int(cut))
-        buf[:] = frame[:cut]
-        try:
-            ext.decode_host(buf, code, n, out)
-        except ValueError as e:
-            assert "truncated" in str(e), (int(cut), str(e))
-            rejected += 1
-    buf = guarded(len(frame))
-    buf[:] = frame
-    ext.decode_host(buf, code, n, out)  # the whole frame, flush against the guard page, decodes
-    print("rejected", rejected, "of", len(cuts))
+    for path in sys.argv[2:]:
+        data = np.load(path)
+        frame, code, n, cuts = data["frame"], int(data["code"]), int(data["n"]), data["cuts"]
+        out = Guarded(n * (4 if code == 3 else 2))
+        rejected = 0
+        for cut in cuts:
+            buf = Guarded(int(cut))
+            buf.a[:] = frame[:cut]
+            try:
+                ext.decode_host(buf.a, code, n, out.a)
+            except ValueError as e:
+                assert "truncated" in str(e), (int(cut), str(e))
+                rejected += 1
+            buf.free()
+        buf = Guarded(len(frame))
+        buf.a[:] = frame
+        ext.decode_host(buf.a, code, n, out.a)  # the whole frame, flush against the guard page, decodes
+        print(path, "rejected", rejected, "of", len(cuts))
 """)
 
 
-@pytest.mark.parametrize("name", ["bf16", "f16", "f32"])
-def test_truncation_at_many_cut_points_never_reads_past_the_payload(frames, name, tmp_path):
-  x, frame = frames[(name, True)]
-  L = len(frame)
-  rng = np.random.default_rng(1)
-  cuts = set(range(0, 80)) | set(range(L - 40, L)) | set(rng.integers(0, L, 250).tolist())
-  for start, end, _ in regions(frame, x.size):  # both sides of every region boundary
-    cuts |= {c for c in range(start - 2, start + 3) if 0 <= c < L}
-  cuts = np.array(sorted(cuts), np.int64)
-  assert len(cuts) >= 300
-  # In-process first: every cut is a clear "truncated" error.
-  for cut in cuts:
-    msg = reject_reason(frame[:cut], x.dtype, x.size)
-    assert msg is not None and "truncated" in msg, (cut, msg)
-  # Then in a subprocess with every payload and the output flush against an unmapped page.
-  np.savez(tmp_path / "t.npz", frame=frame, code=CODE[x.dtype], n=x.size, cuts=cuts)
-  r = subprocess.run([sys.executable, "-c", _GUARD_SCRIPT, str(tmp_path / "t.npz")],
+def test_truncation_at_many_cut_points_never_reads_past_the_payload(frames, tmp_path):
+  paths, expect = [], []
+  for name in ("bf16", "f16", "f32"):
+    x, frame = frames[(name, True)]
+    L = len(frame)
+    rng = np.random.default_rng(1)
+    cuts = set(range(0, 80)) | set(range(L - 40, L)) | set(rng.integers(0, L, 250).tolist())
+    for start, end, _ in regions(frame, x.size):  # both sides of every region boundary
+      cuts |= {c for c in range(start - 2, start + 3) if 0 <= c < L}
+    cuts = np.array(sorted(cuts), np.int64)
+    assert len(cuts) >= 300
+    # In-process first: every cut is a clear "truncated" error.
+    for cut in cuts:
+      msg = reject_reason(frame[:cut], x.dtype, x.size)
+      assert msg is not None and "truncated" in msg, (name, cut, msg)
+    paths.append(str(tmp_path / f"{name}.npz"))
+    np.savez(paths[-1], frame=frame, code=CODE[x.dtype], n=x.size, cuts=cuts)
+    expect.append(f"{paths[-1]} rejected {len(cuts)} of {len(cuts)}")
+  # Then in a subprocess, with every payload and the output flush against an unmapped page: a read or a
+  # write past either one is a segmentation fault.
+  r = subprocess.run([sys.executable, "-c", _GUARD_SCRIPT, ext.__file__, *paths],
                      capture_output=True, text=True, timeout=300, cwd=tmp_path)
   assert r.returncode == 0, f"guard-page decode crashed or failed (rc {r.returncode}):\n{r.stderr[-3000:]}"
-  assert f"rejected {len(cuts)} of {len(cuts)}" in r.stdout
+  for line in expect:
+    assert line in r.stdout, r.stdout
 
 
 def test_truncation_through_jax_decode(frames):
@@ -533,8 +548,11 @@ def test_host_entry_points_reject_element_counts_whose_byte_size_wraps(tmp_path)
   Run in a subprocess: the failure mode is a segmentation fault.
   """
   script = textwrap.dedent("""
+      import importlib.machinery, importlib.util, sys
       import numpy as np
-      from zipccl_jax import _zipccl as ext
+      loader = importlib.machinery.ExtensionFileLoader("zipccl_jax._zipccl", sys.argv[1])
+      ext = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+      loader.exec_module(ext)
       for n, code in ((1 << 63, 1), (1 << 62, 3), (1 << 63, 2), ((1 << 64) - 1, 1)):
           for call in (lambda: ext.encode_host(np.empty(0, np.uint8), n, code, False, np.empty(64, np.uint8)),
                        lambda: ext.decode_host(np.zeros(64, np.uint8), code, n, np.empty(0, np.uint8))):
@@ -545,8 +563,8 @@ def test_host_entry_points_reject_element_counts_whose_byte_size_wraps(tmp_path)
                   pass
       print("ok")
   """)
-  r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                     cwd=tmp_path)
+  r = subprocess.run([sys.executable, "-c", script, ext.__file__], capture_output=True, text=True,
+                     timeout=120, cwd=tmp_path)
   assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
@@ -742,14 +760,20 @@ def test_python_mirror_of_the_roundtrip_harness_builds_the_same_elements(tmp_pat
   main.write_text(textwrap.dedent("""
       #include <cstdint>
       #include <cstdio>
+      #include <cstdlib>
+      #include <string>
       #include <vector>
       extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
-      int main(int argc, char** argv) {
-        std::FILE* f = std::fopen(argv[1], "rb");
-        std::vector<uint8_t> buf(1 << 20);
-        size_t n = std::fread(buf.data(), 1, buf.size(), f);
-        std::fclose(f);
-        return LLVMFuzzerTestOneInput(buf.data(), n);
+      int main(int argc, char** argv) {  // main IN... : dumps the elements of IN to IN.out
+        for (int k = 1; k < argc; ++k) {
+          std::FILE* f = std::fopen(argv[k], "rb");
+          std::vector<uint8_t> buf(1 << 20);
+          size_t n = std::fread(buf.data(), 1, buf.size(), f);
+          std::fclose(f);
+          setenv("ROUNDTRIP_FUZZER_DUMP", (std::string(argv[k]) + ".out").c_str(), 1);
+          LLVMFuzzerTestOneInput(buf.data(), n);
+        }
+        return 0;
       }
   """))
   exe = tmp_path / "rt"
@@ -762,14 +786,16 @@ def test_python_mirror_of_the_roundtrip_harness_builds_the_same_elements(tmp_pat
   blobs += [bytes([c0, int(rng.integers(256))]) + rng.integers(0, 256, int(rng.integers(0, 300)),
                                                                  dtype=np.uint8).tobytes()
             for c0 in range(256)]  # every control byte
+  blobs = [b for b in blobs if len(b) >= 2]
+  inputs = []
   for k, blob in enumerate(blobs):
-    if len(blob) < 2:
-      continue
-    inp, dump = tmp_path / "in", tmp_path / "out"
-    inp.write_bytes(blob)
-    subprocess.run([str(exe), str(inp)], check=True, timeout=60, env={"ROUNDTRIP_FUZZER_DUMP": str(dump)})
+    inputs.append(tmp_path / f"in{k}")
+    inputs[-1].write_bytes(blob)
+  subprocess.run([str(exe), *map(str, inputs)], check=True, timeout=300)
+  for k, blob in enumerate(blobs):
     x = _roundtrip_input(blob)[0]
-    assert dump.read_bytes() == x.tobytes(), f"input {k} (ctl0 {blob[0]:#04x}): mirror differs"
+    got = (tmp_path / f"in{k}.out").read_bytes()
+    assert got == x.tobytes(), f"input {k} (ctl0 {blob[0]:#04x}): mirror differs"
 
 
 def _replay_roundtrip(blob: bytes):
