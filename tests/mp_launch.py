@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 

@@ -6,7 +6,11 @@ called inside ``jax.shard_map`` (under ``jit`` or not). Each one encodes its
 chunks with the zipccl codec, runs the ``jax.lax`` collective on the uint8
 payload, and decodes on the receiving side. Data-movement collectives return
 results bit-identical to ``jax.lax``; reductions return the documented
-fixed-order float32 reduction (see `psum_scatter`).
+fixed-order float32 reduction (see `psum_scatter`). Whenever a float message
+goes raw (``compress=False``, ``"auto"`` deciding raw, or the overflow
+fallback) its bit pattern moves as a uint16/uint32 view, so NaN payloads
+survive too (XLA:CPU's own 16-bit float collectives widen to float32 on the
+wire and quiet signalling NaNs).
 
 Keyword options shared by all five:
 
@@ -50,9 +54,18 @@ from every sender, and in ``all_gather`` every receiver gets every sender's
 chunk, so every rank sees the same set of poisoned senders and computes the same
 predicate ``any(frame_bytes > C)`` without an extra collective. Then every rank
 takes the same branch of a ``lax.cond``: the raw ``jax.lax`` collective on the
-original operand (the coded bytes already moved are wasted). The result is
-bit-exact either way. ``ppermute`` receivers do not see every sender, so there
-the flag is combined with a 4-byte ``psum`` issued alongside the payload.
+bits of the original operand (the coded bytes already moved are wasted). The
+result is bit-exact either way. The predicate agrees within each group of the
+collective; XLA lowers these collectives to per-group operations, so groups
+(e.g. the rows of a 2-D mesh) may decide differently. ``ppermute`` receivers do
+not see every sender, and XLA lowers a ppermute over one mesh axis to a single
+collective-permute that every device joins, so there the flag goes through a
+4-byte ``psum`` over every manual mesh axis.
+
+Under ``jax.vmap`` the predicate is per example and the ``lax.cond`` becomes a
+select: both branches run (so both collectives run everywhere, still matched),
+the coded branch skips decoding the examples that fell back, and the select
+works on uint views so NaN payloads survive.
 
 Reductions
 ----------
@@ -76,7 +89,14 @@ Each call site records, at trace time, the bytes one device sends per call
 with ``jax.lax`` (``raw_bytes``) and with the padded coded transport
 (``wire_bytes``), using the per-collective model of :func:`hlo_wire_bytes`.
 With :func:`set_runtime_stats` enabled before tracing, every execution also
-counts calls and fallbacks (one ``jax.debug.callback`` per call per device).
+counts calls and fallbacks (one ``jax.debug.callback`` per call per device; a
+function traced that way cannot be lowered for another platform).
+:func:`hlo_collectives` and :func:`hlo_wire_bytes` read the same figures from
+compiled HLO text, leaving out the raw-fallback branches.
+
+Not supported: ``axis_index_groups`` (``NotImplementedError``) and
+``all_gather(..., to="reduced")`` (sent raw through ``jax.lax``). Partially
+automatic ``shard_map`` (``axis_names=`` a subset) is untested.
 """
 
 from __future__ import annotations
@@ -87,7 +107,7 @@ import os
 import re
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
