@@ -229,8 +229,9 @@ def _bodies(axis, n, tag):
 def results(mesh_id):
   """{dataset: {op: tuple of global numpy outputs}} for one mesh, one compile.
 
-  (Runtime statistics stay off here: they add a Python callback per call and device, and one rare
-  stall was seen with them on a loaded 2-core machine. test_runtime_stats_count_fallbacks covers them.)
+  out["sites"] holds the call sites' statistics (capacity, axis size) for _check_paths. Runtime counters
+  stay off here (they cost a Python callback per call and device); test_runtime_stats_count_fallbacks
+  covers them.
   """
   shape, names, axis = MESHES[mesh_id]
   mesh = mesh_of(mesh_id)
