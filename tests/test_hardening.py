@@ -377,6 +377,19 @@ def test_bit_flips_through_jax_decode(frames):
   assert np.array_equal(bits_of(dec(jnp.asarray(frame))), bits_of(x))
 
 
+def test_batched_decode_names_the_bad_frame_and_block():
+  x = jnp.asarray(np.stack([gaussian(70000, BF16, 40 + k) for k in range(3)]))
+  p, nb = codec.encode_frames(x)
+  p = np.asarray(p).copy()
+  second_block = 32 + 8 + int(np.asarray(p[2, 32:36]).view("<u4")[0])  # frame 2, block 1's header
+  p[2, second_block + 2] = 1  # a reserved byte
+  with pytest.raises(JaxRuntimeError, match=r"zipccl decode \(frame 2, block 1\): a reserved field"):
+    np.asarray(codec.decode_frames(jnp.asarray(p), shape=(70000,), dtype=BF16))
+  p[2, second_block + 2] = 0
+  assert np.array_equal(bits_of(codec.decode_frames(jnp.asarray(p), shape=(70000,), dtype=BF16)),
+                        bits_of(x))
+
+
 # ------------------------------------------------------------------------------------------------- fields
 
 def test_header_fields_are_each_checked(frames):
