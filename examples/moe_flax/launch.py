@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -70,13 +71,15 @@ def spawn(args, argv: list[str]) -> int:
     for f in ("--num-processes", "--process-id", "--coordinator"):
         argv = _strip(argv, f, True)
     coord = f"127.0.0.1:{_free_port()}"
+    env = dict(os.environ)  # each child sets its own device count (--local-devices, default 8 / N)
+    env["XLA_FLAGS"] = re.sub(rf"{DEVICE_FLAG}=\S*", "", env.get("XLA_FLAGS", "")).strip()
     procs = []
     for i in range(n):
         cmd = [sys.executable, sys.argv[0], *argv, "--num-processes", str(n), "--process-id", str(i),
                "--coordinator", coord]
         if i > 0:  # only process 0 reports
             cmd += ["--quiet"]
-        procs.append(subprocess.Popen(cmd, start_new_session=True))
+        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
     deadline = time.monotonic() + args.timeout
     rc = 0
     try:
