@@ -122,7 +122,6 @@ def _uint_like(dtype):
 def build_fns(coll: str, nproc: int, impl, calibrated_capacity: int | None = None):
     """Per-shard bodies (for shard_map) of the variants of one collective. ``calibrated`` (compress=True with
     a per-call-site capacity from the observed frame sizes) exists when calibrated_capacity is given."""
-    import jax
     import jax.numpy as jnp
     from jax import lax
 
@@ -164,7 +163,6 @@ def build_fns(coll: str, nproc: int, impl, calibrated_capacity: int | None = Non
         fns["uncompressed"] = lambda v: comp(v, False)  # reference result (same reduction order)
         if calibrated_capacity:
             fns["calibrated"] = lambda v: comp(v, True, capacity=int(calibrated_capacity))
-    del jax
     return fns
 
 
