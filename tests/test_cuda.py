@@ -179,16 +179,18 @@ def test_encode_launch_geometry(frames, n, code):
   total = frames * (-(-n // BLOCK))
   launches = HOST.encode_launches(frames, n, code)
   assert [l[0] for l in launches] == ["zipccl_hist", "zipccl_plan", "cub_exclusive_sum",
-                                      "zipccl_write", "zipccl_finish"]
+                                      "zipccl_write", "zipccl_finish", "zipccl_zero_tail"]
   grid = {name: (g, t) for name, g, t, _ in launches}
   assert grid["zipccl_hist"] == (total, c["THREADS"])     # one CTA per block
   assert grid["zipccl_plan"] == (-(-(total + 1) // c["ITEM_THREADS"]), c["ITEM_THREADS"])
   assert grid["cub_exclusive_sum"][0] == total + 1        # sizes plus the trailing 0
   assert grid["zipccl_write"] == (total, c["THREADS"])
   assert grid["zipccl_finish"] == (-(-frames // c["ITEM_THREADS"]), c["ITEM_THREADS"])
+  assert grid["zipccl_zero_tail"] == (frames * 16, c["ITEM_THREADS"])
   for name, _, _, shared in launches:
     assert shared <= 48 * 1024, f"{name} needs {shared} B of static shared memory"
-  assert HOST.encode_launches(frames, 0, code) == [("zipccl_finish", -(-frames // 64), 64, 4)]
+  assert HOST.encode_launches(frames, 0, code) == [("zipccl_finish", -(-frames // 64), 64, 4),
+                                                   ("zipccl_zero_tail", frames * 16, 64, 4)]
   assert HOST.encode_launches(0, n, code) == []
 
 
@@ -270,13 +272,16 @@ def _emu_encode(x: np.ndarray, code: int, checksum: bool, cap: int, seed: int = 
 
 
 def _assert_same_frames(x, code, checksum, cap, seed=0):
-  """Emulated CUDA frames equal the CPU driver's, byte for byte, including overflow headers."""
+  """Emulated CUDA payloads equal the CPU driver's, byte for byte: frames, overflow headers, zero tails."""
   out, nbytes = _emu_encode(x, code, checksum, cap, seed)
   for f in range(x.shape[0]):
     ref, need = _cpu_encode(x[f], code, checksum, cap)
     assert nbytes[f] == need, (f, nbytes[f], need)
     shown = need if need <= cap else HEADER
     np.testing.assert_array_equal(out[f, :shown], ref[:shown], err_msg=f"frame {f}")
+    # Device memory starts as garbage; the bytes the padded transport sends past the frame
+    # must be zero, as on the CPU.
+    assert not out[f, shown:].any(), f"frame {f}: stale bytes after the frame"
   return out, nbytes
 
 

@@ -625,6 +625,31 @@ struct FinishEncodeKernel {
   }
 };
 
+// 6. Zero the payload past the frame (past the header after an overflow), as
+//    the CPU handler does: the padded transport sends all `cap` bytes, and
+//    XLA reuses output buffers, so stale device memory must not reach peers.
+//    kTilesPerFrame CTAs per frame stride over the tail.
+struct ZeroTailKernel {
+  static constexpr const char* kName = "zipccl_zero_tail";
+  static constexpr int kBlockThreads = kItemThreads;
+  static constexpr uint64_t kTilesPerFrame = 16;
+  using Params = EncodeParams;
+  struct Shared {
+    int unused;
+  };
+  template <class Cta>
+  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
+    const uint64_t f = cta.block() / kTilesPerFrame, tile = cta.block() % kTilesPerFrame;
+    if (f >= p.frames) return;
+    const uint64_t need = FrameBytesFromOffsets(p.offsets, p.nb, f);
+    const uint64_t keep =
+        need <= p.cap ? need : (p.cap < kFrameHeaderBytes ? p.cap : kFrameHeaderBytes);
+    uint8_t* out = p.payload + f * p.cap;
+    const uint64_t stride = kTilesPerFrame * uint64_t(kItemThreads);
+    for (uint64_t i = keep + tile * kItemThreads + cta.tid(); i < p.cap; i += stride) out[i] = 0;
+  }
+};
+
 // =============================================================================
 // Decoder kernels
 // =============================================================================
@@ -991,6 +1016,7 @@ void RunEncode(Launcher& l, const EncodeParams& p, const EncodeLayout& L, uint8_
       l.template Launch<WriteKernel<uint16_t>>(p.total, p);
   }
   l.template Launch<FinishEncodeKernel>(CeilDiv(p.frames, kItemThreads), p);
+  l.template Launch<ZeroTailKernel>(p.frames * ZeroTailKernel::kTilesPerFrame, p);
 }
 
 template <class Launcher>
