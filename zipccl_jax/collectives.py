@@ -16,9 +16,12 @@ Keyword options shared by all five:
 
 * ``compress``: ``True`` codes every bfloat16/float16/float32 message (other
   dtypes raise ``TypeError``); ``False`` always sends raw; ``"auto"`` (default)
-  asks :func:`_decide` (raw for dtypes the codec does not cover, for tiny
-  chunks, and when the capacity would not save bytes). ``_decide`` is the one
-  place the decision is made, so a strategy layer can replace it.
+  asks the cost model of :mod:`zipccl_jax.strategy` at trace time (raw for
+  dtypes the codec does not cover, for an axis of size 1, when the capacity
+  would not save bytes, and whenever the estimated compressed time does not
+  beat the raw one for the active :class:`~zipccl_jax.strategy.Profile`; see
+  :func:`zipccl_jax.calibrate` and :func:`zipccl_jax.explain`). ``_decide`` is
+  the one place the decision is made.
 * ``capacity``: padded bytes per chunk. ``None`` uses :func:`padded_capacity`;
   an ``int`` is a byte count (>= 32); a ``float`` is a fraction of the chunk's
   raw bytes; a pair ``(forward, backward)`` sets the capacity of the transposed
@@ -120,6 +123,9 @@ __all__ = [
     "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute",
     "padded_capacity", "CallSiteStats", "stats", "totals", "reset_stats", "set_runtime_stats",
     "hlo_collectives", "hlo_wire_bytes",
+    # the strategy layer (zipccl_jax/strategy.py), re-exported at the bottom of this module
+    "Profile", "calibrate", "explain", "decisions", "observe", "get_profile", "set_profile",
+    "use_profile", "load_profile",
 ]
 
 HEADER_BYTES = 32            # frame header size (FORMAT.md)
@@ -138,8 +144,6 @@ EXPECTED_RATIO = {
     "activation": {_BF16: 0.70, _F16: 0.86, _F32: 0.85},
     "gradient": {_BF16: 0.74, _F16: 0.88, _F32: 0.86},
 }
-# compress="auto" sends chunks smaller than this raw.
-AUTO_MIN_CHUNK_BYTES = 8192
 # Fixed-order sums are unrolled up to this many ranks, then use a sequential loop.
 _UNROLL_MAX = 64
 _FALLBACK_SCOPE = "zipccl_raw_fallback"
@@ -230,9 +234,15 @@ def _split_capacity(capacity):
 
 
 def _grad_capacity(capacity, dtype):
-  """Backward collectives default to the "gradient" ratio (as a float capacity)."""
+  """Backward collectives default to the "gradient" role (capacity ratio and statistics).
+
+  ``None`` becomes the ``"gradient"`` marker: with ``compress=True`` it means
+  ``padded_capacity(..., kind="gradient")`` exactly as before; with
+  ``compress="auto"`` the strategy uses the observed or profile capacity of the
+  gradient role.
+  """
   if capacity is None:
-    return EXPECTED_RATIO["gradient"].get(np.dtype(dtype))
+    return "gradient" if np.dtype(dtype) in CODED_DTYPES else None
   return capacity
 
 
@@ -241,10 +251,13 @@ class _Plan:
   compress: bool
   capacity: int = 0     # bytes per chunk when compressing
   reason: str = ""
+  transport: str | None = None  # None: the caller's transport
+  decision: object = None       # strategy.Decision (compress="auto")
 
 
 def _decide(op: str, dtype, chunk_elems: int, *, n_chunks: int, axis_size: int,
-            compress, capacity, kind: str = "activation") -> _Plan:
+            compress, capacity, kind: str = "activation", site: str | None = None,
+            axis_name=None, transport: str = "auto") -> _Plan:
   """The single place that decides raw vs. compressed for one call.
 
   Args:
@@ -255,36 +268,56 @@ def _decide(op: str, dtype, chunk_elems: int, *, n_chunks: int, axis_size: int,
     n_chunks: frames each device encodes per call.
     axis_size: size of the collective's axis.
     compress: the caller's ``compress`` option (True, False or "auto").
-    capacity: the caller's ``capacity`` option for this direction.
+    capacity: the caller's ``capacity`` option for this direction (or the
+      internal ``"gradient"`` marker of backward collectives).
     kind: "activation" or "gradient" (the data's expected statistics).
+    site: call-site name (per-site observed capacities, decision log).
+    axis_name: the collective's axis (selects the profile's link).
+    transport: the caller's transport.
 
-  Returns a plan: compress or not, and the per-chunk capacity. A strategy
-  layer replaces this function; everything else only executes the plan.
+  ``compress=True`` and ``False`` are obeyed as given (capacity from
+  ``capacity=`` or :func:`padded_capacity`). ``"auto"`` asks the cost model of
+  :mod:`zipccl_jax.strategy` (:func:`zipccl_jax.strategy.decide`), which
+  also picks the capacity (observed per call site, else the active profile's
+  ratio) and, off CPU, the transport. Every decision is logged
+  (:func:`zipccl_jax.explain`).
   """
-  if compress is False:
-    return _Plan(False, reason="compress=False")
-  if compress is not True and compress != "auto":
+  from zipccl_jax import strategy
+  if compress is not True and compress is not False and compress != "auto":
     raise ValueError(f"zipccl_jax.{op}: compress must be True, False or 'auto', got {compress!r}")
+  if isinstance(capacity, str):
+    if capacity != "gradient":
+      raise TypeError(f"zipccl_jax: capacity must be an int, a float or None, got {capacity!r}")
+    kind, capacity = "gradient", None
   dt = np.dtype(dtype)
+
+  def log(mode, cap=None):
+    strategy.decide(op, dt, chunk_elems, axis_size=axis_size, axis_name=axis_name, site=site,
+                    role=kind, capacity=cap, transport=transport, compress=mode)
+
+  if compress is False:
+    if dt in CODED_DTYPES and chunk_elems:
+      log(False, capacity)
+    return _Plan(False, reason="compress=False")
   if dt not in CODED_DTYPES:
     if compress is True:
       raise TypeError(
           f"zipccl_jax.{op}: compress=True but x has dtype {dt.name}; the codec supports "
           "bfloat16, float16, float32 (use compress='auto' to send other dtypes raw)")
+    log(compress)
     return _Plan(False, reason=f"dtype {dt.name} not coded")
   if chunk_elems == 0:
+    log(compress)
     return _Plan(False, reason="empty")
-  cap = _resolve_capacity(capacity, chunk_elems, dt, kind)
   if compress is True:
+    cap = _resolve_capacity(capacity, chunk_elems, dt, kind)
+    log(True, cap)
     return _Plan(True, cap, "compress=True")
-  raw_chunk = chunk_elems * dt.itemsize
-  if axis_size == 1:
-    return _Plan(False, reason="axis of size 1")
-  if raw_chunk < AUTO_MIN_CHUNK_BYTES:
-    return _Plan(False, reason=f"chunk {raw_chunk} B < {AUTO_MIN_CHUNK_BYTES} B")
-  if cap >= raw_chunk:
-    return _Plan(False, reason="capacity saves nothing")
-  return _Plan(True, cap, "auto")
+  d = strategy.decide(op, dt, chunk_elems, axis_size=axis_size, axis_name=axis_name, site=site,
+                      role=kind, capacity=capacity, transport=transport, compress="auto")
+  if not d.compress:
+    return _Plan(False, reason=d.reason, decision=d)
+  return _Plan(True, d.capacity, "auto: " + d.reason, transport=d.transport, decision=d)
 
 
 # --------------------------------------------------------------------------- #
@@ -381,6 +414,23 @@ def _count(name: str, fallback) -> None:
         s.fallbacks += int(np.asarray(fb).any())
 
   jax.debug.callback(cb, fallback)
+
+
+def _observe(site: str, op: str, rows_fn: Callable) -> None:
+  """Inside :func:`zipccl_jax.strategy.observe`: report this call's frame sizes to the host.
+
+  Encodes the rows once more at full capacity (only while observing) and
+  folds ``nbytes`` into the observer with a debug callback.
+  """
+  from zipccl_jax import strategy
+  if not strategy._observing():
+    return
+  rows = rows_fn()
+  if np.dtype(rows.dtype) not in CODED_DTYPES or rows.size == 0:
+    return
+  _, nbytes = _codec().encode_frames(rows)
+  jax.debug.callback(strategy._observe_callback(site, op, np.dtype(rows.dtype).name,
+                                                rows.shape[-1]), nbytes)
 
 
 def _call_site(op: str, name) -> str:
@@ -887,13 +937,14 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
           f"zipccl_jax.{api}: x.shape[split_axis={sa}] = {x.shape[sa]} must equal the size "
           f"{n} of axis {axis_name!r} (tiled=False)")
     m = x.size // n
-    plan = _decide(api, x.dtype, m, n_chunks=n, axis_size=n, compress=compress, capacity=cap_f)
+    plan = _decide(api, x.dtype, m, n_chunks=n, axis_size=n, compress=compress, capacity=cap_f,
+                   site=site, axis_name=axis_name, transport=transport)
     raw_b = _sent_bytes("all-to-all", x.size * _itemsize(x), n)
     _record(site, api, x, n, plan, raw_b, _sent_bytes("all-to-all", n * plan.capacity, n))
     if np.dtype(x.dtype) not in CODED_DTYPES:
       return lax.all_to_all(x, axis_name, sa, ca, tiled=tiled)
     return _a2a_vjp(x, axis_name, sa, ca, tiled, plan.capacity if plan.compress else 0,
-                    transport, site, (compress, cap_b))
+                    plan.transport or transport, site, (compress, cap_b))
 
   return _tree_apply(leaf, x, site)
 
@@ -901,6 +952,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
 def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
   n = _axis_size(axis_name, "all_to_all")
   x = _vary(x, _axes(axis_name))
+  _observe(site, "all_to_all", lambda: jnp.moveaxis(x, sa, 0).reshape(n, x.size // n))
   if not C:
     _count(site, jnp.bool_(False))
     return _raw(lambda u: lax.all_to_all(u, axis_name, sa, ca, tiled=tiled), x)
@@ -1011,7 +1063,8 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     else:
       ax = _canon(axis, x.ndim + 1, "axis", api)
     m = x.size
-    plan = _decide(api, x.dtype, m, n_chunks=1, axis_size=n, compress=compress, capacity=cap_f)
+    plan = _decide(api, x.dtype, m, n_chunks=1, axis_size=n, compress=compress, capacity=cap_f,
+                   site=site, axis_name=axis_name, transport=transport)
     if to == "reduced":
       plan = _Plan(False, reason="to='reduced'")
     raw_b = _sent_bytes("all-gather", m * _itemsize(x), n)
@@ -1019,7 +1072,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     if np.dtype(x.dtype) not in CODED_DTYPES or to == "reduced":
       return lax.all_gather(x, axis_name, axis=ax, tiled=tiled, to=to)
     return _ag_vjp(x, axis_name, ax, tiled, to, plan.capacity if plan.compress else 0,
-                   transport, site, (compress, cap_b))
+                   plan.transport or transport, site, (compress, cap_b))
 
   return _tree_apply(leaf, x, site)
 
@@ -1027,6 +1080,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
 def _ag_impl(x, axis_name, ax, tiled, to, C, transport, site):
   n = _axis_size(axis_name, "all_gather")
   x = _vary(x, _axes(axis_name))
+  _observe(site, "all_gather", lambda: x.reshape(1, x.size))
   if not C:
     _count(site, jnp.bool_(False))
     return _raw(lambda u: lax.all_gather(u, axis_name, axis=ax, tiled=tiled, to=to), x)
@@ -1150,13 +1204,13 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
           f"size {n} of axis {axis_name!r} (tiled=False)")
     m = x.size // n
     plan = _decide(api, x.dtype, m, n_chunks=n, axis_size=n, compress=compress, capacity=cap_f,
-                   kind="gradient")
+                   kind="gradient", site=site, axis_name=axis_name, transport=transport)
     raw_b = _sent_bytes("reduce-scatter", x.size * _itemsize(x), n)
     _record(site, api, x, n, plan, raw_b, _sent_bytes("all-to-all", n * plan.capacity, n))
     if np.dtype(x.dtype) not in CODED_DTYPES:
       return lax.psum_scatter(x, axis_name, scatter_dimension=sd, tiled=tiled)
-    return _rs_vjp(x, axis_name, sd, tiled, plan.capacity if plan.compress else 0, transport,
-                   site, (compress, cap_b))
+    return _rs_vjp(x, axis_name, sd, tiled, plan.capacity if plan.compress else 0,
+                   plan.transport or transport, site, (compress, cap_b))
 
   return _tree_apply(leaf, x, site)
 
@@ -1185,6 +1239,7 @@ def _rs_impl(x, axis_name, sd, tiled, C, transport, site):
   m = x.size // n
   k = x.shape[sd] // n
   rows = jnp.moveaxis(x, sd, 0).reshape(n, m)
+  _observe(site, "psum_scatter", lambda: rows)
   red = _reduce_scatter_rows(rows, axis_name, n, C, transport, site)
   rest = x.shape[:sd] + x.shape[sd + 1:]
   y = jnp.moveaxis(red.reshape((k,) + rest), 0, sd)
@@ -1265,13 +1320,14 @@ def psum(x, axis_name, *, axis_index_groups=None, compress="auto", capacity=None
       return lax.psum(x, axis_name)
     m = -(-x.size // n)
     plan = _decide(api, x.dtype, m, n_chunks=n + 1, axis_size=n, compress=compress,
-                   capacity=cap_f, kind="gradient")
+                   capacity=cap_f, kind="gradient", site=site, axis_name=axis_name,
+                   transport=transport)
     raw_b = _sent_bytes("all-reduce", x.size * _itemsize(x), n)
     _record(site, api, x, n, plan, raw_b,
             _sent_bytes("all-to-all", n * plan.capacity, n)
             + _sent_bytes("all-gather", plan.capacity, n))
-    return _psum_vjp(x, axis_name, plan.capacity if plan.compress else 0, transport, site,
-                     (compress, cap_b))
+    return _psum_vjp(x, axis_name, plan.capacity if plan.compress else 0,
+                     plan.transport or transport, site, (compress, cap_b))
 
   return _tree_apply(leaf, x, site)
 
@@ -1304,7 +1360,9 @@ def _psum_impl(x, axis_name, C, transport, site):
   flat = x.reshape(N)
   if n * m != N:
     flat = jnp.concatenate([flat, jnp.zeros((n * m - N,), x.dtype)])
+  _observe(site, "psum", lambda: flat.reshape(n, m))
   red = _reduce_scatter_rows(flat.reshape(n, m), axis_name, n, C, transport, site)
+  _observe(site + "/gather", "psum", lambda: red.reshape(1, m))
   invariant = _check_vma_on()
   got = _gather_rows(red, axis_name, n, C, transport, site + "/gather", invariant)
   return got.reshape(n * m)[:N].reshape(x.shape)
@@ -1402,7 +1460,8 @@ def ppermute(x, axis_name, perm, *, compress="auto", capacity=None, transport="a
     n = _axis_size(axis_name, api)
     pairs = _check_perm(perm, n, api)
     m = x.size
-    plan = _decide(api, x.dtype, m, n_chunks=1, axis_size=n, compress=compress, capacity=cap_f)
+    plan = _decide(api, x.dtype, m, n_chunks=1, axis_size=n, compress=compress, capacity=cap_f,
+                   site=site, axis_name=axis_name, transport=transport)
     if not pairs:
       plan = _Plan(False, reason="empty perm")
     raw_b = _sent_bytes("collective-permute", m * _itemsize(x), n)
@@ -1410,8 +1469,8 @@ def ppermute(x, axis_name, perm, *, compress="auto", capacity=None, transport="a
             _sent_bytes("collective-permute", plan.capacity, n) + _sent_bytes("all-reduce", 4, n))
     if np.dtype(x.dtype) not in CODED_DTYPES:
       return lax.ppermute(x, axis_name, pairs)
-    return _pp_vjp(x, axis_name, pairs, plan.capacity if plan.compress else 0, transport, site,
-                   (compress, cap_b))
+    return _pp_vjp(x, axis_name, pairs, plan.capacity if plan.compress else 0,
+                   plan.transport or transport, site, (compress, cap_b))
 
   return _tree_apply(leaf, x, site)
 
@@ -1420,6 +1479,7 @@ def _pp_impl(x, axis_name, perm, C, transport, site):
   n = _axis_size(axis_name, "ppermute")
   axes = _axes(axis_name)
   x = _vary(x, axes)
+  _observe(site, "ppermute", lambda: x.reshape(1, x.size))
   if not C:
     _count(site, jnp.bool_(False))
     return _raw(lambda u: lax.ppermute(u, axis_name, perm), x)
@@ -1465,3 +1525,12 @@ def _pp_vjp(x, axis_name, perm, C, transport, site, bwd_opts):
 
   f.defvjp(fwd, bwd)
   return f(x)
+
+
+# --------------------------------------------------------------------------- #
+# Strategy layer re-exports (zipccl_jax/__init__ star-imports this module)
+# --------------------------------------------------------------------------- #
+
+from zipccl_jax.strategy import (  # noqa: E402
+    Profile, calibrate, decisions, explain, get_profile, load_profile, observe, set_profile,
+    use_profile)
