@@ -317,8 +317,8 @@ struct DecodeScratch {
   MultiEntry<uint8_t> multi8[kTableSize];
   MultiEntry<uint16_t> multi16[kTableSize];
   uint64_t cum[kTableSize];
-  // Four lanes of symbols, plus slack for the 8-byte entry stores.
-  uint16_t syms[4 * (kStreamElems + 8)];
+  // Lanes of symbols, plus slack for the 8-byte entry stores.
+  uint16_t syms[8 * (kStreamElems + 8)];
 };
 
 // Cursor over one stream of the block's bitstream.
@@ -373,61 +373,64 @@ bool FinishStream(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
   return true;
 }
 
-// Decodes four streams in lockstep so that their table lookups overlap. The
-// cursors live in named locals: symbol stores through S* (a character type
-// for uint8_t) would otherwise force them through memory on every step.
-template <typename S>
-bool DecodeStreams4(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
+// Decodes K streams in lockstep so that their table lookups overlap. Lane
+// state is one bit position and one output pointer per lane, kept in
+// registers (arrays of scalars that the unrolled loops scalarise).
+template <int K, typename S>
+bool DecodeStreamsK(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
                     const DecodeEntry* single, const MultiEntry<S>* multi, S zero_code,
                     StreamCursor<S>* c) {
   constexpr uint64_t kStep = MultiEntry<S>::kSyms;
-  uint64_t p0 = c[0].pos, p1 = c[1].pos, p2 = c[2].pos, p3 = c[3].pos;
-  S *o0 = c[0].syms, *o1 = c[1].syms, *o2 = c[2].syms, *o3 = c[3].syms;
+  uint64_t p[K];
+  S* o[K];
   uint64_t m = c[0].count;
-  for (int k = 1; k < 4; ++k) m = c[k].count < m ? c[k].count : m;
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) {
+    p[k] = c[k].pos;
+    o[k] = c[k].syms;
+    m = c[k].count < m ? c[k].count : m;
+  }
   // A step advances a lane by at most kStep symbols and kMaxCodeLen bits and
   // reads 8 bytes at its bit position. `safe` is how many steps every lane
   // can take before either bound could be hit, so the inner loop runs without
-  // bounds checks. Lane state stays in 8 registers: bit position and output
-  // pointer.
+  // bounds checks.
   const uint64_t bit_limit = readable >= 8 ? (readable - 8) * 8 : 0;
   for (;;) {
     uint64_t safe = ~0ull;
-    const uint64_t done[4] = {uint64_t(o0 - c[0].syms), uint64_t(o1 - c[1].syms),
-                              uint64_t(o2 - c[2].syms), uint64_t(o3 - c[3].syms)};
-    const uint64_t pos[4] = {p0, p1, p2, p3};
-    for (int k = 0; k < 4; ++k) {
-      uint64_t by_count = (m - done[k]) / kStep;
-      uint64_t by_bits = pos[k] <= bit_limit ? (bit_limit - pos[k]) / kMaxCodeLen : 0;
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) {
+      uint64_t by_count = (m - uint64_t(o[k] - c[k].syms)) / kStep;
+      uint64_t by_bits = p[k] <= bit_limit ? (bit_limit - p[k]) / kMaxCodeLen : 0;
       safe = by_count < safe ? by_count : safe;
       safe = by_bits < safe ? by_bits : safe;
     }
     if (safe == 0) break;
-    for (; safe; --safe) {
-      MultiEntry<S> e0 = multi[(LoadU64(bits + (p0 >> 3)) >> (p0 & 7)) & (kTableSize - 1)];
-      MultiEntry<S> e1 = multi[(LoadU64(bits + (p1 >> 3)) >> (p1 & 7)) & (kTableSize - 1)];
-      MultiEntry<S> e2 = multi[(LoadU64(bits + (p2 >> 3)) >> (p2 & 7)) & (kTableSize - 1)];
-      MultiEntry<S> e3 = multi[(LoadU64(bits + (p3 >> 3)) >> (p3 & 7)) & (kTableSize - 1)];
-      // n == 0 marks a prefix that no code starts: corrupt input.
-      if (__builtin_expect(!e0.n || !e1.n || !e2.n || !e3.n, 0)) return false;
-      std::memcpy(o0, &e0, 8);
-      std::memcpy(o1, &e1, 8);
-      std::memcpy(o2, &e2, 8);
-      std::memcpy(o3, &e3, 8);
-      o0 += e0.n;
-      o1 += e1.n;
-      o2 += e2.n;
-      o3 += e3.n;
-      p0 += e0.bits;
-      p1 += e1.bits;
-      p2 += e2.bits;
-      p3 += e3.bits;
+    S* start[K];
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) start[k] = o[k];
+    for (uint64_t t = safe; t; --t) {
+#pragma GCC unroll 8
+      for (int k = 0; k < K; ++k) {
+        MultiEntry<S> e = multi[(LoadU64(bits + (p[k] >> 3)) >> (p[k] & 7)) & (kTableSize - 1)];
+        std::memcpy(o[k], &e, 8);
+        o[k] += e.n;
+        p[k] += e.bits;
+      }
     }
+    // A prefix that no code starts has n == 0 and bits == 0: its lane stalls.
+    // Every other step yields at least one symbol, so a lane that gained
+    // fewer than `safe` symbols met corrupt input.
+    bool bad = false;
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) bad |= uint64_t(o[k] - start[k]) < safe;
+    if (bad) return false;
   }
-  c[0].pos = p0, c[1].pos = p1, c[2].pos = p2, c[3].pos = p3;
-  c[0].i = uint64_t(o0 - c[0].syms), c[1].i = uint64_t(o1 - c[1].syms);
-  c[2].i = uint64_t(o2 - c[2].syms), c[3].i = uint64_t(o3 - c[3].syms);
-  for (int k = 0; k < 4; ++k)
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) {
+    c[k].pos = p[k];
+    c[k].i = uint64_t(o[k] - c[k].syms);
+  }
+  for (int k = 0; k < K; ++k)
     if (!FinishStream(bits, bit_bytes, readable, single, multi, zero_code, c[k])) return false;
   return true;
 }
@@ -494,7 +497,9 @@ Status DecodeHuffStreams(const uint8_t* block, const HuffLayout& L, uint64_t rea
   const uint64_t bit_bytes = (L.total_bits + 7) / 8;
   const uint64_t bits_readable = readable - L.bits_off;
   uint64_t pos = 0, raw_at = 0;
-  constexpr int kLanes = 4;
+  // Eight streams in flight hide the ~14-cycle chain of one lookup (position
+  // -> load -> table -> position); four left the core idle half the time.
+  constexpr int kLanes = 8;
   for (int k0 = 0; k0 < L.n_streams; k0 += kLanes) {
     const int lanes = L.n_streams - k0 < kLanes ? L.n_streams - k0 : kLanes;
     StreamCursor<S> c[kLanes];
@@ -512,12 +517,16 @@ Status DecodeHuffStreams(const uint8_t* block, const HuffLayout& L, uint64_t rea
       raw_at += nnz[q] * uint64_t(L.raw_width);
     }
     bool ok = true;
+    int q = 0;
     if (lanes == kLanes) {
-      ok = DecodeStreams4(bits, bit_bytes, bits_readable, single, multi, zero_code, c);
-    } else {
-      for (int q = 0; ok && q < lanes; ++q)
-        ok = FinishStream(bits, bit_bytes, bits_readable, single, multi, zero_code, c[q]);
+      ok = DecodeStreamsK<kLanes>(bits, bit_bytes, bits_readable, single, multi, zero_code, c);
+      q = lanes;
+    } else if (lanes >= 4) {  // the short last block
+      ok = DecodeStreamsK<4>(bits, bit_bytes, bits_readable, single, multi, zero_code, c);
+      q = 4;
     }
+    for (; ok && q < lanes; ++q)
+      ok = FinishStream(bits, bit_bytes, bits_readable, single, multi, zero_code, c[q]);
     if (!ok) return kErrStream;
     for (int q = 0; q < lanes; ++q) {
       if (c[q].pos != end[q]) return kErrStream;
