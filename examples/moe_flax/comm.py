@@ -54,7 +54,8 @@ def zipccl_available() -> bool:
 
 
 class Comm:
-    """Collectives with jax.lax signatures plus a ``name`` (the call site, for the byte statistics)."""
+    """Collectives with jax.lax signatures plus ``name`` (the call site, for the byte statistics) and
+    ``capacity`` (zipccl_jax's padded bytes per chunk; overrides the Comm-wide one)."""
 
     def __init__(self, backend: str = "zipccl", compress="on", capacity=None, transport=None):
         if backend not in ("zipccl", "lax"):
@@ -93,43 +94,45 @@ class Comm:
         n = _axis_size(axis_name)
         self._lax_sites[site] = (op, mult * _sent_bytes(op, x.size * x.dtype.itemsize, n))
 
-    def _kw(self, site):
+    def _kw(self, site, capacity=None):
         kw = {"compress": self.compress, "name": site}
-        if self.capacity is not None and self.compress is not False:
-            kw["capacity"] = self.capacity
+        capacity = self.capacity if capacity is None else capacity
+        if capacity is not None and self.compress is not False:
+            kw["capacity"] = capacity
         if self.transport is not None:
             kw["transport"] = self.transport
         return kw
 
     # -- collectives ---------------------------------------------------------------------------------
-    def all_to_all(self, x, axis_name, split_axis, concat_axis, *, tiled=False, name=None):
+    def all_to_all(self, x, axis_name, split_axis, concat_axis, *, tiled=False, name=None, capacity=None):
         site = self._site("all_to_all", name)
         if self.backend == "lax":
             self._lax("all_to_all", x, axis_name, site, mult=2)  # + the transposed all_to_all in jax.grad
             return jax.lax.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
-        return _zipccl.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled, **self._kw(site))
+        return _zipccl.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled,
+                                  **self._kw(site, capacity))
 
-    def all_gather(self, x, axis_name, *, axis=0, tiled=False, name=None):
+    def all_gather(self, x, axis_name, *, axis=0, tiled=False, name=None, capacity=None):
         site = self._site("all_gather", name)
         if self.backend == "lax":
             self._lax("all_gather", x, axis_name, site)
             return jax.lax.all_gather(x, axis_name, axis=axis, tiled=tiled)
-        return _zipccl.all_gather(x, axis_name, axis=axis, tiled=tiled, **self._kw(site))
+        return _zipccl.all_gather(x, axis_name, axis=axis, tiled=tiled, **self._kw(site, capacity))
 
-    def psum_scatter(self, x, axis_name, *, scatter_dimension=0, tiled=False, name=None):
+    def psum_scatter(self, x, axis_name, *, scatter_dimension=0, tiled=False, name=None, capacity=None):
         site = self._site("psum_scatter", name)
         if self.backend == "lax":
             self._lax("psum_scatter", x, axis_name, site)
             return jax.lax.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
         return _zipccl.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled,
-                                    **self._kw(site))
+                                    **self._kw(site, capacity))
 
-    def psum(self, x, axis_name, *, name=None):
+    def psum(self, x, axis_name, *, name=None, capacity=None):
         site = self._site("psum", name)
         if self.backend == "lax":
             self._lax("psum", x, axis_name, site)
             return jax.lax.psum(x, axis_name)
-        return _zipccl.psum(x, axis_name, **self._kw(site))
+        return _zipccl.psum(x, axis_name, **self._kw(site, capacity))
 
     # -- statistics ----------------------------------------------------------------------------------
     def site_table(self) -> list[dict]:

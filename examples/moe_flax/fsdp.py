@@ -79,6 +79,6 @@ def gather(comm, shard, axis_name, dtype, name=None):
     return comm.all_gather(shard.astype(dtype), axis_name, axis=0, tiled=True, name=name)
 
 
-def reduce_scatter(comm, grad, axis_name, name=None):
+def reduce_scatter(comm, grad, axis_name, name=None, capacity=None):
     """Gradient of the gathered vector (n*k,) -> this device's summed shard (k,), in grad's dtype."""
-    return comm.psum_scatter(grad, axis_name, scatter_dimension=0, tiled=True, name=name)
+    return comm.psum_scatter(grad, axis_name, scatter_dimension=0, tiled=True, name=name, capacity=capacity)
