@@ -351,8 +351,7 @@ def print_summary(r: dict) -> None:
         ratio = s["raw_bytes"] / s["wire_bytes"] if s["wire_bytes"] else float("nan")
         print(f"  {s['name']:<34} {s['op']:<13} raw {s['raw_bytes']:>9,d} B  wire {s['wire_bytes']:>9,d} B "
               f"({ratio:.3f}x)  fallbacks {s['fallbacks']}")
-    print(f"collective bytes over {len(r['losses'])} steps x {sum(r['mesh'].values()) and np.prod(list(r['mesh'].values()))} "
-          f"devices: raw {raw / 1e6:.3f} MB, wire {wire / 1e6:.3f} MB "
+    print(f"collective bytes over {len(r['losses'])} steps x {math.prod(r['mesh'].values())} devices: raw {raw / 1e6:.3f} MB, wire {wire / 1e6:.3f} MB "
           f"({raw / wire if wire else float('nan'):.3f}x, {100 * (1 - wire / raw) if raw else 0:.1f}% saved), "
           f"fallbacks {r['fallbacks']}")
     if r.get("hlo_sent_bytes_per_device_step") is not None:
