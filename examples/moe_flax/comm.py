@@ -20,7 +20,6 @@ import collections
 import math
 
 import jax
-import numpy as np
 
 try:
     import zipccl_jax as _zipccl

@@ -12,7 +12,6 @@ import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
