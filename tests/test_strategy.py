@@ -359,6 +359,10 @@ def test_calibrate_on_virtual_devices(tmp_path):
   assert 0 <= cm.encode_overhead_s < 0.1 and 0 <= cm.decode_overhead_s < 0.1
   cal = prof.meta["calibration"]
   assert cal["axis_size"] == 8 and cal["processes"] == 1 and cal["devices"] == 8
+  # in situ: the codec's cost inside a compressed all_to_all rescales the isolated measurement
+  ins = cal["in_situ"]
+  assert ins["compressed_a2a_s"] > 0 and 0.25 <= ins["factor"] <= 16, ins
+  assert "zipccl_jax.calibrate/in_situ" not in zc.stats()
   assert st.Profile.load(path).to_dict() == prof.to_dict()
   # a sample's measured ratio becomes the expected ratio of its role
   prof2 = zj.calibrate(mesh, "i", link=False, codec_bytes=(16 << 10, 64 << 10),

@@ -894,8 +894,12 @@ def _fit(xs: Iterable[float], ts: Iterable[float]) -> tuple[float, float]:
   return float(icpt), float(1.0 / slope)
 
 
-def _time_all(jobs: list, reps: int, warmup: int) -> dict[str, float]:
-  """Median seconds per job ``(name, fn, args)``; jobs are interleaved rep by rep."""
+def _time_all(jobs: list, reps: int, warmup: int, barrier=None) -> dict[str, float]:
+  """Median seconds per job ``(name, fn, args)``; jobs are interleaved rep by rep.
+
+  ``barrier()`` (untimed) runs before every timed call, so that processes start
+  together, as they do inside a real collective step.
+  """
   import jax
   for _, f, args in jobs:
     for _ in range(max(1, warmup)):
@@ -903,17 +907,53 @@ def _time_all(jobs: list, reps: int, warmup: int) -> dict[str, float]:
   ts: dict[str, list] = {name: [] for name, _, _ in jobs}
   for _ in range(reps):
     for name, f, args in jobs:
+      if barrier is not None:
+        barrier()
       t0 = time.perf_counter()
       jax.block_until_ready(f(*args))
       ts[name].append(time.perf_counter() - t0)
   return {k: float(statistics.median(v)) for k, v in ts.items()}
 
 
+def _in_situ(prof: Profile, plat: str, axis_name, n: int, dname: str, raw_sent: int, role: str,
+             sample_np, smap, put, reps: int, warmup: int, barrier, base: float) -> dict:
+  """Scales ``prof.codec[plat]`` to the codec cost measured inside a compressed all_to_all."""
+  from zipccl_jax import collectives as zc
+  dt = _np_dtype(dname)
+  m = max(1, int(raw_sent) // dt.itemsize // max(1, n - 1))
+  if sample_np is not None:
+    rows = np.resize(sample_np.reshape(-1), n * m).reshape(n, m).astype(dt)
+    cap = int(zc._max_encoded_bytes(m, dt))
+  else:
+    rows = (np.random.default_rng(1).standard_normal((n, m), np.float32) * 0.02).astype(dt)
+    cap = int(zc.padded_capacity(m, dt, ratio=prof.ratio("capacity_ratio", role, dt)))
+  site = "zipccl_jax.calibrate/in_situ"
+  f = smap(lambda v: zc.all_to_all(v, axis_name, 0, 0, tiled=True, compress=True, capacity=cap,
+                                   transport="padded", name=site))
+  t_local = _time_all([("c", f, (put(rows),))], reps, warmup, barrier)["c"]
+  with _DECISIONS_LOCK:
+    _DECISIONS.pop(site, None)
+  with zc._STATS_LOCK:
+    zc._STATS.pop(site, None)
+  t_c = max(v["t"] for v in _allgather_json({"t": t_local})) - base
+  lk, _ = prof.link(axis_name, "all_to_all", plat)
+  raw_b = n * m * dt.itemsize
+  k_meas = t_c - lk.time(_sent("all_to_all", n * cap, n))
+  cm, _ = prof.codec_model(dt, plat)
+  k_iso = cm.encode_time(raw_b) + cm.decode_time(raw_b)
+  factor = float(min(16.0, max(0.25, k_meas / k_iso))) if k_iso > 0 else 1.0
+  prof.codec[plat] = {d: CodecModel(c.encode_Bps / factor, c.decode_Bps / factor,
+                                    c.encode_overhead_s * factor, c.decode_overhead_s * factor)
+                      for d, c in prof.codec.get(plat, {}).items()}
+  return {"dtype": dt.name, "chunk_elems": m, "capacity": cap, "compressed_a2a_s": t_c,
+          "codec_measured_s": k_meas, "codec_isolated_s": k_iso, "factor": factor}
+
+
 def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = True,
               codec: bool = True, collectives: Iterable[str] = ("all_to_all", "all_gather"),
-              link_bytes: tuple = (32 << 10, 1 << 20), codec_bytes: tuple = (64 << 10, 1 << 20),
+              link_bytes: tuple = (256 << 10, 4 << 20), codec_bytes: tuple = (64 << 10, 1 << 20),
               dtypes: Iterable[str] = ("bfloat16", "float32"), sample=None,
-              role: str = "activation", reps: int = 7, warmup: int = 1,
+              role: str = "activation", in_situ: bool = True, reps: int = 7, warmup: int = 1,
               save=None, activate: bool = True) -> Profile:
   """Measures the link over ``axis_name`` of ``mesh`` and the codec; returns a Profile.
 
@@ -934,6 +974,18 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   Data: Gaussian (std 0.02), or ``sample`` (resized; its dtype replaces
   ``dtypes``), whose mean coded ratio then also goes to
   ``profile.expected_ratio[role]``.
+
+  In situ (``in_situ``, when both the link over all_to_all and the codec are
+  measured): a compressed ``zipccl_jax.all_to_all`` whose raw size matches the
+  largest ``link_bytes`` is timed too. Its time minus the link model's time for
+  its wire bytes is the codec's real cost inside a collective step, where all
+  devices code at once and compete with the transport for cores; every
+  codec model of the platform is scaled by (that cost / the isolated
+  estimate), clamped to [1/4, 16]. ``meta["calibration"]["in_situ"]`` keeps
+  the figures.
+
+  Choose ``link_bytes`` to span the messages of the program: the fit is linear,
+  and small messages on shaped or congested links are not (bursts, windows).
 
   Multi-process: every process runs the same measurements at the same time
   (this is a collective), then all use the slowest process's time for every
@@ -1053,7 +1105,17 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
           nb = np.asarray(nbytes.addressable_data(0)).reshape(-1).astype(np.float64)
           ratio_obs[dt.name] = float(nb.sum()) / (nb.size * m * dt.itemsize)
 
-  timings = _time_all(jobs, reps, warmup)
+  barrier = None
+  if jax.process_count() > 1:
+    # First cross-process collective: a modest all_to_all (PLATFORM.md), then a tiny psum barrier.
+    warm = smap(lambda v: lax.all_to_all(v, all_axes, 0, 0, tiled=True))
+    jax.block_until_ready(warm(put(np.zeros((ndev, 4096), np.uint8))))
+    bar_fn = smap(lambda v: lax.psum(v, all_axes))
+    bar_x = put(np.ones((1, 1), np.float32))
+
+    def barrier():
+      jax.block_until_ready(bar_fn(bar_x))
+  timings = _time_all(jobs, reps, warmup, barrier)
   # agree: every process uses the slowest process's time for every measurement
   names = sorted(timings)
   allv = _allgather_json({"t": [timings[k] for k in names], "r": ratio_obs, "names": names})
@@ -1090,6 +1152,11 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
         if rs:
           prof.expected_ratio.setdefault(role, {})[dname] = float(max(rs))
     prof.codec[plat] = ctab
+
+  in_situ_info = None
+  if codec and link and in_situ and n > 1 and "all_to_all" in collectives:
+    in_situ_info = _in_situ(prof, plat, axis_name, n, dtypes[0], max(link_bytes), role,
+                            sample_np, smap, put, reps, warmup, barrier, base)
   prof.platform = plat
   prof.meta = dict(prof.meta)
   prof.meta["calibration"] = {
@@ -1097,7 +1164,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
       "processes": int(jax.process_count()), "devices": ndev, "platform": plat,
       "reps": reps, "dispatch_s": base,
       "net_s": {k: net(k) for k in names if k != "null"},
-      "bytes": {k: sizes[k] for k in names if k in sizes}}
+      "bytes": {k: sizes[k] for k in names if k in sizes}, "in_situ": in_situ_info}
   prof.validate()
   if save is not None and jax.process_index() == 0:
     prof.save(save)
