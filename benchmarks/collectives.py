@@ -20,7 +20,9 @@ interleaved), with a barrier before each repetition and the slowest rank counted
                    library's default padded capacity;
 * ``calibrated_s`` the same with ``capacity=`` calibrated per call site from the observed frame sizes (largest
                    frame over all ranks x (1 + ``--calibration-margin``)), as DESIGN.md allows;
-* ``auto_s``       ``compress="auto"`` once the strategy layer (``zipccl_jax.strategy``) lands (null before);
+* ``auto_s``       ``compress="auto"`` (null before ``zipccl_jax.strategy`` existed): at every rate
+                   ``zipccl_jax.calibrate`` measures link and codec on the workers, and each case is traced again
+                   with that profile plus its frame sizes observed once (``auto_choice``: raw or compressed);
 * ``codec_s``      encode + decode alone on the same chunks, no collective (``codec_share`` = codec_s /
                    compressed_s).
 
@@ -263,6 +265,13 @@ def worker_main(args) -> None:
     def anywhere(flag: bool) -> bool:
         return bool(multihost_utils.process_allgather(np.array([flag])).any())
 
+    # compress="auto": zipccl_jax.calibrate measures link and codec at every rate (all ranks at once, agreed), and
+    # each case's "auto" is traced again with that profile and the frame sizes observed here (see phases below).
+    zs = auto_prof = None
+    if time_auto and strategy:
+        zs = importlib.import_module("zipccl_jax.strategy")
+        auto_prof = zs.Profile()
+
     cases = [c for c in CASES if not args.cases or any(s in f"{c[0]}:{c[1]}" for s in args.cases.split(","))]
     prepared = []
     for case in cases:
@@ -292,6 +301,11 @@ def worker_main(args) -> None:
             bodies.pop("auto", None)
         if impl is not None and not time_auto:
             info["errors"]["auto"] = "not timed: the strategy layer (zipccl_jax.strategy) has not landed"
+        if auto_prof is not None and "auto" in bodies:  # per-call-site capacity from observed frame sizes
+            auto_prof.sites = {}
+            with zs.observe(auto_prof):
+                sm(bodies["auto"])(gx).block_until_ready()
+            info["auto_body"], info["auto_sites"] = bodies["auto"], dict(auto_prof.sites)
         fns = {}
         for name, body in bodies.items():
             f = sm(body)
@@ -319,6 +333,19 @@ def worker_main(args) -> None:
             break
         rate = go["rate_gbit"]
         records = []
+        if auto_prof is not None:  # measure the link at this rate, then decide compress="auto" again per case
+            auto_prof = zs.calibrate(mesh, "x", profile=auto_prof, activate=False)
+            for case, x, gx, fns, codec_fn, info in prepared:
+                if "auto_body" in info:
+                    auto_prof.sites = info["auto_sites"]
+                    zs.reset_decisions()
+                    with zs.use_profile(auto_prof):
+                        f = sm(info["auto_body"])
+                        compiled = f.lower(gx).compile()
+                    fns["auto"] = f
+                    info["wire_auto"] = hlo_bytes(compiled)
+                    info["auto_choice"] = ["compressed" if d.compress else "raw" for d in zs.decisions().values()]
+                    log(f"auto {case[0]}:{case[1]}: " + "; ".join(d.summary() for d in zs.decisions().values()))
         for case, x, gx, fns, codec_fn, info in prepared:
             coll, payload, tensor, dtype, _ = case
             runs = dict(fns)
@@ -355,7 +382,7 @@ def worker_main(args) -> None:
                 "wire_bytes_raw_hlo": info.get("wire_raw"),
                 "wire_bytes_raw_bits_hlo": info.get("wire_raw_bits"),
                 "wire_bytes_compressed_fallback": info.get("wire_compressed_fallback"),
-                "wire_bytes_auto": info.get("wire_auto"),
+                "wire_bytes_auto": info.get("wire_auto"), "auto_choice": info.get("auto_choice"),
                 "frame_capacity": info.get("frame_capacity"),
                 "codec_ratio": (x.nbytes * nproc / float(codec_total.sum())
                                 if (codec_total > 0).all() else None),
