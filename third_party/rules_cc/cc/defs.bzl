@@ -1,10 +1,7 @@
-"""Thin wrappers over Bazel's native C++ rules (offline stand-in for rules_cc)."""
+"""Thin wrappers over Bazel's native C++ rules (offline stand-in for rules_cc): the symbols @bazel_tools loads."""
 
 def cc_binary(**attrs):
     native.cc_binary(**attrs)
-
-def cc_import(**attrs):
-    native.cc_import(**attrs)
 
 def cc_library(**attrs):
     native.cc_library(**attrs)

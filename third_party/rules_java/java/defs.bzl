@@ -1,4 +1,4 @@
-"""Thin wrappers over Bazel's native Java rules (offline stand-in for rules_java)."""
+"""Thin wrappers over Bazel's native Java rules (offline stand-in for rules_java): the symbols @bazel_tools loads."""
 
 def java_binary(**attrs):
     native.java_binary(**attrs)
@@ -9,20 +9,8 @@ def java_import(**attrs):
 def java_library(**attrs):
     native.java_library(**attrs)
 
-def java_lite_proto_library(**attrs):
-    native.java_lite_proto_library(**attrs)
-
 def java_proto_library(**attrs):
     native.java_proto_library(**attrs)
-
-def java_test(**attrs):
-    native.java_test(**attrs)
-
-def java_package_configuration(**attrs):
-    native.java_package_configuration(**attrs)
-
-def java_plugin(**attrs):
-    native.java_plugin(**attrs)
 
 def java_runtime(**attrs):
     native.java_runtime(**attrs)
