@@ -21,7 +21,6 @@ inline uint64_t LoadU64(const uint8_t* p) {
   std::memcpy(&v, p, 8);
   return v;
 }
-inline void StoreU32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
 // ---- Pass 1: histogram and block properties --------------------------------
 struct Analysis {
