@@ -108,7 +108,7 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -127,7 +127,6 @@ _PER_BLOCK_BYTES = 64      # padded_capacity's per-64K-element slack
 _BLOCK_ELEMS = 65536
 
 _DTYPE_NAMES = ("bfloat16", "float16", "float32")
-_ROLES = ("activation", "gradient")
 
 # --------------------------------------------------------------------------- #
 # Models
