@@ -20,6 +20,7 @@
 
 #include "codec/codec_cuda.cuh"
 #include "codec/format.h"
+#include "frames.h"
 #include "handlers.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -27,16 +28,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-uint8_t DTypeCode(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::BF16: return zipccl::kBF16;
-    case ffi::DataType::F16: return zipccl::kF16;
-    case ffi::DataType::F32: return zipccl::kF32;
-    default: return zipccl::kDTypeInvalid;
-  }
-}
-
-ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument(msg); }
+using zipccl::ffi_frames::Invalid;
 
 ffi::Error CudaError(const char* what, int err) {
   return ffi::Error::Internal(std::string(what) + ": " + zipccl::cuda::ErrorString(err));
@@ -56,25 +48,14 @@ ffi::ErrorOr<void*> Scratch(ffi::ScratchAllocator& alloc, uint64_t bytes, const 
 ffi::Error EncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
                       bool checksum, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::AnyBuffer> nbytes) {
-  const uint8_t dtype = DTypeCode(x.element_type());
-  if (dtype == zipccl::kDTypeInvalid)
-    return Invalid("zipccl encode: x has an unsupported dtype; supported: bfloat16, float16, float32");
-  const ffi::DataType nb_type = nbytes->element_type();
-  if (nb_type != ffi::DataType::S32 && nb_type != ffi::DataType::S64)
-    return Invalid("zipccl encode: nbytes must be int32 or int64");
-  auto pdims = payload->dimensions();
-  if (pdims.size() == 0) return Invalid("zipccl encode: payload must have rank >= 1");
-  const uint64_t frames = nbytes->element_count();
-  const uint64_t cap = uint64_t(pdims[pdims.size() - 1]);
-  if (payload->element_count() != frames * cap)
-    return Invalid("zipccl encode: payload must have shape (*batch, capacity) matching nbytes (*batch)");
+  zipccl::ffi_frames::EncodeCall call;
+  if (ffi::Error e = zipccl::ffi_frames::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
+  const uint8_t dtype = call.dtype;
+  const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
-  if (x.element_count() % frames != 0)
-    return Invalid("zipccl encode: x element count is not a multiple of the frame count");
-  const uint64_t n = x.element_count() / frames;
   // The size is only known on the device, so int32 sizes are refused up front
   // whenever a frame could exceed them (the CPU handler checks the actual size).
-  if (nb_type == ffi::DataType::S32 && zipccl::MaxEncodedBytes(n, dtype) > uint64_t(INT32_MAX))
+  if (!call.nbytes64 && zipccl::MaxEncodedBytes(n, dtype) > uint64_t(INT32_MAX))
     return Invalid("zipccl encode: a frame may exceed 2^31-1 bytes; enable jax_enable_x64 for int64 sizes");
   const uint64_t total = frames * zipccl::NumBlocks(n);
   if (total > uint64_t(INT32_MAX))
@@ -88,7 +69,7 @@ ffi::Error EncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
   ffi::ErrorOr<void*> s = Scratch(scratch, L.scratch_bytes, "zipccl encode");
   if (s.has_error()) return s.error();
   int err = zipccl::cuda::EncodeAsync(x.untyped_data(), dtype, checksum, payload->typed_data(), cap,
-                                      nbytes->untyped_data(), nb_type == ffi::DataType::S64, L,
+                                      nbytes->untyped_data(), call.nbytes64, L,
                                       s.value(), stream);
   if (err) return CudaError("zipccl encode: kernel launch", err);
   return ffi::Error::Success();
@@ -97,18 +78,11 @@ ffi::Error EncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
 ffi::Error DecodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
                       ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> out,
                       ffi::RemainingRets extra) {
-  const uint8_t dtype = DTypeCode(out->element_type());
-  if (dtype == zipccl::kDTypeInvalid)
-    return Invalid("zipccl decode: unsupported output dtype; supported: bfloat16, float16, float32");
-  auto pdims = payload.dimensions();
-  if (pdims.size() == 0) return Invalid("zipccl decode: payload must have rank >= 1");
-  const uint64_t cap = uint64_t(pdims[pdims.size() - 1]);
-  uint64_t frames = 1;
-  for (size_t i = 0; i + 1 < pdims.size(); ++i) frames *= uint64_t(pdims[i]);
+  zipccl::ffi_frames::DecodeCall call;
+  if (ffi::Error e = zipccl::ffi_frames::CheckDecode(payload, *out, &call); e.failure()) return e;
+  const uint8_t dtype = call.dtype;
+  const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
-  if (out->element_count() % frames != 0)
-    return Invalid("zipccl decode: output element count is not a multiple of the frame count");
-  const uint64_t n = out->element_count() / frames;
   int32_t* status = nullptr;
   if (extra.size() > 1) return Invalid("zipccl decode: at most one extra result (status)");
   if (extra.size() == 1) {
