@@ -3,6 +3,9 @@
 Codec: `encode`, `decode`, `max_encoded_bytes` (see FORMAT.md for the bytes).
 Collectives (inside `jax.shard_map`): `all_to_all`, `all_gather`,
 `psum_scatter`, `psum`, `ppermute`, with `jax.lax` signatures.
+Strategy behind `compress="auto"`: `calibrate`, `Profile`, `load_profile`,
+`use_profile`, `observe`, `explain`, `decisions`.
+Introspection: `stats`, `totals`, `hlo_wire_bytes`.
 """
 
 from zipccl_jax import format
