@@ -621,6 +621,19 @@ def _canon(axis: int, ndim: int, what: str, api: str) -> int:
   return a % ndim
 
 
+def _check_split(x, dim: int, what: str, n: int, tiled: bool, axis_name, api: str) -> None:
+  """The dimension split across `n` ranks: divisible by n (tiled) or equal to n."""
+  size = x.shape[dim]
+  if tiled and size % n:
+    raise ValueError(
+        f"zipccl_jax.{api}: x.shape[{what}={dim}] = {size} is not divisible by the size {n} "
+        f"of axis {axis_name!r} (tiled=True)")
+  if not tiled and size != n:
+    raise ValueError(
+        f"zipccl_jax.{api}: x.shape[{what}={dim}] = {size} must equal the size {n} of axis "
+        f"{axis_name!r} (tiled=False)")
+
+
 def _no_groups(axis_index_groups, api):
   if axis_index_groups is not None:
     raise NotImplementedError(f"zipccl_jax.{api}: axis_index_groups is not supported; use a "
@@ -927,15 +940,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
       raise ValueError(f"zipccl_jax.{api}: x must have at least one positional axis")
     sa = _canon(split_axis, x.ndim, "split_axis", api)
     ca = _canon(concat_axis, x.ndim, "concat_axis", api)
-    if tiled:
-      if x.shape[sa] % n:
-        raise ValueError(
-            f"zipccl_jax.{api}: x.shape[split_axis={sa}] = {x.shape[sa]} is not divisible by "
-            f"the size {n} of axis {axis_name!r} (tiled=True)")
-    elif x.shape[sa] != n:
-      raise ValueError(
-          f"zipccl_jax.{api}: x.shape[split_axis={sa}] = {x.shape[sa]} must equal the size "
-          f"{n} of axis {axis_name!r} (tiled=False)")
+    _check_split(x, sa, "split_axis", n, tiled, axis_name, api)
     m = x.size // n
     plan = _decide(api, x.dtype, m, n_chunks=n, axis_size=n, compress=compress, capacity=cap_f,
                    site=site, axis_name=axis_name, transport=transport)
@@ -1193,15 +1198,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     if x.ndim == 0:
       raise ValueError(f"zipccl_jax.{api}: x must have at least one positional axis")
     sd = _canon(scatter_dimension, x.ndim, "scatter_dimension", api)
-    if tiled:
-      if x.shape[sd] % n:
-        raise ValueError(
-            f"zipccl_jax.{api}: x.shape[scatter_dimension={sd}] = {x.shape[sd]} is not "
-            f"divisible by the size {n} of axis {axis_name!r} (tiled=True)")
-    elif x.shape[sd] != n:
-      raise ValueError(
-          f"zipccl_jax.{api}: x.shape[scatter_dimension={sd}] = {x.shape[sd]} must equal the "
-          f"size {n} of axis {axis_name!r} (tiled=False)")
+    _check_split(x, sd, "scatter_dimension", n, tiled, axis_name, api)
     m = x.size // n
     plan = _decide(api, x.dtype, m, n_chunks=n, axis_size=n, compress=compress, capacity=cap_f,
                    kind="gradient", site=site, axis_name=axis_name, transport=transport)
