@@ -80,16 +80,18 @@ void Analyse(const T* x, uint64_t n, Analysis* a) {
 // the store may run up to 8 bytes past the bitstream, into the raw region
 // written afterwards, so the caller guarantees 8 bytes of slack (kWide) or we
 // flush byte by byte.
-template <typename T, bool kWide>
+template <typename T, bool kWide, bool kZeros>
 uint64_t PackStreams(const T* x, uint64_t n, const BlockPlan& p, const uint32_t* stream_zeros,
                      uint8_t* dir, uint8_t* bits) {
   // The LOW16 coding of a float32 has the same symbols (see block.h).
   uint64_t enc[kNumSymbols];  // code in the low 32 bits, length in the high 32
   for (int s = 0; s < kNumSymbols; ++s)
     enc[s] = (p.enc[s] & 0xFFFFu) | (uint64_t(p.enc[s] >> 16) << 32);
+  // Without zeros in the block (kZeros false) the symbol is the exponent byte
+  // alone, which spares a compare and a select per element.
   auto sym = [](T v) -> uint32_t {
     uint32_t e = (v >> kExpShift<T>) & 0xFF;
-    return v ? e : uint32_t(kZeroSymbol);
+    return (!kZeros || v) ? e : uint32_t(kZeroSymbol);
   };
   uint64_t acc = 0;
   uint64_t nacc = 0;
@@ -147,9 +149,10 @@ void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& 
   uint8_t* raw = bits + (p.total_bits + 7) / 8;
   const bool low16 = p.flags & kBlockFlagLow16;
   if (raw + 8 <= out_end)
-    PackStreams<T, true>(x, n, p, a.stream_zeros, dir, bits);
+    (p.nnz == n ? PackStreams<T, true, false> : PackStreams<T, true, true>)(x, n, p, a.stream_zeros,
+                                                                           dir, bits);
   else
-    PackStreams<T, false>(x, n, p, a.stream_zeros, dir, bits);
+    PackStreams<T, false, true>(x, n, p, a.stream_zeros, dir, bits);
 
   // Raw bytes of the non-zero elements, in element order.
   if (p.nnz == n) {
