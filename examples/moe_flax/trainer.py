@@ -83,6 +83,8 @@ def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, exper
     g = p.add_argument_group("output")
     g.add_argument("--json", default=None, metavar="FILE", help="write losses and byte counts to FILE")
     g.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    g.add_argument("--profile", default=None, metavar="DIR",
+                   help="write a jax.profiler trace of steps 2.. (process 0 only) to DIR")
 
 
 def config_from_args(args) -> Config:
@@ -263,21 +265,28 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
     compile_s = time.perf_counter() - t0
     hlo_sent = hlo_sent_bytes(compiled, mesh)
 
-    losses, times, aux, dropped = [], [], [], []
+    losses, times, cpu_times, aux, dropped = [], [], [], [], []
     bar = tqdm(range(args.steps), desc=name, disable=not show, file=sys.stderr, dynamic_ncols=True)
+    profiling = False
     for i in bar:
         if i:
             tokens = device_batch()
-        t0 = time.perf_counter()
+        if i == 1 and args.profile and jax.process_index() == 0:
+            jax.profiler.start_trace(args.profile)
+            profiling = True
+        t0, c0 = time.perf_counter(), time.process_time()
         params, opt_state, m = compiled(params, opt_state, tokens)
         m = {k: np.asarray(v, np.float64) for k, v in m.items()}  # blocks
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)  # all threads of this process: immune to other processes' load
         loss = float(np.float32(np.sum(m["ce"]) / global_tokens))
         losses.append(loss)
         aux.append(float(np.mean(m["aux"])))
         dropped.append(float(np.mean(m["dropped"])))
         bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{global_tokens / times[-1]:,.0f}")
     bar.close()
+    if profiling:
+        jax.profiler.stop_trace()
 
     steady = times[1:] or times
     step_s = float(np.mean(steady)) if steady else float("nan")
@@ -293,6 +302,7 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
         "first_step_s": times[0] if times else None,
         "step_time_s": step_s,
         "step_times_s": times,
+        "step_cpu_s": cpu_times,
         "tokens_per_step": global_tokens,
         "tokens_per_s": global_tokens / step_s,
         "backend": comm.backend,
