@@ -230,8 +230,7 @@ def results(mesh_id):
   """{dataset: {op: tuple of global numpy outputs}} for one mesh, one compile.
 
   out["sites"] holds the call sites' statistics (capacity, axis size) for _check_paths. Runtime counters
-  stay off here (they cost a Python callback per call and device); test_runtime_stats_count_fallbacks
-  covers them.
+  stay off here; test_runtime_stats_count_fallbacks covers them.
   """
   shape, names, axis = MESHES[mesh_id]
   mesh = mesh_of(mesh_id)
@@ -588,6 +587,32 @@ def test_runtime_stats_count_fallbacks():
     assert t["calls"] == 32 and t["fallbacks"] == 16
     assert t["raw_bytes"] == 16 * (a.raw_bytes + p.raw_bytes)
     assert t["wire_bytes"] == 16 * (a.wire_bytes + p.wire_bytes) + 8 * (a.raw_bytes + p.raw_bytes)
+  finally:
+    zc.set_runtime_stats(prev)
+    zc.reset_stats()
+
+
+def test_runtime_stats_on_cpu_count_in_the_ffi_handler_not_in_python():
+  """On CPU the counters are the zipccl_count handler's: no Python callback in the compiled step, and a
+  vmapped call counts once per device execution (a fallback if any example fell back)."""
+  mesh = mesh_of("n8")
+  zc.reset_stats()
+  prev = zc.set_runtime_stats(True)
+  try:
+    f = smap(mesh, lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, compress=True, name="a2a"))
+    x = put(mesh, dataset("gaussian"))
+    text = f.lower(x).compile().as_text()
+    assert "zipccl_count" in text and "python_cpu_callback" not in text
+    fv = jax.jit(jax.vmap(f, in_axes=1, out_axes=1))
+    xs = np.stack([dataset("gaussian"), dataset("adversarial")], axis=1)  # example 1 falls back
+    got = fv(jax.device_put(xs, NamedSharding(mesh, P("i"))))
+    for k in range(2):
+      assert_bits_equal(got[:, k], f(put(mesh, xs[:, k])))
+    st = zc.stats()["a2a"]
+    assert (st.calls, st.fallbacks) == (8 + 8 + 8, 8 + 8), st  # the vmapped call: 8 calls, 8 fallbacks
+    zc.reset_stats()
+    assert zc.stats() == {} and zc.totals()["calls"] == 0
+    assert zc._runtime_counts() == {}  # the handler's counters were reset too
   finally:
     zc.set_runtime_stats(prev)
     zc.reset_stats()

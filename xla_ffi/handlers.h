@@ -5,6 +5,7 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclEncodeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclDecodeCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclCountCpu);  // runtime_stats.cc
 
 #if defined(ZIPCCL_WITH_CUDA)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclEncodeCuda);

@@ -9,6 +9,7 @@
 #include "codec/codec_cpu.h"
 #include "codec/format.h"
 #include "handlers.h"
+#include "runtime_stats.h"
 
 namespace nb = nanobind;
 
@@ -64,6 +65,7 @@ NB_MODULE(_zipccl, m) {
     nb::dict cpu;
     cpu["zipccl_encode"] = Capsule(ZipcclEncodeCpu);
     cpu["zipccl_decode"] = Capsule(ZipcclDecodeCpu);
+    cpu["zipccl_count"] = Capsule(ZipcclCountCpu);
     per_platform["cpu"] = cpu;
 #if defined(ZIPCCL_WITH_CUDA)
     nb::dict cuda;
@@ -73,6 +75,13 @@ NB_MODULE(_zipccl, m) {
 #endif
     return per_platform;
   });
+  m.def("runtime_counts", []() {
+    nb::dict d;
+    for (const auto& [site, c] : zipccl::runtime_stats::Snapshot())
+      d[nb::int_(site)] = nb::make_tuple(c.calls, c.fallbacks);
+    return d;
+  }, "{site id: (calls, fallbacks)} counted by the zipccl_count handler in this process.");
+  m.def("reset_runtime_counts", &zipccl::runtime_stats::Reset);
   m.def("encode_host", &EncodeHost, nb::arg("x"), nb::arg("n_elems"), nb::arg("dtype_code"),
         nb::arg("checksum"), nb::arg("out"),
         "Encodes x (raw bytes) into out; returns the frame size (> out.size on overflow).");

@@ -92,8 +92,10 @@ Each call site records, at trace time, the bytes one device sends per call
 with ``jax.lax`` (``raw_bytes``) and with the padded coded transport
 (``wire_bytes``), using the per-collective model of :func:`hlo_wire_bytes`.
 With :func:`set_runtime_stats` enabled before tracing, every execution also
-counts calls and fallbacks (one ``jax.debug.callback`` per call per device; a
-function traced that way cannot be lowered for another platform).
+counts calls and fallbacks: on CPU with the ``zipccl_count`` FFI handler
+(a counter in this process, no Python), elsewhere with one
+``jax.debug.callback`` per call per device (which cannot be lowered for
+another platform).
 :func:`hlo_collectives` and :func:`hlo_wire_bytes` read the same figures from
 compiled HLO text, leaving out the raw-fallback branches.
 
@@ -350,19 +352,35 @@ _RUNTIME_STATS = os.environ.get("ZIPCCL_RUNTIME_STATS", "0") not in ("", "0")
 def set_runtime_stats(enabled: bool = True) -> bool:
   """Counts calls and fallbacks at run time in functions traced from now on.
 
-  Costs one ``jax.debug.callback`` per call per device, and debug callbacks
-  cannot be lowered for another platform (``lowering_platforms=``). Returns
-  the previous setting.
+  On CPU each call adds to an in-process counter through the ``zipccl_count``
+  FFI handler (well under a microsecond). On other platforms it costs one
+  ``jax.debug.callback`` per call per device, and such a function cannot be
+  lowered for another platform (``lowering_platforms=``). Returns the previous
+  setting.
   """
   global _RUNTIME_STATS
   prev, _RUNTIME_STATS = _RUNTIME_STATS, bool(enabled)
   return prev
 
 
+def _with_runtime_counts(s: CallSiteStats) -> CallSiteStats:
+  """`s` plus what the zipccl_count handler counted for it (caller holds _STATS_LOCK)."""
+  sid = _SITE_IDS.get(s.name)
+  if sid is None or not _SITE_IDS_USED:
+    return dataclasses.replace(s)
+  calls, fallbacks = _runtime_counts().get(sid, (0, 0))
+  return dataclasses.replace(s, calls=s.calls + int(calls), fallbacks=s.fallbacks + int(fallbacks))
+
+
+def _runtime_counts() -> dict:
+  from zipccl_jax import _ffi
+  return _ffi.extension().runtime_counts()
+
+
 def stats() -> dict[str, CallSiteStats]:
   """A snapshot of the per-call-site statistics."""
   with _STATS_LOCK:
-    return {k: dataclasses.replace(v) for k, v in _STATS.items()}
+    return {k: _with_runtime_counts(v) for k, v in _STATS.items()}
 
 
 def totals() -> dict[str, int]:
@@ -374,12 +392,11 @@ def totals() -> dict[str, int]:
   ``fallbacks``. Counts are per local device execution.
   """
   out = dict(raw_bytes=0, wire_bytes=0, calls=0, fallbacks=0)
-  with _STATS_LOCK:
-    for s in _STATS.values():
-      out["raw_bytes"] += s.calls * s.raw_bytes
-      out["wire_bytes"] += s.calls * s.wire_bytes + s.fallbacks * s.raw_bytes
-      out["calls"] += s.calls
-      out["fallbacks"] += s.fallbacks
+  for s in stats().values():
+    out["raw_bytes"] += s.calls * s.raw_bytes
+    out["wire_bytes"] += s.calls * s.wire_bytes + s.fallbacks * s.raw_bytes
+    out["calls"] += s.calls
+    out["fallbacks"] += s.fallbacks
   return out
 
 
@@ -387,6 +404,9 @@ def reset_stats() -> None:
   """Forgets all call sites and counters."""
   with _STATS_LOCK:
     _STATS.clear()
+    if _SITE_IDS_USED:
+      from zipccl_jax import _ffi
+      _ffi.extension().reset_runtime_counts()
 
 
 def _record(name, op, x, n, plan, raw_bytes, wire_bytes):
@@ -402,18 +422,42 @@ def _record(name, op, x, n, plan, raw_bytes, wire_bytes):
         traces=traces + 1, calls=calls, fallbacks=fallbacks)
 
 
+_SITE_IDS: dict[str, int] = {}  # call-site name -> the zipccl_count handler's `site` attribute
+_SITE_IDS_USED = False
+
+
+def _site_id(name: str) -> int:
+  global _SITE_IDS_USED
+  with _STATS_LOCK:
+    _SITE_IDS_USED = True
+    return _SITE_IDS.setdefault(name, len(_SITE_IDS))
+
+
 def _count(name: str, fallback) -> None:
+  """Counts one execution of call site `name` (and whether it fell back), if runtime stats are on."""
   if not _RUNTIME_STATS:
     return
+  flag = jnp.asarray(fallback, jnp.bool_)
 
-  def cb(fb, name=name):
-    with _STATS_LOCK:
-      s = _STATS.get(name)
-      if s is not None:
-        s.calls += 1
-        s.fallbacks += int(np.asarray(fb).any())
+  def on_cpu(fb):
+    from zipccl_jax import _ffi
+    _ffi.register()
+    jax.ffi.ffi_call("zipccl_count", (), has_side_effect=True, vmap_method="broadcast_all")(
+        fb, site=np.int64(_site_id(name)))
+    return jnp.int32(0)
 
-  jax.debug.callback(cb, fallback)
+  def elsewhere(fb):
+    def cb(fb, name=name):
+      with _STATS_LOCK:
+        s = _STATS.get(name)
+        if s is not None:
+          s.calls += 1
+          s.fallbacks += int(np.asarray(fb).any())
+
+    jax.debug.callback(cb, fb)
+    return jnp.int32(0)
+
+  lax.platform_dependent(flag, cpu=on_cpu, default=elsewhere)
 
 
 def _observe(site: str, op: str, rows_fn: Callable) -> None:
