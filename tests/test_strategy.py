@@ -342,6 +342,43 @@ def test_observe_then_retrace_uses_observed_capacity_and_gradients():
 
 
 @needs8
+def test_compress_true_with_observed_capacity_forward_and_backward():
+  """capacity="observed" gives compress=True the observed per-site capacities (forward and /bwd), and the
+  library default where nothing was observed; the results stay bit-exact."""
+  mesh = _mesh()
+  xs = _gauss((8 * 8, 2048), seed=2)
+  x = _put(mesh, xs)
+  prof = synthetic(bw=1e6)
+
+  def loss(v, name):
+    y = jax.shard_map(lambda u: zj.all_to_all(u, "i", 0, 0, tiled=True, compress=True, capacity="observed",
+                                               name=name), mesh=mesh, in_specs=P("i"), out_specs=P("i"))(v)
+    return (y.astype(np.float32) ** 2).sum()
+
+  with st.use_profile(prof):
+    with st.observe():
+      jax.block_until_ready(jax.jit(jax.grad(loss), static_argnums=1)(x, "obs/a2a"))
+    zc.reset_stats()
+    g = jax.jit(jax.grad(loss), static_argnums=1)(x, "obs/a2a")
+    g_new = jax.jit(jax.grad(loss), static_argnums=1)(x, "obs/never-seen")
+    s = zc.stats()
+  for site in ("obs/a2a", "obs/a2a/bwd"):
+    want = -(-math.ceil(prof.sites[site].max_frame_bytes * (1 + prof.margin)) // 8) * 8
+    assert s[site].compressed and s[site].capacity == want, (site, s[site])
+    assert "observed capacity" in s[site].reason
+  assert s["obs/a2a"].capacity < zc.padded_capacity(2048, BF16)
+  assert s["obs/never-seen"].capacity == zc.padded_capacity(2048, BF16)
+  assert s["obs/never-seen/bwd"].capacity == zc.padded_capacity(2048, BF16, kind="gradient")
+  assert "nothing observed" in s["obs/never-seen"].reason
+  for got in (g, g_new):
+    want = (2 * xs.astype(np.float32)).astype(BF16)  # exact: doubling a bfloat16
+    assert np.array_equal(np.asarray(got).view(np.uint16), want.view(np.uint16))
+  with pytest.raises(TypeError, match="capacity must be an int, a float, 'observed' or None"):
+    jax.shard_map(lambda u: zj.all_to_all(u, "i", 0, 0, tiled=True, compress=True, capacity="observd"),
+                  mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x)
+
+
+@needs8
 def test_calibrate_on_virtual_devices(tmp_path):
   mesh = _mesh()
   prev = st.get_profile()

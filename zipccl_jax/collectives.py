@@ -24,8 +24,12 @@ Keyword options shared by all five:
   the one place the decision is made.
 * ``capacity``: padded bytes per chunk. ``None`` uses :func:`padded_capacity`;
   an ``int`` is a byte count (>= 32); a ``float`` is a fraction of the chunk's
-  raw bytes; a pair ``(forward, backward)`` sets the capacity of the transposed
-  collective in ``jax.grad`` separately (gradients code worse than activations).
+  raw bytes; ``"observed"`` is the largest frame :func:`zipccl_jax.observe`
+  recorded for this call site (``name``) in the active profile, plus its margin,
+  and :func:`padded_capacity` if none was (this is what ``compress="auto"`` always
+  does; ``"observed"`` gives it to ``compress=True``); a pair
+  ``(forward, backward)`` sets the capacity of the transposed collective in
+  ``jax.grad`` separately (gradients code worse than activations).
 * ``transport``: ``"auto"`` (padded on CPU, ragged elsewhere, chosen with
   ``lax.platform_dependent``), ``"padded"`` or ``"ragged"``.
 * ``name``: call-site name for :func:`stats` (default: ``op@file:line``).
@@ -215,7 +219,7 @@ def _resolve_capacity(capacity, n: int, dtype, kind: str = "activation") -> int:
   if capacity is None:
     return padded_capacity(n, dtype, kind=kind)
   if isinstance(capacity, bool):
-    raise TypeError(f"zipccl_jax: capacity must be an int, a float or None, got {capacity!r}")
+    raise TypeError(f"zipccl_jax: capacity must be an int, a float, 'observed' or None, got {capacity!r}")
   if isinstance(capacity, (int, np.integer)):
     c = int(capacity)
     if c < HEADER_BYTES:
@@ -223,7 +227,7 @@ def _resolve_capacity(capacity, n: int, dtype, kind: str = "activation") -> int:
     return min(c, _max_encoded_bytes(n, dtype))
   if isinstance(capacity, (float, np.floating)):
     return padded_capacity(n, dtype, ratio=float(capacity))
-  raise TypeError(f"zipccl_jax: capacity must be an int, a float or None, got {capacity!r}")
+  raise TypeError(f"zipccl_jax: capacity must be an int, a float, 'observed' or None, got {capacity!r}")
 
 
 def _split_capacity(capacity):
@@ -245,6 +249,8 @@ def _grad_capacity(capacity, dtype):
   """
   if capacity is None:
     return "gradient" if np.dtype(dtype) in CODED_DTYPES else None
+  if isinstance(capacity, str) and capacity == "observed":
+    return "observed:gradient"
   return capacity
 
 
@@ -287,10 +293,14 @@ def _decide(op: str, dtype, chunk_elems: int, *, n_chunks: int, axis_size: int,
   from zipccl_jax import strategy
   if compress is not True and compress is not False and compress != "auto":
     raise ValueError(f"zipccl_jax.{op}: compress must be True, False or 'auto', got {compress!r}")
+  observed = False
   if isinstance(capacity, str):
-    if capacity != "gradient":
-      raise TypeError(f"zipccl_jax: capacity must be an int, a float or None, got {capacity!r}")
-    kind, capacity = "gradient", None
+    if capacity not in ("gradient", "observed", "observed:gradient"):
+      raise TypeError(f"zipccl_jax.{op}: capacity must be an int, a float, 'observed' or None, "
+                      f"got {capacity!r}")
+    if capacity.endswith("gradient"):  # the internal marker of backward collectives
+      kind = "gradient"
+    observed, capacity = capacity.startswith("observed"), None
   dt = np.dtype(dtype)
 
   def log(mode, cap=None):
@@ -312,9 +322,15 @@ def _decide(op: str, dtype, chunk_elems: int, *, n_chunks: int, axis_size: int,
     log(compress)
     return _Plan(False, reason="empty")
   if compress is True:
-    cap = _resolve_capacity(capacity, chunk_elems, dt, kind)
+    cap = None
+    if observed:
+      cap = strategy._observed_capacity(strategy.get_profile(), site, op, dt, chunk_elems)
+    reason = ("compress=True" if not observed else "compress=True, observed capacity" if cap is not None
+              else "compress=True, nothing observed: default capacity")
+    if cap is None:
+      cap = _resolve_capacity(capacity, chunk_elems, dt, kind)
     log(True, cap)
-    return _Plan(True, cap, "compress=True")
+    return _Plan(True, cap, reason)
   d = strategy.decide(op, dt, chunk_elems, axis_size=axis_size, axis_name=axis_name, site=site,
                       role=kind, capacity=capacity, transport=transport, compress="auto")
   if not d.compress:
