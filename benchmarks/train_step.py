@@ -64,7 +64,8 @@ def run_variant(ns, args, variant: str, tmp: Path, tag: str) -> dict:
         w.wait()
     res = json.loads(out.read_text())
     res["wall_s"] = time.perf_counter() - t0
-    steady = res.get("step_times_s", [])[1:]
+    # the first step, and the example's --calibrate-steps (run under zipccl_jax.observe), are not timed
+    steady = res.get("step_times_s", [])[1 + int(res.get("calibration_steps") or 0):]
     res["median_step_s"] = statistics.median(steady) if steady else res["step_time_s"]
     res["loadavg_1min"] = os.getloadavg()[0]  # the machine is shared: record how busy it was
     return res

@@ -78,6 +78,12 @@ def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, exper
                         "Gradients code worse than parameters and activations: with zipccl_jax's default capacity "
                         "about a third of these chunks overflowed and were resent raw; 0.78 (default) gave no "
                         "overflow in 100 steps. 0: zipccl_jax's default")
+    g.add_argument("--calibrate-steps", type=int, default=0, metavar="K",
+                   help="train the first K steps under zipccl_jax.observe() (recording every call site's largest "
+                        "frame), then recompile with capacity='observed': each call site's padded capacity becomes "
+                        "its largest observed frame plus --capacity-margin. Needs --compress on or auto")
+    g.add_argument("--capacity-margin", type=float, default=0.05, metavar="F",
+                   help="safety margin on observed frames for --calibrate-steps (fraction; default 0.05)")
     g.add_argument("--transport", default=None, choices=["auto", "padded", "ragged"],
                    help="zipccl_jax transport (default: zipccl_jax's 'auto', padded on CPU and ragged on GPU)")
     g = p.add_argument_group("output")
@@ -258,17 +264,41 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
               f"backend={comm.backend} compress={comm.compress}, corpus {corpus.size / 1e6:.1f} MB of stdlib "
               f"sources ({data_lib.corpus_digest(corpus)}), {global_tokens} tokens/step", flush=True)
 
+    calib = args.calibrate_steps if comm.backend == "zipccl" and comm.compress is not False else 0
+    if not 0 <= calib < args.steps and calib:
+        raise SystemExit(f"--calibrate-steps {calib} must be smaller than --steps {args.steps}")
+    observing = None
+    if calib:
+        import zipccl_jax
+        profile = zipccl_jax.get_profile().copy()
+        profile.margin = args.capacity_margin
+        zipccl_jax.set_profile(profile)
+        observing = zipccl_jax.observe()  # traced and run inside: every coded message is measured once more
+        observing.__enter__()
+
     tokens = device_batch()
     t0 = time.perf_counter()
     comm.start()
     compiled = step.lower(params, opt_state, tokens).compile()
     compile_s = time.perf_counter() - t0
     hlo_sent = hlo_sent_bytes(compiled, mesh)
+    phases = []  # byte accounting of the calibration steps (their program differs from the later one)
 
     losses, times, cpu_times, aux, dropped = [], [], [], [], []
     bar = tqdm(range(args.steps), desc=name, disable=not show, file=sys.stderr, dynamic_ncols=True)
     profiling = False
     for i in bar:
+        if calib and i == calib:
+            # leave observe() (merges the observations of all processes), then recompile with them
+            observing.__exit__(None, None, None)
+            phases.append(collective_bytes(comm, mesh, calib))
+            comm.capacity = "observed"
+            step = make_step(cfg, mesh, plan, buckets, specs, comm, optimizer, global_tokens=global_tokens,
+                             aux_coef=args.aux_coef, reduce_dtype=jnp.dtype(args.reduce_dtype),
+                             expert_axis=expert_axis, grad_capacity="observed")
+            comm.start()
+            compiled = step.lower(params, opt_state, tokens).compile()
+            hlo_sent = hlo_sent_bytes(compiled, mesh)
         if i:
             tokens = device_batch()
         if i == 1 and args.profile and jax.process_index() == 0:
@@ -312,7 +342,18 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
         "processes": jax.process_count(),
         "config": {k: (str(v) if k == "dtype" else v) for k, v in dataclasses.asdict(cfg).items()},
     }
-    result.update(collective_bytes(comm, mesh, args.steps))
+    result["calibration_steps"] = args.calibrate_steps  # as asked: a timing window skips them in every variant
+    if calib:
+        after = collective_bytes(comm, mesh, args.steps - calib)
+        before = phases[0]
+        result.update(after)
+        result["calibrated"] = {"raw_bytes": after["raw_bytes"], "wire_bytes": after["wire_bytes"],
+                                "fallbacks": after["fallbacks"], "steps": args.steps - calib}
+        for k in ("raw_bytes", "wire_bytes", "fallbacks"):
+            result[k] = before[k] + after[k]
+        result["calibration_phase"] = {k: before[k] for k in ("raw_bytes", "wire_bytes", "fallbacks")}
+    else:
+        result.update(collective_bytes(comm, mesh, args.steps))
     result["hlo_sent_bytes_per_device_step"] = hlo_sent
     if show:
         print_summary(result)
@@ -364,6 +405,11 @@ def print_summary(r: dict) -> None:
     print(f"collective bytes over {len(r['losses'])} steps x {math.prod(r['mesh'].values())} devices: raw {raw / 1e6:.3f} MB, wire {wire / 1e6:.3f} MB "
           f"({raw / wire if wire else float('nan'):.3f}x, {100 * (1 - wire / raw) if raw else 0:.1f}% saved), "
           f"fallbacks {r['fallbacks']}")
+    if r.get("calibrated"):
+        c = r["calibrated"]
+        print(f"  after {r['calibration_steps']} calibration steps (capacity='observed'): raw {c['raw_bytes'] / 1e6:.3f} MB, "
+              f"wire {c['wire_bytes'] / 1e6:.3f} MB ({c['raw_bytes'] / c['wire_bytes'] if c['wire_bytes'] else float('nan'):.3f}x), "
+              f"fallbacks {c['fallbacks']}")
     if r.get("hlo_sent_bytes_per_device_step") is not None:
         print(f"  cross-check from the compiled HLO: {r['hlo_sent_bytes_per_device_step']:,d} B sent per device "
               f"per step")
