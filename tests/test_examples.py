@@ -84,13 +84,23 @@ def test_dense_fsdp(dense):
 
 
 def test_moe_flax_multiprocess(moe, tmp_path_factory):
-    """2 processes x 4 devices under jax.distributed reproduce the 1 x 8 run bit for bit."""
+    """2 processes x 4 devices under jax.distributed reproduce the 1 x 8 run bit for bit, also when the first
+    step calibrates the capacities (observations merged across the processes, then capacity='observed')."""
     single, _ = moe
-    multi = _run("moe_flax", tmp_path_factory, "--spawn", "2", "--timeout", str(TIMEOUT - 30))
+    multi = _run("moe_flax", tmp_path_factory, "--spawn", "2", "--timeout", str(TIMEOUT - 30),
+                 "--calibrate-steps", "1")
     assert multi["processes"] == 2
     assert multi["loss_bits"] == single["loss_bits"]
     assert multi["params_sha256"] == single["params_sha256"]
     assert multi["raw_bytes"] == single["raw_bytes"]
+    cal = multi["calibrated"]
+    assert multi["calibration_steps"] == 1 and cal["steps"] == STEPS - 1
+    # One early step is a poor sample (the first step's dispatch codes better than later ones): some calls
+    # overflow their observed capacity and resend raw, which must not change a bit of the training.
+    assert cal["wire_bytes"] > 0 and cal["fallbacks"] >= 0
+    observed = {s["name"]: s["capacity"] for s in multi["call_sites"] if s["compressed"]}
+    default = {s["name"]: s["capacity"] for s in single["call_sites"] if s["compressed"]}
+    assert observed.keys() == default.keys() and observed != default  # the capacities did change
 
 
 GRAD_CHECK = r"""

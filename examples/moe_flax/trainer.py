@@ -82,8 +82,9 @@ def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, exper
                    help="train the first K steps under zipccl_jax.observe() (recording every call site's largest "
                         "frame), then recompile with capacity='observed': each call site's padded capacity becomes "
                         "its largest observed frame plus --capacity-margin. Needs --compress on or auto")
-    g.add_argument("--capacity-margin", type=float, default=0.05, metavar="F",
-                   help="safety margin on observed frames for --calibrate-steps (fraction; default 0.05)")
+    g.add_argument("--capacity-margin", type=float, default=0.10, metavar="F",
+                   help="safety margin on observed frames for --calibrate-steps (fraction; default 0.10: early "
+                        "steps code better than later ones, and a frame over its capacity is resent raw)")
     g.add_argument("--transport", default=None, choices=["auto", "padded", "ragged"],
                    help="zipccl_jax transport (default: zipccl_jax's 'auto', padded on CPU and ragged on GPU)")
     g = p.add_argument_group("output")
