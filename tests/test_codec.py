@@ -595,3 +595,291 @@ def test_corruption_never_crashes(frame_bf16):
       assert "zipccl decode" in str(e)
       raised += 1
   assert raised > 0
+
+
+# --------------------------------------------------------------------------- skip
+
+def _skip_rows(dtype, frames=5, n=3000, seed=40):
+  """Rows of different kinds (Gaussian, zeros, random bits), so frames differ in size and mode."""
+  rows = [normal(n, dtype, seed=seed + f) for f in range(frames)]
+  rows[1 % frames] = np.zeros(n, dtype)
+  if frames > 2:
+    w = {2: np.uint16, 4: np.uint32}[np.dtype(dtype).itemsize]
+    rows[2] = np.random.default_rng(seed).integers(0, np.iinfo(w).max, n, w).view(dtype)
+  return np.stack(rows)
+
+
+SKIP_PATTERNS = {
+    "none": [False] * 5,
+    "self": [False, False, True, False, False],
+    "alternate": [True, False, True, False, True],
+    "all": [True] * 5,
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("pattern", sorted(SKIP_PATTERNS))
+@pytest.mark.parametrize("checksum", [False, True], ids=["plain", "checksum"])
+def test_encode_frames_skip(dtype, pattern, checksum):
+  xs = _skip_rows(dtype)
+  skip = np.array(SKIP_PATTERNS[pattern])
+  P0, N0 = (np.asarray(a) for a in codec.encode_frames(xs, checksum=checksum))
+  P, N = (np.asarray(a) for a in codec.encode_frames(xs, checksum=checksum, skip=skip))
+  assert P.shape == P0.shape and N.dtype == N0.dtype and N.shape == N0.shape
+  assert np.array_equal(N, np.where(skip, 0, N0))
+  assert not P[skip].any()                                   # skipped: all-zero rows
+  assert np.array_equal(P[~skip], P0[~skip])                 # others: byte-identical rows
+  # decode with the same mask: zeros where skipped, the original bits elsewhere
+  Y = np.asarray(codec.decode_frames(P, shape=(3000,), dtype=dtype, skip=skip))
+  assert not bits(Y[skip]).any()
+  assert same_bits(Y[~skip], xs[~skip])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("garbage", ["zeros", "poison", "random", "other_frame"])
+def test_decode_frames_skip_ignores_garbage(dtype, garbage):
+  xs = _skip_rows(dtype, seed=50)
+  P0 = np.asarray(codec.encode_frames(xs, checksum=True)[0])
+  skip = np.array([True, False, False, True, False])
+  P = P0.copy()
+  if garbage == "zeros":
+    P[skip] = 0
+  elif garbage == "poison":                                   # the collectives' overflow marker
+    P[skip] = 0xFF
+  elif garbage == "random":
+    P[skip] = np.random.default_rng(1).integers(0, 256, P[skip].shape, np.uint8)
+  else:                                                       # a valid frame of another shape
+    other = np.asarray(zj.encode(normal(77, F16, seed=2))[0])
+    P[skip] = 0
+    P[skip, :other.size] = other
+  Y = np.asarray(codec.decode_frames(P, shape=(3000,), dtype=dtype, skip=skip))
+  Y0 = np.asarray(codec.decode_frames(P0, shape=(3000,), dtype=dtype))
+  assert Y.dtype == Y0.dtype and Y.shape == Y0.shape
+  assert not bits(Y[skip]).any()
+  assert np.array_equal(bits(Y[~skip]), bits(Y0[~skip]))
+  assert same_bits(Y[~skip], xs[~skip])
+  # without the mask the same payload is rejected (the skipped rows are not frames)
+  if garbage != "other_frame":
+    with pytest.raises(DECODE_ERRORS, match=r"zipccl decode \(frame 0"):
+      codec.decode_frames(P, shape=(3000,), dtype=dtype)
+
+
+def test_decode_frames_skip_still_checks_other_frames():
+  xs = _skip_rows(BF16, seed=60)
+  P = np.asarray(codec.encode_frames(xs)[0]).copy()
+  P[0] = 0xFF                                                # skipped
+  P[3, 0] ^= 1                                               # not skipped: bad magic
+  skip = np.array([True, False, False, False, False])
+  with pytest.raises(DECODE_ERRORS, match=r"zipccl decode \(frame 3\): bad magic"):
+    codec.decode_frames(P, shape=(3000,), dtype=BF16, skip=skip)
+
+
+def test_skip_overflow_and_capacity():
+  # capacity too small for the random row (2): with it skipped nothing overflows
+  xs = _skip_rows(BF16, seed=70)
+  P0, N0 = (np.asarray(a) for a in codec.encode_frames(xs, capacity=5000))
+  assert N0[2] > 5000 and (N0[[0, 1, 3, 4]] <= 5000).all()
+  skip = np.array([False, False, True, False, False])
+  P, N = (np.asarray(a) for a in codec.encode_frames(xs, capacity=5000, skip=skip))
+  assert N[2] == 0 and not P[2].any() and (N <= 5000).all()
+  assert np.array_equal(P[~skip], P0[~skip]) and np.array_equal(N[~skip], N0[~skip])
+  # an overflowed, not skipped, row still gets its header-only frame
+  skip = np.array([True, False, False, False, False])
+  P, N = (np.asarray(a) for a in codec.encode_frames(xs, capacity=5000, skip=skip))
+  assert N[2] == N0[2] and np.array_equal(P[2], P0[2]) and not P[0].any()
+
+
+def test_skip_empty_and_zero_frames():
+  x = np.zeros((3, 0), F32)
+  P, N = (np.asarray(a) for a in codec.encode_frames(x, skip=np.array([True, False, True])))
+  assert N.tolist() == [0, 32, 0] and not P[[0, 2]].any()
+  Y = codec.decode_frames(P, shape=(0,), dtype=F32, skip=np.array([True, False, True]))
+  assert Y.shape == (3, 0)
+  P, N = codec.encode_frames(np.zeros((0, 10), BF16), skip=np.zeros((0,), bool))
+  assert P.shape[0] == 0 and N.shape == (0,)
+  Y = codec.decode_frames(np.zeros((0, 40), np.uint8), shape=(10,), dtype=BF16,
+                          skip=np.zeros((0,), bool))
+  assert Y.shape == (0, 10)
+
+
+def test_skip_multidimensional_rows_and_x64():
+  xs = _skip_rows(F16, frames=4, n=600, seed=80).reshape(4, 20, 30)
+  skip = np.array([False, True, True, False])
+  P0, N0 = (np.asarray(a) for a in codec.encode_frames(xs))
+  with jax.enable_x64(True):
+    P, N = codec.encode_frames(xs, skip=skip)
+    assert N.dtype == jnp.int64
+    P, N = np.asarray(P), np.asarray(N)
+    Y = np.asarray(codec.decode_frames(P, shape=(20, 30), dtype=F16, skip=skip))
+  assert N.tolist() == [int(N0[0]), 0, 0, int(N0[3])]
+  assert np.array_equal(P[~skip], P0[~skip]) and not P[skip].any()
+  assert same_bits(Y[~skip], xs[~skip]) and not bits(Y[skip]).any()
+
+
+def test_skip_under_jit_is_traced():
+  xs = _skip_rows(BF16, seed=90)
+  P0, N0 = (np.asarray(a) for a in codec.encode_frames(xs))
+  traces = []
+
+  @jax.jit
+  def roundtrip(x, skip):
+    traces.append(1)
+    p, n = codec.encode_frames(x, skip=skip)
+    return p, n, codec.decode_frames(p, shape=(3000,), dtype=BF16, skip=skip)
+
+  for pattern in SKIP_PATTERNS.values():
+    skip = np.array(pattern)
+    P, N, Y = (np.asarray(a) for a in roundtrip(xs, skip))
+    assert np.array_equal(N, np.where(skip, 0, N0))
+    assert np.array_equal(P[~skip], P0[~skip]) and not P[skip].any()
+    assert same_bits(Y[~skip], xs[~skip]) and not bits(Y[skip]).any()
+  assert len(traces) == 1                                   # one trace for every mask
+  # the self-chunk mask the collectives build, computed inside jit
+  me = 3
+  P, N, Y = (np.asarray(a) for a in jax.jit(
+      lambda x: roundtrip.__wrapped__(x, jnp.arange(5) == me))(xs))
+  assert N[me] == 0 and np.array_equal(np.delete(N, me), np.delete(N0, me))
+
+
+def test_skip_none_keeps_the_custom_call_unchanged():
+  x = jnp.zeros((4, 700), jnp.bfloat16)
+  plain = jax.jit(lambda x: codec.encode_frames(x)).lower(x).as_text()
+  skipped = jax.jit(lambda x, s: codec.encode_frames(x, skip=s)).lower(
+      x, jnp.zeros(4, bool)).as_text()
+  call = [l for l in skipped.splitlines() if "@zipccl_encode" in l][0]
+  assert "tensor<4xi1>" in call and "tensor<4x700xbf16>" in call
+  call = [l for l in plain.splitlines() if "@zipccl_encode" in l][0]
+  assert "i1>" not in call
+
+
+@pytest.mark.parametrize("batched", ["x_and_skip", "x_only", "skip_only"])
+def test_skip_vmap(batched):
+  B, F, n = 3, 4, 1500
+  xs = np.stack([_skip_rows(BF16, frames=F, n=n, seed=100 + 10 * b) for b in range(B)])
+  masks = np.array([[True, False, False, False], [False, True, True, False],
+                    [False, False, False, False]])
+  if batched == "x_and_skip":
+    enc = jax.vmap(lambda x, s: codec.encode_frames(x, skip=s))
+    dec = jax.vmap(lambda p, s: codec.decode_frames(p, shape=(n,), dtype=BF16, skip=s))
+    P, N = enc(xs, masks)
+    Y = dec(P, masks)
+    want_x, want_skip = xs, masks
+  elif batched == "x_only":
+    mask = masks[1]
+    enc = jax.vmap(lambda x: codec.encode_frames(x, skip=mask))
+    dec = jax.vmap(lambda p: codec.decode_frames(p, shape=(n,), dtype=BF16, skip=mask))
+    P, N = enc(xs)
+    Y = dec(P)
+    want_x, want_skip = xs, np.broadcast_to(mask, (B, F))
+  else:
+    x = xs[0]
+    enc = jax.vmap(lambda s: codec.encode_frames(x, skip=s))
+    P, N = enc(masks)
+    p_full = codec.encode_frames(x)[0]
+    Y = jax.vmap(lambda s: codec.decode_frames(p_full, shape=(n,), dtype=BF16, skip=s))(masks)
+    want_x, want_skip = np.broadcast_to(x, (B, F, n)), masks
+  P, N, Y = np.asarray(P), np.asarray(N), np.asarray(Y)
+  assert P.shape[:2] == (B, F) and N.shape == (B, F) and Y.shape == (B, F, n)
+  for b in range(B):
+    P0, N0 = (np.asarray(a) for a in codec.encode_frames(want_x[b]))
+    s = want_skip[b]
+    assert np.array_equal(N[b], np.where(s, 0, N0)), b
+    assert np.array_equal(P[b][~s], P0[~s]) and not P[b][s].any()
+    assert same_bits(Y[b][~s], want_x[b][~s]) and not bits(Y[b][s]).any()
+
+
+def test_skip_nested_vmap():
+  xs = _skip_rows(F32, frames=8, n=800, seed=120).reshape(2, 2, 2, 800)
+  masks = np.array([[[True, False], [False, False]], [[False, True], [True, True]]])
+  f = jax.vmap(jax.vmap(lambda x, s: codec.encode_frames(x, skip=s)))
+  P, N = (np.asarray(a) for a in f(xs, masks))
+  P0, N0 = (np.asarray(a) for a in codec.encode_frames(xs.reshape(8, 800)))
+  P, N, m = P.reshape(8, -1), N.reshape(8), masks.reshape(8)
+  assert np.array_equal(N, np.where(m, 0, N0))
+  assert np.array_equal(P[~m], P0[~m]) and not P[m].any()
+
+
+@pytest.mark.parametrize("spec", ["sharded", "replicated"])
+def test_skip_shard_map_self_chunk(spec):
+  """The collectives' use: skip = (arange(n) == axis_index); with replicated data the
+  mask is what varies, so the results must be typed per-device too."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = _mesh8()
+  F, n = 8, 500
+  host = _skip_rows(BF16, frames=F, n=n, seed=130)
+  in_spec = P("d") if spec == "sharded" else P()
+  x = jax.device_put(np.concatenate([host] * 8) if spec == "sharded" else host,
+                     NamedSharding(mesh, in_spec))
+
+  def body(a):
+    me = jax.lax.axis_index("d")
+    skip = jnp.arange(F) == me
+    p, nb = codec.encode_frames(a, skip=skip)
+    y = codec.decode_frames(p, shape=(n,), dtype=BF16, skip=skip)
+    return p[None], nb[None], y[None]
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=(P("d"),) * 3))
+  Ps, Ns, Ys = (np.asarray(a) for a in f(x))
+  P0, N0 = (np.asarray(a) for a in codec.encode_frames(host))
+  for d in range(8):
+    s = np.arange(F) == d
+    assert np.array_equal(Ns[d], np.where(s, 0, N0)), d
+    assert np.array_equal(Ps[d][~s], P0[~s]) and not Ps[d][s].any()
+    assert same_bits(Ys[d][~s], host[~s]) and not bits(Ys[d][s]).any()
+  if spec == "replicated":  # the results vary with the mask: a replicated output is refused
+    g = jax.shard_map(lambda a: codec.encode_frames(a, skip=jnp.arange(F) == jax.lax.axis_index("d"))[1],
+                      mesh=mesh, in_specs=in_spec, out_specs=P())
+    with pytest.raises(ValueError, match="out_specs"):
+      jax.jit(g)(x)
+
+
+def test_skip_bad_arguments():
+  x = np.zeros((4, 100), BF16)
+  p = np.asarray(codec.encode_frames(x)[0])
+  with pytest.raises(ValueError, match=r"encode_frames skip must have shape x.shape\[:1\] = \(4,\).*got \(3,\)"):
+    codec.encode_frames(x, skip=np.zeros(3, bool))
+  with pytest.raises(ValueError, match=r"encode_frames skip must have shape .*got \(4, 1\)"):
+    codec.encode_frames(x, skip=np.zeros((4, 1), bool))
+  with pytest.raises(ValueError, match=r"encode_frames skip must have shape .*got \(\)"):
+    codec.encode_frames(x, skip=True)
+  with pytest.raises(TypeError, match=r"encode_frames skip must be a bool array.*got dtype uint8"):
+    codec.encode_frames(x, skip=np.zeros(4, np.uint8))
+  with pytest.raises(TypeError, match=r"encode_frames skip must be a bool array.*got dtype int32"):
+    codec.encode_frames(x, skip=jnp.arange(4, dtype=jnp.int32))
+  codec.encode_frames(x, skip=[True, False, False, True])  # a list of bools is a bool array
+  with pytest.raises(ValueError, match=r"decode_frames skip must have shape payload.shape\[:-1\] = \(4,\).*got \(5,\)"):
+    codec.decode_frames(p, shape=(100,), dtype=BF16, skip=np.zeros(5, bool))
+  with pytest.raises(TypeError, match=r"decode_frames skip must be a bool array.*got dtype float32"):
+    codec.decode_frames(p, shape=(100,), dtype=BF16, skip=np.zeros(4, np.float32))
+  # traced, under jit and vmap: the same trace-time errors
+  with pytest.raises(ValueError, match="encode_frames skip must have shape"):
+    jax.jit(lambda x, s: codec.encode_frames(x, skip=s))(x, np.zeros(2, bool))
+  with pytest.raises(ValueError, match="decode_frames skip must have shape"):
+    jax.vmap(lambda p, s: codec.decode_frames(p, shape=(100,), dtype=BF16, skip=s))(
+        p[None], np.zeros((1, 3), bool))
+
+
+def test_skip_ffi_operand_checks():
+  """The handlers' own checks (the wrappers never produce these): shape, dtype, arity."""
+  from zipccl_jax import _ffi
+  _ffi.register()
+  x = jnp.zeros((2, 3, 100), jnp.bfloat16)
+  cap = zj.max_encoded_bytes(100, BF16)
+  enc = jax.ffi.ffi_call(_ffi.ENCODE_TARGET, (jax.ShapeDtypeStruct((2, 3, cap), jnp.uint8),
+                                              jax.ShapeDtypeStruct((2, 3), jnp.int32)))
+  with pytest.raises(DECODE_ERRORS, match=r"zipccl encode: operand skip must have shape \[2,3\] "
+                                          r"\(one flag per frame: the shape of nbytes\), got \[6\]"):
+    jax.block_until_ready(enc(x, jnp.zeros(6, bool), checksum=False))
+  with pytest.raises(DECODE_ERRORS, match=r"zipccl encode: operand skip must be bool \(PRED\) or uint8"):
+    jax.block_until_ready(enc(x, jnp.zeros((2, 3), jnp.int32), checksum=False))
+  p, n = enc(x, jnp.array([[1, 0, 0], [0, 0, 1]], jnp.uint8), checksum=False)  # uint8 flags work
+  assert np.asarray(n).tolist() == [[0, 44, 44], [44, 44, 0]]
+  dec = jax.ffi.ffi_call(_ffi.DECODE_TARGET, jax.ShapeDtypeStruct((2, 3, 100), jnp.bfloat16))
+  with pytest.raises(DECODE_ERRORS, match=r"zipccl decode: operand skip must have shape \[2,3\] "
+                                          r"\(one flag per frame: the leading dims of payload, "
+                                          r"without the capacity dim\), got \[2,3,1\]"):
+    jax.block_until_ready(dec(p, jnp.zeros((2, 3, 1), bool)))
+  with pytest.raises(DECODE_ERRORS, match=r"at most one operand after the required ones \(skip\), got 2"):
+    jax.block_until_ready(dec(p, jnp.zeros((2, 3), bool), jnp.zeros((2, 3), bool)))
+  y = dec(p, jnp.array([[True, False, False], [False, False, True]]))
+  assert not np.asarray(y).view(np.uint16).any()

@@ -478,6 +478,130 @@ def test_emulated_decode_checksum_and_overflow():
   assert HOST.status_message(int(status[0])) == "payload is truncated (shorter than its frame)"
 
 
+# ---- Skipped frames (the `skip` operand) ------------------------------------------------------
+
+
+def _emu_encode_skip(x, code, checksum, cap, skip, seed=0):
+  frames = x.shape[0]
+  n = x[0].size if frames else 0
+  out = RNG.integers(0, 256, frames * cap, dtype=np.uint8)  # device memory is not zeroed
+  nbytes = np.full(frames, -1, np.int64)
+  HOST.emulate_encode(np.ascontiguousarray(x).view(np.uint8).ravel(), frames, n, code, checksum,
+                      out, nbytes, seed, skip=np.asarray(skip, np.uint8))
+  return out.reshape(frames, cap), nbytes
+
+
+def _emu_decode_skip(payload, code, n, skip, seed=0):
+  frames, cap = payload.shape
+  out = RNG.integers(0, 256, frames * n * np.dtype(UINT[code]).itemsize, dtype=np.uint8)
+  status = np.full(frames, -1, np.int32)
+  HOST.emulate_decode(np.ascontiguousarray(payload).ravel(), frames, code, n, out, status, seed,
+                      skip=np.asarray(skip, np.uint8))
+  return out.view(UINT[code]).reshape(frames, n), status
+
+
+@needs_host
+@pytest.mark.parametrize("code", [BF16, F32])
+@pytest.mark.parametrize("skip", [[0, 1, 0, 0, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]],
+                         ids=["some", "all", "none", "first"])
+def test_emulated_encode_skip(code, skip):
+  """Skipped frames: all-zero rows (over garbage device memory) and size 0, no coding (their
+  statistics and plans stay garbage in scratch); the others are the CPU driver's bytes."""
+  n = BLOCK + 2 * 2048 + 7  # two blocks per frame
+  x = np.stack([_data(k, n, code) for k in ["gauss", "sparse", "const", "random", "allsym"]])
+  skip = np.array(skip, bool)
+  cap = zipccl_jax.max_encoded_bytes(n, NP_DTYPE[code]) + 3  # odd: unaligned frames
+  for checksum, seed in [(False, 4), (True, 5)]:
+    out, nbytes = _emu_encode_skip(x, code, checksum, cap, skip, seed)
+    for f in range(x.shape[0]):
+      if skip[f]:
+        assert nbytes[f] == 0 and not out[f].any(), f
+        continue
+      ref, need = _cpu_encode(x[f], code, checksum, cap)
+      assert nbytes[f] == need, (f, nbytes[f], need)
+      np.testing.assert_array_equal(out[f], ref, err_msg=f"frame {f}")
+
+
+@needs_host
+def test_emulated_encode_skip_with_overflow_and_empty_frames():
+  n, code = 3000, BF16
+  x = np.stack([_data("gauss", n, code), _data("random", n, code), _data("random", n, code)])
+  cap = 4500  # the random frames overflow
+  out, nbytes = _emu_encode_skip(x, code, True, cap, [0, 1, 0])
+  assert nbytes[1] == 0 and not out[1].any()
+  for f in (0, 2):
+    ref, need = _cpu_encode(x[f], code, True, cap)
+    assert nbytes[f] == need
+    np.testing.assert_array_equal(out[f], ref)
+  assert nbytes[2] > cap  # overflow header of a frame that is not skipped
+  out, nbytes = _emu_encode_skip(np.zeros((3, 0), np.uint16), BF16, False, 40, [1, 0, 1])
+  assert list(nbytes) == [0, HEADER, 0] and not out[[0, 2]].any() and not out[1, HEADER:].any()
+
+
+@needs_host
+@pytest.mark.parametrize("code", [F16, F32])
+def test_emulated_decode_skip_ignores_garbage(code):
+  """Skipped frames are not read: garbage, 0xFF poison or a wrong frame decode to zeros with
+  status 0, while a damaged frame that is not skipped still gets NaN and its status."""
+  n = BLOCK + 3 * 2048 + 5
+  x = np.stack([_data(k, n, code) for k in ["gauss", "sparse", "const", "random", "gauss", "gauss"]])
+  cap = zipccl_jax.max_encoded_bytes(n, NP_DTYPE[code]) + 1
+  payload = np.stack([_cpu_encode(x[f], code, True, cap)[0] for f in range(x.shape[0])])
+  payload[1] = 0xFF                                               # the collectives' poison
+  payload[3] = RNG.integers(0, 256, cap, dtype=np.uint8)          # garbage
+  payload[4, 200] ^= 1                                            # damaged, not skipped
+  payload[5, HEADER:HEADER + 4] = 0xFF                            # huge directory entry, skipped
+  skip = np.array([0, 1, 0, 1, 0, 1], bool)
+  y, status = _emu_decode_skip(payload, code, n, skip, seed=9)
+  for f in np.flatnonzero(skip):
+    assert status[f] == 0 and not y[f].any(), f
+  for f in (0, 2):
+    assert status[f] == 0, HOST.status_message(int(status[f]))
+    np.testing.assert_array_equal(y[f], x[f])
+  ref, err = _cpu_verdict(payload[4], code, n)
+  assert err is not None and err.endswith(HOST.status_message(int(status[4])))
+  assert (y[4] == NAN_BITS[code]).all()
+  # all skipped / none skipped
+  y, status = _emu_decode_skip(payload, code, n, np.ones(6, bool))
+  assert not status.any() and not y.any()
+  good = np.stack([_cpu_encode(x[f], code, False, cap)[0] for f in range(3)])
+  y, status = _emu_decode_skip(good, code, n, np.zeros(3, bool))
+  assert not status.any()
+  np.testing.assert_array_equal(y, x[:3])
+
+
+@needs_host
+def test_emulated_decode_skip_empty_frames():
+  good = _cpu_encode(np.zeros(0, np.uint16), BF16, False, 40)[0]
+  payload = np.stack([good, np.full(40, 0xFF, np.uint8)])
+  y, status = _emu_decode_skip(payload, BF16, 0, [0, 1])
+  assert y.shape == (2, 0) and list(status) == [0, 0]
+  y, status = _emu_decode_skip(payload, BF16, 0, [0, 0])
+  assert status[0] == 0 and status[1] != 0
+
+
+@needs_host
+def test_emulator_skip_argument_checked():
+  x = np.zeros(2 * 10, np.uint16)
+  with pytest.raises(ValueError, match="one uint8 flag per frame"):
+    HOST.emulate_encode(x.view(np.uint8), 2, 10, BF16, False, np.zeros(2 * 64, np.uint8),
+                        np.zeros(2, np.int64), 0, skip=np.zeros(3, np.uint8))
+
+
+def test_lowering_for_cuda_with_skip():
+  from zipccl_jax import codec
+  x = jnp.zeros((4, 700), jnp.bfloat16)
+  skip = jnp.arange(4) == 2
+
+  def f(x, s):
+    p, _ = codec.encode_frames(x, capacity=900, skip=s)
+    return codec.decode_frames(p, shape=(700,), dtype=jnp.bfloat16, skip=s)
+
+  text = jax.jit(f).trace(x, skip).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [l for l in text.splitlines() if "@zipccl_encode" in l or "@zipccl_decode" in l]
+  assert len(calls) == 2 and all("tensor<4xi1>" in c for c in calls), calls
+
+
 # ---- Real GPU runs (skipped here) -----------------------------------------------------------
 
 
@@ -532,3 +656,25 @@ def test_gpu_decode_status_output():
   assert status[0] == 0 and HOST.status_message(int(status[1])).startswith("bad magic")
   np.testing.assert_array_equal(out[0], x)
   assert (out[1] == NAN_BITS[BF16]).all()
+
+
+@gpu
+@needs_gpu
+def test_gpu_skip_matches_cpu():
+  from zipccl_jax import codec
+  cpu, gpu_dev = jax.devices("cpu")[0], _gpu_devices()[0]
+  x = np.stack([_data(k, 4099, BF16) for k in ["gauss", "random", "const", "sparse"]])
+  xs = jnp.asarray(x.view(ml_dtypes.bfloat16))
+  skip = np.array([False, True, False, True])
+  pc, nc = codec.encode_frames(jax.device_put(xs, cpu), skip=jax.device_put(skip, cpu))
+  pg, ng = jax.jit(lambda a, s: codec.encode_frames(a, skip=s))(jax.device_put(xs, gpu_dev),
+                                                                 jax.device_put(skip, gpu_dev))
+  np.testing.assert_array_equal(np.asarray(ng), np.asarray(nc))
+  np.testing.assert_array_equal(np.asarray(pg), np.asarray(pc))
+  garbage = np.asarray(pg).copy()
+  garbage[skip] = 0xFF
+  y = codec.decode_frames(jax.device_put(garbage, gpu_dev), shape=(4099,), dtype=jnp.bfloat16,
+                          skip=jax.device_put(skip, gpu_dev))
+  y = np.asarray(y).view(np.uint16)
+  np.testing.assert_array_equal(y[~skip], x[~skip])
+  assert not y[skip].any()

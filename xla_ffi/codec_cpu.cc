@@ -5,6 +5,13 @@
 // leading dimension counts frames, so one call codes F = prod(leading dims)
 // independent frames. This is what vmap(broadcast_all) produces, and what the
 // collectives use to code one frame per peer.
+//
+// Skipping: both handlers take an optional last operand `skip` (bool or uint8,
+// shape = the frame dims: nbytes' shape for encode, payload's shape without the
+// capacity dim for decode). A skipped frame is not coded: encode zeroes its
+// whole payload row and writes nbytes 0; decode neither reads nor validates its
+// payload row and zeroes its output row. The collectives use it for the chunk a
+// device sends to itself. Without the operand no frame is skipped.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -23,17 +30,27 @@ namespace {
 
 using zipccl::ffi_frames::Invalid;
 
-ffi::Error EncodeImpl(ffi::AnyBuffer x, bool checksum,
+ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::RemainingArgs extra, bool checksum,
                       ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::AnyBuffer> nbytes) try {
   zipccl::ffi_frames::EncodeCall call;
   if (ffi::Error e = zipccl::ffi_frames::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
+  const uint8_t* skip = nullptr;
+  if (ffi::Error e = zipccl::ffi_frames::CheckEncodeSkip(extra, *nbytes, &skip); e.failure()) return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   const uint64_t w = uint64_t(zipccl::ElemBytes(dtype));
   const auto* xs = static_cast<const uint8_t*>(x.untyped_data());
   uint8_t* out = payload->typed_data();
   for (uint64_t f = 0; f < frames; ++f) {
+    if (skip && skip[f]) {  // not a frame: an all-zero row, size 0
+      std::memset(out + f * cap, 0, cap);
+      if (call.nbytes64)
+        static_cast<int64_t*>(nbytes->untyped_data())[f] = 0;
+      else
+        static_cast<int32_t*>(nbytes->untyped_data())[f] = 0;
+      continue;
+    }
     uint64_t need = zipccl::cpu::EncodeFrame(xs + f * n * w, n, dtype, checksum, out + f * cap, cap);
     // The padded transport sends all `cap` bytes. XLA recycles output buffers, so zero whatever is not the
     // frame (after an overflow: everything after the header), lest stale memory of this process (other
@@ -53,9 +70,12 @@ ffi::Error EncodeImpl(ffi::AnyBuffer x, bool checksum,
   return ffi::Error::Internal(std::string("zipccl encode: ") + e.what());
 }
 
-ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> out) try {
+ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
+                      ffi::Result<ffi::AnyBuffer> out) try {
   zipccl::ffi_frames::DecodeCall call;
   if (ffi::Error e = zipccl::ffi_frames::CheckDecode(payload, *out, &call); e.failure()) return e;
+  const uint8_t* skip = nullptr;
+  if (ffi::Error e = zipccl::ffi_frames::CheckDecodeSkip(extra, payload, &skip); e.failure()) return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
@@ -63,6 +83,10 @@ ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> 
   const uint8_t* in = payload.typed_data();
   auto* o = static_cast<uint8_t*>(out->untyped_data());
   for (uint64_t f = 0; f < frames; ++f) {
+    if (skip && skip[f]) {  // not read, not validated: zeros
+      std::memset(o + f * n * w, 0, n * w);
+      continue;
+    }
     zipccl::cpu::DecodeResult r = zipccl::cpu::DecodeFrame(in + f * cap, cap, dtype, n, o + f * n * w);
     if (r.status != zipccl::kOk) {
       char where[96];
@@ -85,6 +109,7 @@ ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCpu, EncodeImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()           // x
+                                  .RemainingArgs()                 // optional skip: bool/u8, nbytes' shape
                                   .Attr<bool>("checksum")
                                   .Ret<ffi::Buffer<ffi::U8>>()     // payload
                                   .Ret<ffi::AnyBuffer>());         // nbytes
@@ -92,4 +117,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCpu, EncodeImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCpu, DecodeImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::U8>>()     // payload
+                                  .RemainingArgs()                 // optional skip: bool/u8, payload dims[:-1]
                                   .Ret<ffi::AnyBuffer>());         // out

@@ -10,6 +10,13 @@
 // error without synchronising, so a rejected frame decodes to NaNs and the
 // status says why.
 //
+// Both handlers take the CPU handlers' optional last operand `skip` (bool or
+// uint8 per frame, device memory): a skipped frame is not coded (zero payload
+// row, nbytes 0) / not read (zero output row, status 0). The kernels test the
+// flag per block or frame and return early, so a skipped frame costs no coding
+// work; the encoder still launches its CTAs over all frames (the grid is sized
+// on the host, which cannot read the device-resident flags without a sync).
+//
 // Not command-buffer compatible: the scratch comes from XLA's allocator at run
 // time, which CUDA-graph capture forbids (XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER
 // _COMPATIBLE condition 2), so XLA runs these calls outside command buffers.
@@ -46,10 +53,13 @@ ffi::ErrorOr<void*> Scratch(ffi::ScratchAllocator& alloc, uint64_t bytes, const 
 }
 
 ffi::Error EncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
-                      bool checksum, ffi::Result<ffi::Buffer<ffi::U8>> payload,
+                      ffi::RemainingArgs extra, bool checksum,
+                      ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::AnyBuffer> nbytes) {
   zipccl::ffi_frames::EncodeCall call;
   if (ffi::Error e = zipccl::ffi_frames::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
+  const uint8_t* skip = nullptr;
+  if (ffi::Error e = zipccl::ffi_frames::CheckEncodeSkip(extra, *nbytes, &skip); e.failure()) return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
@@ -69,17 +79,20 @@ ffi::Error EncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
   ffi::ErrorOr<void*> s = Scratch(scratch, L.scratch_bytes, "zipccl encode");
   if (s.has_error()) return s.error();
   int err = zipccl::cuda::EncodeAsync(x.untyped_data(), dtype, checksum, payload->typed_data(), cap,
-                                      nbytes->untyped_data(), call.nbytes64, L,
+                                      nbytes->untyped_data(), call.nbytes64, skip, L,
                                       s.value(), stream);
   if (err) return CudaError("zipccl encode: kernel launch", err);
   return ffi::Error::Success();
 }
 
 ffi::Error DecodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
-                      ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> out,
-                      ffi::RemainingRets extra) {
+                      ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra_args,
+                      ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra) {
   zipccl::ffi_frames::DecodeCall call;
   if (ffi::Error e = zipccl::ffi_frames::CheckDecode(payload, *out, &call); e.failure()) return e;
+  const uint8_t* skip = nullptr;
+  if (ffi::Error e = zipccl::ffi_frames::CheckDecodeSkip(extra_args, payload, &skip); e.failure())
+    return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
@@ -104,7 +117,7 @@ ffi::Error DecodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
   ffi::ErrorOr<void*> s = Scratch(scratch, L.scratch_bytes, "zipccl decode");
   if (s.has_error()) return s.error();
   int err = zipccl::cuda::DecodeAsync(payload.typed_data(), cap, dtype, out->untyped_data(),
-                                      status, L, s.value(), stream);
+                                      status, skip, L, s.value(), stream);
   if (err) return CudaError("zipccl decode: kernel launch", err);
   return ffi::Error::Success();
 }
@@ -116,6 +129,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCuda, EncodeImpl,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()           // x
+                                  .RemainingArgs()                 // optional skip: bool/u8, nbytes' shape
                                   .Attr<bool>("checksum")
                                   .Ret<ffi::Buffer<ffi::U8>>()     // payload
                                   .Ret<ffi::AnyBuffer>());         // nbytes
@@ -125,5 +139,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCuda, DecodeImpl,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::Buffer<ffi::U8>>()     // payload
+                                  .RemainingArgs()                 // optional skip: bool/u8, payload dims[:-1]
                                   .Ret<ffi::AnyBuffer>()           // out
                                   .RemainingRets());               // optional int32 status

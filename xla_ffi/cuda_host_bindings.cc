@@ -19,6 +19,7 @@
 // through ZipcclRegisterCudaHost(), called from module.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -30,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -248,10 +250,17 @@ nb::dict DecodeLayoutDict(const DecodeLayout& L) {
   return d;
 }
 
+// One skip flag per frame, or null.
+const uint8_t* SkipFlags(const std::optional<Bytes>& skip, uint64_t frames) {
+  if (!skip.has_value()) return nullptr;
+  if (skip->size() != frames) throw nb::value_error("skip must hold one uint8 flag per frame");
+  return skip->data();
+}
+
 // Runs (or only records) the encoder's launch sequence.
 std::vector<LaunchRecord> Encode(const uint8_t* x, uint64_t frames, uint64_t n, int dtype,
                                  bool checksum, uint8_t* out, uint64_t cap, int64_t* nbytes,
-                                 bool execute, uint64_t seed) {
+                                 const uint8_t* skip, bool execute, uint64_t seed) {
   const EncodeLayout L = MakeEncodeLayout(frames, n, /*cub_bytes=*/0);
   EmuLauncher l(execute, seed);
   std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
@@ -261,14 +270,14 @@ std::vector<LaunchRecord> Encode(const uint8_t* x, uint64_t frames, uint64_t n, 
     s = scratch.data() + (kScratchAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kScratchAlign);
   }
   EncodeParams p =
-      MakeEncodeParams(L, x, uint8_t(dtype), checksum, out, cap, nbytes, /*nbytes64=*/true, s);
+      MakeEncodeParams(L, x, uint8_t(dtype), checksum, out, cap, nbytes, /*nbytes64=*/true, skip, s);
   RunEncode(l, p, L, s);
   return l.records;
 }
 
 std::vector<LaunchRecord> Decode(const uint8_t* payload, uint64_t frames, uint64_t cap,
                                  int dtype, uint64_t n, uint8_t* out, int32_t* status,
-                                 bool execute, uint64_t seed) {
+                                 const uint8_t* skip, bool execute, uint64_t seed) {
   const DecodeLayout L = MakeDecodeLayout(frames, n, /*cub_bytes=*/0);
   EmuLauncher l(execute, seed);
   std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
@@ -277,7 +286,7 @@ std::vector<LaunchRecord> Decode(const uint8_t* payload, uint64_t frames, uint64
     FillGarbage(scratch.data(), scratch.size(), l.sched.rng());
     s = scratch.data() + (kScratchAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kScratchAlign);
   }
-  DecodeParams p = MakeDecodeParams(L, payload, cap, uint8_t(dtype), out, status, s);
+  DecodeParams p = MakeDecodeParams(L, payload, cap, uint8_t(dtype), out, status, skip, s);
   RunDecode(l, p, L, s);
   return l.records;
 }
@@ -305,7 +314,7 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
   m.def("encode_launches",
         [](uint64_t frames, uint64_t n, int dtype) {
           CheckDType(dtype);
-          return ToTuples(Encode(nullptr, frames, n, dtype, false, nullptr, 0, nullptr,
+          return ToTuples(Encode(nullptr, frames, n, dtype, false, nullptr, 0, nullptr, nullptr,
                                  /*execute=*/false, 0));
         },
         nb::arg("frames"), nb::arg("n_elems"), nb::arg("dtype_code"),
@@ -315,41 +324,48 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
           CheckDType(dtype);
           int32_t dummy = 0;
           return ToTuples(Decode(nullptr, frames, 0, dtype, n, nullptr, status ? &dummy : nullptr,
-                                 /*execute=*/false, 0));
+                                 nullptr, /*execute=*/false, 0));
         },
         nb::arg("frames"), nb::arg("n_elems"), nb::arg("dtype_code"), nb::arg("status"),
         "The decoder's launch sequence: (kernel, grid, threads per CTA, static shared bytes).");
   m.def("emulate_encode",
         [](Bytes x, uint64_t frames, uint64_t n, int dtype, bool checksum, BytesOut out,
-           I64Out nbytes, uint64_t seed) {
+           I64Out nbytes, uint64_t seed, std::optional<Bytes> skip) {
           CheckDType(dtype);
           const uint64_t w = uint64_t(zipccl::ElemBytes(uint8_t(dtype)));
           if (x.size() != frames * n * w) throw nb::value_error("x must hold frames * n elements");
           if (nbytes.size() != frames) throw nb::value_error("nbytes must hold one entry per frame");
           if (frames && out.size() % frames) throw nb::value_error("out must hold frames * cap bytes");
           const uint64_t cap = frames ? out.size() / frames : 0;
+          const uint8_t* sk = SkipFlags(skip, frames);
           nb::gil_scoped_release release;
-          Encode(x.data(), frames, n, dtype, checksum, out.data(), cap, nbytes.data(), true, seed);
+          Encode(x.data(), frames, n, dtype, checksum, out.data(), cap, nbytes.data(), sk, true,
+                 seed);
         },
         nb::arg("x"), nb::arg("frames"), nb::arg("n_elems"), nb::arg("dtype_code"),
         nb::arg("checksum"), nb::arg("out"), nb::arg("nbytes"), nb::arg("seed") = 0,
+        nb::arg("skip").none() = nb::none(),
         "Runs the CUDA encoder's kernels in the emulator: x (frames*n elements, as bytes) "
-        "-> out (frames*cap bytes), nbytes (int64 per frame).");
+        "-> out (frames*cap bytes), nbytes (int64 per frame). skip: optional uint8 flag per "
+        "frame (non-zero: not coded, zero row, size 0).");
   m.def("emulate_decode",
         [](Bytes payload, uint64_t frames, int dtype, uint64_t n, BytesOut out, I32Out status,
-           uint64_t seed) {
+           uint64_t seed, std::optional<Bytes> skip) {
           CheckDType(dtype);
           const uint64_t w = uint64_t(zipccl::ElemBytes(uint8_t(dtype)));
           if (out.size() != frames * n * w) throw nb::value_error("out must hold frames * n elements");
           if (status.size() != frames) throw nb::value_error("status must hold one entry per frame");
           if (frames && payload.size() % frames) throw nb::value_error("payload must hold frames * cap bytes");
           const uint64_t cap = frames ? payload.size() / frames : 0;
+          const uint8_t* sk = SkipFlags(skip, frames);
           nb::gil_scoped_release release;
-          Decode(payload.data(), frames, cap, dtype, n, out.data(), status.data(), true, seed);
+          Decode(payload.data(), frames, cap, dtype, n, out.data(), status.data(), sk, true, seed);
         },
         nb::arg("payload"), nb::arg("frames"), nb::arg("dtype_code"), nb::arg("n_elems"),
         nb::arg("out"), nb::arg("status"), nb::arg("seed") = 0,
-        "Runs the CUDA decoder's kernels in the emulator; status gets 0 or a Status code per frame.");
+        nb::arg("skip").none() = nb::none(),
+        "Runs the CUDA decoder's kernels in the emulator; status gets 0 or a Status code per "
+        "frame. skip: optional uint8 flag per frame (non-zero: not read, zero output, status 0).");
   m.def("constants", []() {
     nb::dict d;
     d["THREADS"] = kThreads;

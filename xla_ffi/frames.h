@@ -3,6 +3,7 @@
 // frames) and the dtype mapping. Header-only; included by both compilers.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -78,6 +79,64 @@ inline ffi::Error CheckDecode(const ffi::Buffer<ffi::U8>& payload, const ffi::An
     return Invalid("zipccl decode: output element count is not a multiple of the frame count");
   call->n = out.element_count() / call->frames;
   return ffi::Error::Success();
+}
+
+// "[2,3]" for dims (2, 3); "[]" for a scalar.
+template <class Dims>
+std::string DimsString(const Dims& dims, size_t count) {
+  std::string s = "[";
+  for (size_t i = 0; i < count; ++i) {
+    if (i) s += ",";
+    s += std::to_string(dims[i]);
+  }
+  return s + "]";
+}
+
+// The optional `skip` operand of both handlers: one flag per frame, bool
+// (PRED) or uint8 (non-zero = skip), with exactly the frame dims (`frame_dims`,
+// the first `n_frame_dims` entries; `what` says where they come from, for the
+// message). A skipped frame is not coded / not read: encode writes an all-zero
+// payload row and nbytes 0, decode writes an all-zero output row.
+//
+// `extra` are the operands after the required ones (RemainingArgs): none (no
+// frame is skipped; *skip = nullptr) or exactly one. On success *skip points at
+// the flags (host memory for the CPU handler, device memory for CUDA).
+template <class Dims>
+ffi::Error CheckSkip(const ffi::RemainingArgs& extra, const char* op, const Dims& frame_dims,
+                     size_t n_frame_dims, const char* what, const uint8_t** skip) {
+  *skip = nullptr;
+  if (extra.size() == 0) return ffi::Error::Success();
+  const std::string name = std::string("zipccl ") + op + ": ";
+  if (extra.size() > 1)
+    return Invalid(name + "expected at most one operand after the required ones (skip), got " +
+                   std::to_string(extra.size()));
+  ffi::ErrorOr<ffi::AnyBuffer> b = extra.get<ffi::AnyBuffer>(0);
+  if (b.has_error()) return Invalid(name + "operand skip must be an array");
+  const ffi::DataType t = b->element_type();
+  if (t != ffi::DataType::PRED && t != ffi::DataType::U8)
+    return Invalid(name + "operand skip must be bool (PRED) or uint8, one flag per frame");
+  auto dims = b->dimensions();
+  bool same = size_t(dims.size()) == n_frame_dims;
+  for (size_t i = 0; same && i < n_frame_dims; ++i) same = dims[i] == frame_dims[i];
+  if (!same)
+    return Invalid(name + "operand skip must have shape " + DimsString(frame_dims, n_frame_dims) +
+                   " (one flag per frame: " + what + "), got " +
+                   DimsString(dims, size_t(dims.size())));
+  *skip = static_cast<const uint8_t*>(b->untyped_data());
+  return ffi::Error::Success();
+}
+
+inline ffi::Error CheckEncodeSkip(const ffi::RemainingArgs& extra, const ffi::AnyBuffer& nbytes,
+                                  const uint8_t** skip) {
+  auto d = nbytes.dimensions();
+  return CheckSkip(extra, "encode", d, size_t(d.size()), "the shape of nbytes", skip);
+}
+
+inline ffi::Error CheckDecodeSkip(const ffi::RemainingArgs& extra,
+                                  const ffi::Buffer<ffi::U8>& payload, const uint8_t** skip) {
+  auto d = payload.dimensions();
+  return CheckSkip(extra, "decode", d, d.size() ? size_t(d.size()) - 1 : 0,
+                   "the leading dims of payload, without the capacity dim", skip);
 }
 
 }  // namespace zipccl::ffi_frames

@@ -47,6 +47,24 @@ def _result(like, shape, dtype):
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
+def _vary_together(*arrays):
+  """`arrays`, each pcast to the union of their varying manual axes (inside `shard_map`).
+
+  An ffi_call result takes its varying axes from one operand (`_result`); when
+  `skip` varies over an axis the data does not (e.g. `arange(n) == axis_index`
+  with a replicated `x`), the results must vary over it too. A no-op outside
+  shard_map and with check_vma off (no varying axes).
+  """
+  try:
+    varying = [frozenset(jax.typeof(a).mat.varying) for a in arrays]
+  except AttributeError:  # pragma: no cover - JAX without manual axis types
+    return arrays
+  union = frozenset().union(*varying)
+  return tuple(
+      jax.lax.pcast(a, tuple(sorted(union - v, key=str)), to="varying") if union - v else a
+      for a, v in zip(arrays, varying))
+
+
 def _check_capacity(capacity, default: int) -> int:
   if capacity is None:
     return default
@@ -67,7 +85,24 @@ def _as_coded_array(x, arg: str):
   return jnp.asarray(x)
 
 
-def encode_frames(x, *, capacity: int | None = None, checksum: bool = False):
+def _check_skip(skip, frames: int, fn: str, expected: str):
+  """`skip` as a bool jax array of shape `(frames,)`, or None; raises naming the argument."""
+  if skip is None:
+    return None
+  dtype = skip.dtype if hasattr(skip, "dtype") else np.asarray(skip).dtype
+  if dtype != np.bool_:
+    raise TypeError(
+        f"zipccl_jax: {fn} skip must be a bool array of shape {expected} = ({frames},) "
+        f"(one flag per frame), got dtype {dtype}")
+  skip = jnp.asarray(skip)
+  if skip.shape != (frames,):
+    raise ValueError(
+        f"zipccl_jax: {fn} skip must have shape {expected} = ({frames},) (one flag per frame), "
+        f"got {skip.shape}")
+  return skip
+
+
+def encode_frames(x, *, capacity: int | None = None, checksum: bool = False, skip=None):
   """Codes each row `x[f]` as its own frame, in one FFI call.
 
   Args:
@@ -75,6 +110,12 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False):
     capacity: bytes reserved per frame; default `max_encoded_bytes(prod(s), dtype)`,
       which always fits. A smaller capacity may overflow: see `encode`.
     checksum: append an XXH32 checksum to every frame (verified on decode).
+    skip: optional bool array of shape `(F,)` (`x.shape[:1]`; for the `(F, n)` rows
+      of the collectives that is `x.shape[:-1]`), may be traced. Where `skip[f]`
+      is True, row `f` is not coded at all: `payload[f]` is all zeros and
+      `nbytes[f] == 0` (a skipped frame is not a frame; decoding it needs
+      `decode_frames(..., skip=...)`). Other rows are byte-identical to coding
+      without `skip`. The collectives skip the chunk a device sends to itself.
 
   Returns:
     `(payload, nbytes)`: uint8 `(F, capacity)` and int32 `(F,)` (int64 with x64).
@@ -85,21 +126,36 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False):
   frames = x.shape[0]
   n = math.prod(x.shape[1:])
   cap = _check_capacity(capacity, fmt.max_encoded_bytes(n, x.dtype))
+  skip = _check_skip(skip, frames, "encode_frames", "x.shape[:1]")
   _ffi.register()
+  operands = (x,) if skip is None else _vary_together(x, skip)
+  x = operands[0]
   payload, nbytes = jax.ffi.ffi_call(
       _ffi.ENCODE_TARGET,
       (_result(x, (frames, cap), jnp.uint8), _result(x, (frames,), _nbytes_dtype())),
       vmap_method="broadcast_all",
-  )(x, checksum=bool(checksum))
+  )(*operands, checksum=bool(checksum))
   return payload, nbytes
 
 
-def decode_frames(payload, *, shape: Sequence[int], dtype):
+def decode_frames(payload, *, shape: Sequence[int], dtype, skip=None):
   """Inverse of `encode_frames`: `(F, C)` uint8 payload -> `(F, *shape)` array.
 
-  Raises at run time if any frame is malformed, truncated, overflowed, or
-  disagrees with `shape`/`dtype`: a `JaxRuntimeError` (or, on some of JAX's
-  eager dispatch paths, a `ValueError`) whose message starts with
+  Args:
+    payload: uint8 `(F, C)`, frame `f` in the prefix of row `f`.
+    shape, dtype: what each frame holds; they must match every decoded frame's header.
+    skip: optional bool array of shape `(F,)` (`payload.shape[:-1]`), may be traced.
+      Where `skip[f]` is True, row `f` of the payload is neither read nor
+      validated (it may hold anything, e.g. zeros or the 0xFF overflow poison of
+      the collectives) and the output row `f` is all zeros. Other rows are
+      bit-identical to decoding without `skip`.
+
+  Returns:
+    `(F, *shape)` array of `dtype`.
+
+  Raises at run time if any frame that is not skipped is malformed, truncated,
+  overflowed, or disagrees with `shape`/`dtype`: a `JaxRuntimeError` (or, on
+  some of JAX's eager dispatch paths, a `ValueError`) whose message starts with
   `INVALID_ARGUMENT: zipccl decode (frame F, ...)`.
   """
   payload = jnp.asarray(payload)
@@ -109,12 +165,15 @@ def decode_frames(payload, *, shape: Sequence[int], dtype):
     raise ValueError(f"zipccl_jax: payload must have shape (frames, capacity), got {payload.shape}")
   shape = _check_shape(shape)
   fmt.dtype_code(dtype)
+  skip = _check_skip(skip, payload.shape[0], "decode_frames", "payload.shape[:-1]")
   _ffi.register()
+  operands = (payload,) if skip is None else _vary_together(payload, skip)
+  payload = operands[0]
   return jax.ffi.ffi_call(
       _ffi.DECODE_TARGET,
       _result(payload, (payload.shape[0], *shape), jnp.dtype(dtype)),
       vmap_method="broadcast_all",
-  )(payload)
+  )(*operands)
 
 
 def _check_shape(shape) -> tuple[int, ...]:

@@ -79,19 +79,20 @@ int ScanTempBytes(uint64_t n_items, uint64_t* bytes) {
 }
 
 int EncodeAsync(const void* x, uint8_t dtype, bool checksum, uint8_t* payload, uint64_t cap,
-                void* nbytes, bool nbytes64, const EncodeLayout& L, void* scratch,
-                CUstream_st* stream) {
+                void* nbytes, bool nbytes64, const uint8_t* skip, const EncodeLayout& L,
+                void* scratch, CUstream_st* stream) {
   auto* s = static_cast<uint8_t*>(scratch);
-  EncodeParams p = MakeEncodeParams(L, x, dtype, checksum, payload, cap, nbytes, nbytes64, s);
+  EncodeParams p =
+      MakeEncodeParams(L, x, dtype, checksum, payload, cap, nbytes, nbytes64, skip, s);
   DeviceLauncher l{stream};
   RunEncode(l, p, L, s);
   return int(l.err);
 }
 
 int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, int32_t* status,
-                const DecodeLayout& L, void* scratch, CUstream_st* stream) {
+                const uint8_t* skip, const DecodeLayout& L, void* scratch, CUstream_st* stream) {
   auto* s = static_cast<uint8_t*>(scratch);
-  DecodeParams p = MakeDecodeParams(L, payload, cap, dtype, out, status, s);
+  DecodeParams p = MakeDecodeParams(L, payload, cap, dtype, out, status, skip, s);
   DeviceLauncher l{stream};
   RunDecode(l, p, L, s);
   return int(l.err);

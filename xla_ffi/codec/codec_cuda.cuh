@@ -55,6 +55,11 @@ constexpr int kBitStageWords = (31 + kStreamElems * kMaxCodeLen) / 32 + 4;
 constexpr int kRawStageWords = (3 + kStreamElems * 3) / 4 + 2;
 
 constexpr unsigned long long kNoError = ~0ull;
+// Frame-level key of a frame the caller asked to skip (DecodeParams::skip): its
+// blocks are not decoded, its output is zero and its status is 0. Above every
+// real error key, so an error is never hidden behind it (none can occur: a
+// skipped frame is not read).
+constexpr unsigned long long kSkippedKey = ~0ull - 1;
 
 // Error key of a frame: frame-level errors (header, checksum, directory sum)
 // are key = status, block errors key = (block + 1) << 8 | status. The smallest
@@ -64,10 +69,10 @@ ZIPCCL_HD unsigned long long BlockErrorKey(uint64_t block, int status) {
   return ((unsigned long long)(block + 1) << 8) | (unsigned long long)status;
 }
 ZIPCCL_HD int KeyStatus(unsigned long long key) {
-  return key == kNoError ? int(kOk) : int(key & 0xFF);
+  return key == kNoError || key == kSkippedKey ? int(kOk) : int(key & 0xFF);
 }
 ZIPCCL_HD int64_t KeyBlock(unsigned long long key) {
-  return key == kNoError ? -1 : int64_t(key >> 8) - 1;
+  return key == kNoError || key == kSkippedKey ? -1 : int64_t(key >> 8) - 1;
 }
 
 ZIPCCL_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -215,6 +220,7 @@ struct EncodeParams {
   uint64_t cap;
   void* nbytes;        // frames sizes, int32 or int64
   bool nbytes64;
+  const uint8_t* skip; // [frames] or null: non-zero = not a frame (zero row, size 0)
   BlockStats* stats;   // [total]
   BlockPlan* plans;    // [total]
   uint64_t* sizes;     // [total + 1]: block_bytes, then 0
@@ -227,6 +233,7 @@ struct DecodeParams {
   uint8_t dtype;
   uint8_t* out;             // frames * n elements
   int32_t* status;          // [frames] or null
+  const uint8_t* skip;      // [frames] or null: non-zero = not read, output zero, status 0
   uint64_t* sizes;          // [total + 1]: directory entries, then 0
   uint64_t* offsets;        // [total + 1]
   unsigned long long* ferr; // [frames]: frame-level error key (header, checksum)
@@ -300,7 +307,7 @@ inline DecodeLayout MakeDecodeLayout(uint64_t frames, uint64_t n, uint64_t cub_b
 
 inline EncodeParams MakeEncodeParams(const EncodeLayout& L, const void* x, uint8_t dtype,
                                      bool checksum, uint8_t* payload, uint64_t cap, void* nbytes,
-                                     bool nbytes64, uint8_t* scratch) {
+                                     bool nbytes64, const uint8_t* skip, uint8_t* scratch) {
   EncodeParams p{};
   p.x = static_cast<const uint8_t*>(x);
   p.frames = L.frames;
@@ -313,6 +320,7 @@ inline EncodeParams MakeEncodeParams(const EncodeLayout& L, const void* x, uint8
   p.cap = cap;
   p.nbytes = nbytes;
   p.nbytes64 = nbytes64;
+  p.skip = skip;
   if (L.total) {
     p.stats = reinterpret_cast<BlockStats*>(scratch + L.stats_off);
     p.plans = reinterpret_cast<BlockPlan*>(scratch + L.plans_off);
@@ -324,7 +332,7 @@ inline EncodeParams MakeEncodeParams(const EncodeLayout& L, const void* x, uint8
 
 inline DecodeParams MakeDecodeParams(const DecodeLayout& L, const uint8_t* payload, uint64_t cap,
                                      uint8_t dtype, void* out, int32_t* status,
-                                     uint8_t* scratch) {
+                                     const uint8_t* skip, uint8_t* scratch) {
   DecodeParams p{};
   p.payload = payload;
   p.frames = L.frames;
@@ -335,6 +343,7 @@ inline DecodeParams MakeDecodeParams(const DecodeLayout& L, const uint8_t* paylo
   p.dtype = dtype;
   p.out = static_cast<uint8_t*>(out);
   p.status = status;
+  p.skip = skip;
   p.ferr = reinterpret_cast<unsigned long long*>(scratch + L.ferr_off);
   p.berr = reinterpret_cast<unsigned long long*>(scratch + L.berr_off);
   if (L.total) {
@@ -345,6 +354,11 @@ inline DecodeParams MakeDecodeParams(const DecodeLayout& L, const uint8_t* paylo
 }
 
 // ---- Frame arithmetic shared by the kernels -------------------------------------
+// Whether the caller asked to skip frame f (EncodeParams / DecodeParams).
+template <class Params>
+ZIPCCL_HD bool Skipped(const Params& p, uint64_t f) {
+  return p.skip != nullptr && p.skip[f] != 0;
+}
 // Size of frame f from the exclusive prefix sum of all frames' block sizes.
 ZIPCCL_HD uint64_t FrameBytesFromOffsets(const uint64_t* offsets, uint64_t nb, uint64_t f) {
   uint64_t body = nb ? offsets[(f + 1) * nb] - offsets[f * nb] : 0;
@@ -375,6 +389,7 @@ struct HistKernel {
   ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
     const uint64_t g = cta.block();
     const uint64_t f = g / p.nb, b = g % p.nb;
+    if (Skipped(p, f)) return;  // the whole CTA: no statistics (nothing reads them)
     const uint64_t m = BlockElems(p.n, b);
     const uint8_t* xb = p.x + (f * p.n + (b << kBlockLog2)) * sizeof(T);
     const uint32_t tid = cta.tid(), warp = tid / 32;
@@ -420,7 +435,8 @@ struct HistKernel {
 
 // 2. Plan: one thread per block runs the shared PlanBlock (code lengths,
 //    canonical codes, mode choice, exact size); the extra item `total` writes
-//    the trailing 0 that makes the scan's last entry the grand total.
+//    the trailing 0 that makes the scan's last entry the grand total. Blocks
+//    of skipped frames get size 0 and no plan.
 struct PlanKernel {
   static constexpr const char* kName = "zipccl_plan";
   static constexpr int kBlockThreads = kItemThreads;
@@ -436,6 +452,10 @@ struct PlanKernel {
       p.sizes[g] = 0;
       return;
     }
+    if (Skipped(p, g / p.nb)) {
+      p.sizes[g] = 0;
+      return;
+    }
     const BlockStats& st = p.stats[g];
     const int w = ElemBytes(p.dtype);
     PlanBlock(st.hist, BlockElems(p.n, g % p.nb), w, st.all_equal != 0, st.first,
@@ -446,7 +466,8 @@ struct PlanKernel {
 
 // 3. (between 2 and 4) cub::DeviceScan::ExclusiveSum(sizes -> offsets).
 
-// 4. Block writer: one CTA per block, skipped when the frame overflows. HUFF
+// 4. Block writer: one CTA per block, skipped when the frame overflows or the
+//    caller skips the frame. HUFF
 //    blocks are written one 2048-element stream (tile) at a time:
 //    - each thread codes its 8 elements; a CTA scan of (bits | nnz << 16)
 //      gives its bit and raw-byte offsets and the stream directory entry;
@@ -470,6 +491,7 @@ struct WriteKernel {
   ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
     const uint64_t g = cta.block();
     const uint64_t f = g / p.nb, b = g % p.nb;
+    if (Skipped(p, f)) return;  // not a frame: ZeroTailKernel zeroes the row
     if (FrameBytesFromOffsets(p.offsets, p.nb, f) > p.cap) return;  // overflow: header only
     const uint64_t m = BlockElems(p.n, b);
     const uint8_t* xb = p.x + (f * p.n + (b << kBlockLog2)) * sizeof(T);
@@ -598,7 +620,7 @@ struct WriteKernel {
 
 // 5. Finish: one thread per frame writes the frame header (or, on overflow,
 //    the header alone with frame_bytes = the size needed), the optional
-//    checksum, and the frame size.
+//    checksum, and the frame size (0 and no header for a skipped frame).
 struct FinishEncodeKernel {
   static constexpr const char* kName = "zipccl_finish";
   static constexpr int kBlockThreads = kItemThreads;
@@ -610,6 +632,13 @@ struct FinishEncodeKernel {
   ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
     const uint64_t f = cta.block() * kItemThreads + cta.tid();
     if (f >= p.frames) return;
+    if (Skipped(p, f)) {
+      if (p.nbytes64)
+        static_cast<int64_t*>(p.nbytes)[f] = 0;
+      else
+        static_cast<int32_t*>(p.nbytes)[f] = 0;
+      return;
+    }
     const uint64_t need = FrameBytesFromOffsets(p.offsets, p.nb, f);
     uint8_t* out = p.payload + f * p.cap;
     if (need > p.cap) {
@@ -628,7 +657,8 @@ struct FinishEncodeKernel {
 // 6. Zero the payload past the frame (past the header after an overflow), as
 //    the CPU handler does: the padded transport sends all `cap` bytes, and
 //    XLA reuses output buffers, so stale device memory must not reach peers.
-//    kTilesPerFrame CTAs per frame stride over the tail.
+//    The whole row of a skipped frame is zeroed. kTilesPerFrame CTAs per frame
+//    stride over the tail.
 struct ZeroTailKernel {
   static constexpr const char* kName = "zipccl_zero_tail";
   static constexpr int kBlockThreads = kItemThreads;
@@ -642,8 +672,9 @@ struct ZeroTailKernel {
     const uint64_t f = cta.block() / kTilesPerFrame, tile = cta.block() % kTilesPerFrame;
     if (f >= p.frames) return;
     const uint64_t need = FrameBytesFromOffsets(p.offsets, p.nb, f);
-    const uint64_t keep =
-        need <= p.cap ? need : (p.cap < kFrameHeaderBytes ? p.cap : kFrameHeaderBytes);
+    const uint64_t keep = Skipped(p, f) ? 0
+                          : need <= p.cap ? need
+                          : (p.cap < kFrameHeaderBytes ? p.cap : kFrameHeaderBytes);
     uint8_t* out = p.payload + f * p.cap;
     const uint64_t stride = kTilesPerFrame * uint64_t(kItemThreads);
     for (uint64_t i = keep + tile * kItemThreads + cta.tid(); i < p.cap; i += stride) out[i] = 0;
@@ -656,6 +687,8 @@ struct ZeroTailKernel {
 
 // 1. Frame check: one thread per frame validates the header and, if present,
 //    the checksum (XXH32 is sequential by definition: ~1-2 GB/s per frame).
+//    A skipped frame is not read: it gets kSkippedKey, which keeps the block
+//    decoder away from it and makes the poison kernel write zeros.
 struct FrameCheckKernel {
   static constexpr const char* kName = "zipccl_frame_check";
   static constexpr int kBlockThreads = kItemThreads;
@@ -669,7 +702,9 @@ struct FrameCheckKernel {
     if (f >= p.frames) return;
     const uint8_t* in = p.payload + f * p.cap;
     unsigned long long key = kNoError;
-    if (p.cap < kFrameHeaderBytes) {
+    if (Skipped(p, f)) {
+      key = kSkippedKey;
+    } else if (p.cap < kFrameHeaderBytes) {
       key = kErrTruncated;
     } else {
       const FrameHeader h = ParseFrameHeader(in);
@@ -685,7 +720,8 @@ struct FrameCheckKernel {
 };
 
 // 2. Directory gather: one thread per block copies its directory entry (0 if
-//    the payload cannot hold it; such a frame fails its header check anyway).
+//    the payload cannot hold it; such a frame fails its header check anyway;
+//    0 without reading it for a skipped frame).
 struct DirKernel {
   static constexpr const char* kName = "zipccl_dir";
   static constexpr int kBlockThreads = kItemThreads;
@@ -703,7 +739,9 @@ struct DirKernel {
     }
     const uint64_t f = g / p.nb, b = g % p.nb;
     const uint64_t at = kFrameHeaderBytes + b * kDirEntryBytes;
-    p.sizes[g] = at + kDirEntryBytes <= p.cap ? Load32(p.payload + f * p.cap + at) : 0;
+    p.sizes[g] = !Skipped(p, f) && at + kDirEntryBytes <= p.cap
+                     ? Load32(p.payload + f * p.cap + at)
+                     : 0;
   }
 };
 
@@ -740,7 +778,7 @@ struct DecodeBlockKernel {
   ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
     const uint64_t g = cta.block();
     const uint64_t f = g / p.nb, b = g % p.nb;
-    if (p.ferr[f] != kNoError) return;  // the frame is rejected as a whole
+    if (p.ferr[f] != kNoError) return;  // the frame is rejected as a whole, or skipped
     const uint8_t* in = p.payload + f * p.cap;
     const uint32_t tid = cta.tid();
     // The blocks must tile the frame (the same test in every CTA of the frame).
@@ -951,7 +989,7 @@ struct DecodeBlockKernel {
 
 // 5. Poison: the elements of a rejected frame are all set to a quiet NaN, so
 //    a decode error cannot pass silently (the status output, when requested,
-//    says why). One CTA per block.
+//    says why); those of a skipped frame to zero. One CTA per block.
 template <typename T>
 struct PoisonKernel {
   static constexpr const char* kName = "zipccl_poison";
@@ -966,9 +1004,10 @@ struct PoisonKernel {
     const uint64_t f = g / p.nb, b = g % p.nb;
     if (p.ferr[f] == kNoError && p.berr[f] == kNoError) return;
     const uint32_t nan = p.dtype == kF32 ? 0x7FC00000u : p.dtype == kBF16 ? 0x7FC0u : 0x7E00u;
+    const uint32_t fill = p.ferr[f] == kSkippedKey ? 0u : nan;
     const uint64_t m = BlockElems(p.n, b);
     uint8_t* out = p.out + (f * p.n + (b << kBlockLog2)) * sizeof(T);
-    for (uint64_t e = cta.tid(); e < m; e += kThreads) StoreElem<T>(out + e * sizeof(T), nan);
+    for (uint64_t e = cta.tid(); e < m; e += kThreads) StoreElem<T>(out + e * sizeof(T), fill);
   }
 };
 
@@ -1050,19 +1089,22 @@ int ScanTempBytes(uint64_t n_items, uint64_t* bytes);
 // Encodes `frames` frames of n elements each (x: frames * n elements, device
 // memory) into payload (frames * cap bytes) and writes each frame's exact size
 // to nbytes (int32 or int64 per frame). Semantics equal those of
-// cpu::EncodeFrame applied per frame. scratch holds L.scratch_bytes bytes
+// cpu::EncodeFrame applied per frame. skip (nullable, device memory, one byte
+// per frame): a frame with a non-zero flag is not coded (its blocks are neither
+// histogrammed, planned nor written), its payload row is all zero and its size 0. scratch holds L.scratch_bytes bytes
 // (256-byte aligned); L comes from MakeEncodeLayout with ScanTempBytes(total + 1).
 // The caller guarantees that MaxEncodedBytes(n) fits nbytes' type.
 int EncodeAsync(const void* x, uint8_t dtype, bool checksum, uint8_t* payload, uint64_t cap,
-                void* nbytes, bool nbytes64, const EncodeLayout& L, void* scratch,
-                CUstream_st* stream);
+                void* nbytes, bool nbytes64, const uint8_t* skip, const EncodeLayout& L,
+                void* scratch, CUstream_st* stream);
 
 // Decodes frames (payload: frames * cap bytes) into out (frames * n elements).
 // A rejected frame's elements are set to NaN; status (nullable, int32 per
 // frame) receives 0 or the Status code of the first error, as the CPU driver
-// would report it.
+// would report it. skip (nullable, device memory, one byte per frame): a frame
+// with a non-zero flag is not read, its elements are zero and its status 0.
 int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, int32_t* status,
-                const DecodeLayout& L, void* scratch, CUstream_st* stream);
+                const uint8_t* skip, const DecodeLayout& L, void* scratch, CUstream_st* stream);
 
 const char* ErrorString(int cuda_error);
 
