@@ -716,12 +716,13 @@ def _tree_apply(fn, x, name):
 # Coding and transport
 # --------------------------------------------------------------------------- #
 
-def _encode_rows(rows, capacity: int):
+def _encode_rows(rows, capacity: int, skip=None):
   """rows (F, m) -> payload uint8 (F, C), nbytes (F,), any_overflow (bool).
 
   If any frame overflowed, every frame's `frame_bytes` is poisoned to 2^64-1.
+  Rows flagged in `skip` (F,) are not coded (zero row, nbytes 0).
   """
-  payload, nbytes = _codec().encode_frames(rows, capacity=capacity)
+  payload, nbytes = _codec().encode_frames(rows, capacity=capacity, skip=skip)
   over = jnp.any(nbytes > capacity)
   lo, hi = _FRAME_BYTES_FIELD
   field = payload[:, lo:hi]
@@ -831,10 +832,6 @@ def _xchg_permute(payload, nbytes, axis_name, n: int, perm, capacity: int, trans
   return _platform_select(transport, padded, ragged, payload, nbytes)
 
 
-def _decode_rows(recv, m: int, dtype):
-  return _codec().decode_frames(recv, shape=(m,), dtype=dtype)
-
-
 def _vary_like(z, ref):
   """pcast `z` to the varying axes of `ref` (check_vma only)."""
   if not _check_vma_on():
@@ -846,34 +843,70 @@ def _vary_like(z, ref):
   return lax.pcast(z, axes, to="varying") if axes else z
 
 
-def _decode_guarded(recv, fallback, m: int, dtype):
+def _decode_guarded(recv, fallback, m: int, dtype, skip=None):
   """Decode in the coded branch of `lax.cond(fallback, raw, coded)`.
 
   Unbatched, the cond never runs this on poisoned frames. Under `jax.vmap`
   the predicate is per example and the cond becomes a select that runs both
   branches, so the batching rule decodes example by example and skips the
-  ones that fell back (their rows are discarded by the select).
+  ones that fell back (their rows are discarded by the select). Rows flagged
+  in `skip` (R,) are not read and come out as zeros.
   """
+  if skip is None:
+    skip = jnp.zeros((recv.shape[0],), jnp.bool_)
+
   @jax.custom_batching.custom_vmap
-  def dec(recv, fallback):
-    return _decode_rows(recv, m, dtype)
+  def dec(recv, fallback, skip):
+    return _codec().decode_frames(recv, shape=(m,), dtype=dtype, skip=skip)
 
   @dec.def_vmap
-  def dec_vmap(axis_size, in_batched, recv, fallback):
-    rb, fb = in_batched
+  def dec_vmap(axis_size, in_batched, recv, fallback, skip):
+    rb, fb, sb = in_batched
     if not rb:
       recv = jnp.broadcast_to(recv, (axis_size,) + recv.shape)
     if not fb:
       fallback = jnp.broadcast_to(fallback, (axis_size,))
+    if not sb:
+      skip = jnp.broadcast_to(skip, (axis_size,) + skip.shape)
 
     def one(args):
-      r, f = args
+      r, f, k = args
       return lax.cond(f, lambda: _vary_like(jnp.zeros((r.shape[0], m), dtype), r),
-                      lambda: dec(r, f))
+                      lambda: dec(r, f, k))
 
-    return lax.map(one, (recv, fallback)), True
+    return lax.map(one, (recv, fallback, skip)), True
 
-  return dec(recv, fallback)
+  return dec(recv, fallback, skip)
+
+
+def _self_row(axis_name, n: int):
+  """(me, skip): this rank's index on `axis_name` and the (n,) mask of its own row.
+
+  The chunk a rank sends to itself (all_to_all, psum_scatter) or receives
+  from itself (all_gather) never crosses the network, so it is not coded: the
+  codec skips that row and the collective copies the raw chunk in place.
+  """
+  me = lax.axis_index(axis_name).astype(jnp.int32)
+  return me, jnp.arange(n, dtype=jnp.int32) == me
+
+
+def _row_bits(rows, me):
+  """Row `me` of `rows` (n, m), sliced on the bit patterns (see _put_row)."""
+  u = _UINT_OF_SIZE[np.dtype(rows.dtype).itemsize]
+  row = lax.dynamic_index_in_dim(lax.bitcast_convert_type(rows, u), me, keepdims=False)
+  return lax.bitcast_convert_type(row, rows.dtype)
+
+
+def _put_row(out, row, me):
+  """out (n, m) with row `me` replaced by `row` (m,): a one-row in-place update.
+
+  Done on the bit patterns: XLA:CPU computes 16-bit float updates in float32,
+  and the round trip quiets NaN payloads.
+  """
+  u = _UINT_OF_SIZE[np.dtype(out.dtype).itemsize]
+  got = lax.dynamic_update_slice(lax.bitcast_convert_type(out, u),
+                                 lax.bitcast_convert_type(row.reshape(1, -1), u), (me, jnp.int32(0)))
+  return lax.bitcast_convert_type(got, out.dtype)
 
 
 def _ordered_sum(rows, dtype):
@@ -1024,7 +1057,8 @@ def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
   m = x.size // n
   k = x.shape[sa] // n
   rows = jnp.moveaxis(x, sa, 0).reshape(n, m)
-  payload, nbytes, _ = _encode_rows(rows, C)
+  me, skip = _self_row(axis_name, n)
+  payload, nbytes, _ = _encode_rows(rows, C, skip)
   recv = _xchg_a2a(payload, nbytes, axis_name, n, C, transport)
   fallback = _any_overflow(recv, C)
   _count(site, fallback)
@@ -1034,7 +1068,8 @@ def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
                                   x))
 
   def coded():
-    out = _decode_guarded(recv, fallback, m, x.dtype)
+    out = _put_row(_decode_guarded(recv, fallback, m, x.dtype, skip),
+                   _row_bits(rows, me), me)
     rest = x.shape[:sa] + x.shape[sa + 1:]
     if tiled:
       pieces = jnp.moveaxis(out.reshape((n, k) + rest), 1, sa + 1)  # (n, *x.shape[sa]->k)
@@ -1161,7 +1196,12 @@ def _ag_impl(x, axis_name, ax, tiled, to, C, transport, site):
         lambda u: lax.all_gather(u, axis_name, axis=ax, tiled=tiled, to=to), x))
 
   def coded():
-    out = _decode_guarded(recv, fallback, m, x.dtype).reshape((n,) + x.shape)
+    if to == "invarying":  # the result must not depend on the rank: decode every row
+      out = _decode_guarded(recv, fallback, m, x.dtype)
+    else:
+      me, skip = _self_row(axis_name, n)
+      out = _put_row(_decode_guarded(recv, fallback, m, x.dtype, skip), x, me)
+    out = out.reshape((n,) + x.shape)
     y = jnp.moveaxis(out, 0, ax)
     if tiled:
       shp = list(x.shape)
@@ -1275,7 +1315,8 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
 def _reduce_scatter_rows(rows, axis_name, n, C, transport, site):
   """rows (n, m) -> this rank's fixed-order sum of row `me` over ranks, (m,)."""
   if C:
-    payload, nbytes, _ = _encode_rows(rows, C)
+    me, skip = _self_row(axis_name, n)
+    payload, nbytes, _ = _encode_rows(rows, C, skip)
     recv = _xchg_a2a(payload, nbytes, axis_name, n, C, transport)
     fallback = _any_overflow(recv, C)
     _count(site, fallback)
@@ -1283,7 +1324,8 @@ def _reduce_scatter_rows(rows, axis_name, n, C, transport, site):
         fallback,
         lambda: _fallback(lambda: _raw(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True),
                                        rows)),
-        lambda: _decode_guarded(recv, fallback, rows.shape[1], rows.dtype))
+        lambda: _put_row(_decode_guarded(recv, fallback, rows.shape[1], rows.dtype, skip),
+                         _row_bits(rows, me), me))
   else:
     got = _raw(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True), rows)
     _count(site, jnp.bool_(False))
@@ -1406,7 +1448,13 @@ def _gather_rows(red, axis_name, n, C, transport, site, invariant):
   def raw():
     return _fallback(lambda: _raw(raw_gather, red))
 
-  return _cond_bits(fallback, raw, lambda: _decode_guarded(recv, fallback, m, red.dtype))
+  def coded():
+    if invariant:  # the result must not depend on the rank: decode every row
+      return _decode_guarded(recv, fallback, m, red.dtype)
+    me, skip = _self_row(axis_name, n)
+    return _put_row(_decode_guarded(recv, fallback, m, red.dtype, skip), red, me)
+
+  return _cond_bits(fallback, raw, coded)
 
 
 def _psum_impl(x, axis_name, C, transport, site):
