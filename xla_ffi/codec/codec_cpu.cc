@@ -96,8 +96,12 @@ uint64_t PackStreams(const T* x, uint64_t n, const BlockPlan& p, const uint32_t*
   uint64_t enc[kNumSymbols];  // code in the low 32 bits, length in the high 32
   for (int s = 0; s < kNumSymbols; ++s)
     enc[s] = (p.enc[s] & 0xFFFFu) | (uint64_t(p.enc[s] >> 16) << 32);
-  // Without zeros in the block (kZeros false) the symbol is the exponent byte
-  // alone, which spares a compare and a select per element.
+  // kZeros false: the symbol is the exponent byte alone, which spares a
+  // compare and a select per element. That is exact without zeros in the
+  // block, and also with zeros when no non-zero element has exponent byte 0
+  // (no -0.0, no subnormal of that byte; hist[0] == 0): a zero's exponent byte
+  // is 0, so entry 0 then carries the ZERO symbol's code.
+  if (!kZeros && p.lens[0] == 0) enc[0] = enc[kZeroSymbol];
   auto sym = [](T v) -> uint32_t {
     uint32_t e = (v >> kExpShift<T>) & 0xFF;
     return (!kZeros || v) ? e : uint32_t(kZeroSymbol);
@@ -218,8 +222,8 @@ void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& 
   uint8_t* raw = bits + (p.total_bits + 7) / 8;
   const bool low16 = p.flags & kBlockFlagLow16;
   if (raw + 8 <= out_end)
-    (p.nnz == n ? PackStreams<T, true, false> : PackStreams<T, true, true>)(x, n, p, a.stream_zeros,
-                                                                           dir, bits);
+    (p.nnz == n || p.lens[0] == 0 ? PackStreams<T, true, false>
+                                  : PackStreams<T, true, true>)(x, n, p, a.stream_zeros, dir, bits);
   else
     PackStreams<T, false, true>(x, n, p, a.stream_zeros, dir, bits);
 
