@@ -532,8 +532,29 @@ bool MergeStream(const S* syms, uint64_t count, S zero_code, const uint8_t* raw,
     }
     return bad == 0;
   }
-  uint64_t r = 0;
-  for (uint64_t j = 0; j < count; ++j) {
+  uint64_t r = 0, j = 0;
+#if ZIPCCL_CPU_VBMI2
+  // 16-bit elements with byte symbols, 32 per step: load exactly the raw bytes
+  // the step's non-zero symbols need (a masked load, so never past the raw
+  // region), spread them to those symbols' positions with vpexpandb, join and
+  // rotate, and zero the ZERO positions.
+  if constexpr (sizeof(T) == 2 && sizeof(S) == 1) {
+    const __m256i zc = _mm256_set1_epi8(char(zero_code));
+    for (; j + 32 <= count; j += 32) {
+      const __m256i sv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + j));
+      const __mmask32 nz = _mm256_cmpneq_epi8_mask(sv, zc);
+      const uint64_t cnt = uint64_t(__builtin_popcount(nz));
+      if (r + cnt > nnz) return false;  // more non-zero symbols than the directory says
+      const __m256i rv = _mm256_maskz_expand_epi8(
+          nz, _mm256_maskz_loadu_epi8(_bzhi_u32(~0u, unsigned(cnt)), raw + r));
+      const __m512i v = _mm512_or_si512(_mm512_slli_epi16(_mm512_cvtepu8_epi16(sv), 8),
+                                        _mm512_cvtepu8_epi16(rv));
+      _mm512_storeu_si512(out + j, _mm512_maskz_shrdi_epi16(nz, v, v, 1));  // Rotr16
+      r += cnt;
+    }
+  }
+#endif
+  for (; j < count; ++j) {
     uint32_t s = syms[j];
     uint64_t at = r < nnz ? r : nnz - 1;  // clamp: never read past the stream
     uint32_t v;
