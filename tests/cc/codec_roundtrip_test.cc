@@ -1,6 +1,9 @@
 // Round trips of the CPU frame driver (xla_ffi/codec/codec_cpu.h): bit-exact for every dtype, size and block
 // mode; frame header fields; the RAW fallback on incompressible data; capacity overflow; determinism.
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <random>
 #include <vector>
 
 #include "tests/cc/check.h"
@@ -94,6 +97,45 @@ TEST(RoundTripSpecialValues) {
     for (uint64_t i = 0; i < s.n; ++i)
       SetElem(s, i, dtype == kF32 ? specials32[i % (sizeof(specials32) / 4)] : specials16[i % (sizeof(specials16) / 4)]);
     CheckRoundTrip(s, false, "only specials");
+  }
+}
+
+TEST(ZeroPatternsIntoExactlySizedBuffers) {
+  // The encoder's zero path (raw bytes compacted past zero elements, zeros coded by the plain exponent-byte
+  // lookup when exponent byte 0 is otherwise unused) on MoE-like zero layouts: runs at the end of 128-wide
+  // rows, scattered zeros, a frame ending in a run of zeros, one non-zero element. Each frame is also encoded
+  // into a heap buffer of exactly its size (ASan sees any store past it) and must come out identical.
+  uint32_t seed = 500;
+  for (int variant = 0; variant < 4; ++variant) {  // bf16, f16, f32, f32 LOW16
+    const uint8_t dtype = variant == 0 ? kBF16 : variant == 1 ? kF16 : kF32;
+    for (int pattern = 0; pattern < 5; ++pattern)
+      for (bool neg_zero : {false, true}) {
+        const uint64_t n = 65536 + 4096 + 77;
+        Array a = Gaussian(dtype, n, ++seed, 0.05f);
+        std::mt19937 rng(seed);
+        for (uint64_t i = 0; i < n; ++i) {
+          uint32_t v = GetElem(a, i);
+          if (variant == 3) v = FloatToElem(0.05f * float(int(rng() % 2001) - 1000) / 1000.0f, kBF16) << 16;
+          const bool zero = pattern == 0   ? i % 128 >= 100
+                            : pattern == 1 ? rng() % 100 < 22
+                            : pattern == 2 ? i + 3000 >= n
+                            : pattern == 3 ? i != 40000
+                                           : (i / 64) % 3 == 1 || i + 5 >= n;
+          if (zero) v = 0;
+          if (neg_zero && i % 997 == 5) v = dtype == kF32 ? 0x80000000u : 0x8000u;  // symbol 0 in use
+          SetElem(a, i, v);
+        }
+        std::vector<uint8_t> frame = CheckRoundTrip(a, false, "zero pattern");
+        if (frame.empty()) continue;
+        if (variant == 3) {
+          CHECK_EQ(frame[BlockOffset(frame, n, 0) + 1], kBlockFlagLow16) << "pattern" << pattern;
+        }
+        std::unique_ptr<uint8_t[]> exact(new uint8_t[frame.size()]);
+        CHECK_EQ(cpu::EncodeFrame(a.bytes.data(), n, dtype, false, exact.get(), frame.size()), frame.size())
+            << "variant" << variant << "pattern" << pattern;
+        CHECK(std::equal(frame.begin(), frame.end(), exact.get()))
+            << "variant" << variant << "pattern" << pattern << "exactly sized buffer";
+      }
   }
 }
 

@@ -9,6 +9,15 @@
 #include "huffman.h"
 #include "xxhash32.h"
 
+// AVX-512 VBMI2 (vpcompressb) compacts the raw bytes of blocks with zeros; the
+// build uses -march=native, and other targets take the portable loops.
+#if defined(__AVX512VBMI2__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__BMI2__)
+#define ZIPCCL_CPU_VBMI2 1
+#include <immintrin.h>
+#else
+#define ZIPCCL_CPU_VBMI2 0
+#endif
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the CPU driver stores words with memcpy and assumes a little-endian host"
 #endif
@@ -87,8 +96,12 @@ uint64_t PackStreams(const T* x, uint64_t n, const BlockPlan& p, const uint32_t*
   uint64_t enc[kNumSymbols];  // code in the low 32 bits, length in the high 32
   for (int s = 0; s < kNumSymbols; ++s)
     enc[s] = (p.enc[s] & 0xFFFFu) | (uint64_t(p.enc[s] >> 16) << 32);
-  // Without zeros in the block (kZeros false) the symbol is the exponent byte
-  // alone, which spares a compare and a select per element.
+  // kZeros false: the symbol is the exponent byte alone, which spares a
+  // compare and a select per element. That is exact without zeros in the
+  // block, and also with zeros when no non-zero element has exponent byte 0
+  // (no -0.0, no subnormal of that byte; hist[0] == 0): a zero's exponent byte
+  // is 0, so entry 0 then carries the ZERO symbol's code.
+  if (!kZeros && p.lens[0] == 0) enc[0] = enc[kZeroSymbol];
   auto sym = [](T v) -> uint32_t {
     uint32_t e = (v >> kExpShift<T>) & 0xFF;
     return (!kZeros || v) ? e : uint32_t(kZeroSymbol);
@@ -139,6 +152,66 @@ uint64_t PackStreams(const T* x, uint64_t n, const BlockPlan& p, const uint32_t*
   return prev_bits;
 }
 
+// Raw bytes of the non-zero elements of x[0, n), in element order, at raw.
+// Writes exactly the raw region and nothing past it, so it needs no slack.
+template <typename T>
+void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
+  const bool one = sizeof(T) == 2 || low16;  // one raw byte per element, else three
+  uint64_t j = 0, r = 0;
+#if ZIPCCL_CPU_VBMI2
+  // 64 bytes of elements per step: rotate every element left by one (a funnel
+  // shift of the lane with itself), so that its raw bytes sit in place, spread
+  // the non-zero mask over those bytes, squeeze them together with vpcompressb
+  // and store exactly them with a masked store: nothing lands past the region.
+  // Raw bytes per lane: 16-bit dtype, byte 0 of rotl16(v); LOW16, byte 2 of
+  // the lane (the low byte of rotl16(v >> 16)); float32, bytes 0-2 of rotl32(v).
+  constexpr uint64_t kElems = 64 / sizeof(T);
+  const uint64_t spread = sizeof(T) == 2 ? 0x5555555555555555ull
+                          : low16        ? 0x4444444444444444ull
+                                         : 0x1111111111111111ull;
+  const uint64_t width = one ? 1 : 3;
+  for (; j + kElems <= n; j += kElems) {
+    const __m512i v = _mm512_loadu_si512(x + j);
+    uint64_t keep;
+    __m512i rot;
+    if constexpr (sizeof(T) == 2) {
+      keep = _mm512_test_epi16_mask(v, v);
+      rot = _mm512_shldi_epi16(v, v, 1);
+    } else {
+      keep = _mm512_test_epi32_mask(v, v);
+      rot = low16 ? _mm512_shldi_epi16(v, v, 1) : _mm512_shldi_epi32(v, v, 1);
+    }
+    uint64_t keep_bytes = _pdep_u64(keep, spread);
+    if (width == 3) keep_bytes *= 7;  // bit 4i -> bits 4i, 4i+1, 4i+2
+    const uint64_t cnt = width * uint64_t(__builtin_popcountll(keep));
+    _mm512_mask_storeu_epi8(raw + r, _bzhi_u64(~0ull, unsigned(cnt)),
+                            _mm512_maskz_compress_epi8(keep_bytes, rot));
+    r += cnt;
+  }
+#endif
+  // Branchless tail (the whole block without VBMI2): store the element's raw
+  // bytes at r whether it is zero or not, and advance r only past non-zero
+  // ones. A zero element's store lands where the next non-zero element's bytes
+  // go, so it is harmless as long as a non-zero element follows; the trailing
+  // zeros are therefore cut off first. Then r <= (nnz - 1) * width at every
+  // store and nothing is written past the raw region.
+  uint64_t last = n;
+  while (last > j && !x[last - 1]) --last;
+  for (; j < last; ++j) {
+    const uint32_t v = uint32_t(x[j]);
+    if (one) {
+      raw[r] = uint8_t(Raw16(sizeof(T) == 2 ? v : v >> 16));
+      r += v != 0;
+    } else {
+      const uint32_t w = Raw32(v);
+      raw[r] = uint8_t(w);
+      raw[r + 1] = uint8_t(w >> 8);
+      raw[r + 2] = uint8_t(w >> 16);
+      r += v ? 3 : 0;
+    }
+  }
+}
+
 template <typename T>
 void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& a,
                     uint8_t* block, const uint8_t* out_end) {
@@ -149,8 +222,8 @@ void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& 
   uint8_t* raw = bits + (p.total_bits + 7) / 8;
   const bool low16 = p.flags & kBlockFlagLow16;
   if (raw + 8 <= out_end)
-    (p.nnz == n ? PackStreams<T, true, false> : PackStreams<T, true, true>)(x, n, p, a.stream_zeros,
-                                                                           dir, bits);
+    (p.nnz == n || p.lens[0] == 0 ? PackStreams<T, true, false>
+                                  : PackStreams<T, true, true>)(x, n, p, a.stream_zeros, dir, bits);
   else
     PackStreams<T, false, true>(x, n, p, a.stream_zeros, dir, bits);
 
@@ -170,20 +243,7 @@ void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& 
     }
     return;
   }
-  uint64_t r = 0;
-  for (uint64_t j = 0; j < n; ++j) {
-    uint32_t v = uint32_t(x[j]);
-    if (!v) continue;
-    if (sizeof(T) == 2 || low16) {
-      raw[r++] = uint8_t(Raw16(sizeof(T) == 2 ? v : v >> 16));
-    } else {
-      uint32_t w = Raw32(v);
-      raw[r] = uint8_t(w);
-      raw[r + 1] = uint8_t(w >> 8);
-      raw[r + 2] = uint8_t(w >> 16);
-      r += 3;
-    }
-  }
+  WriteRawCompacted(x, n, low16, raw);
 }
 
 template <typename T>
@@ -472,8 +532,29 @@ bool MergeStream(const S* syms, uint64_t count, S zero_code, const uint8_t* raw,
     }
     return bad == 0;
   }
-  uint64_t r = 0;
-  for (uint64_t j = 0; j < count; ++j) {
+  uint64_t r = 0, j = 0;
+#if ZIPCCL_CPU_VBMI2
+  // 16-bit elements with byte symbols, 32 per step: load exactly the raw bytes
+  // the step's non-zero symbols need (a masked load, so never past the raw
+  // region), spread them to those symbols' positions with vpexpandb, join and
+  // rotate, and zero the ZERO positions.
+  if constexpr (sizeof(T) == 2 && sizeof(S) == 1) {
+    const __m256i zc = _mm256_set1_epi8(char(zero_code));
+    for (; j + 32 <= count; j += 32) {
+      const __m256i sv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + j));
+      const __mmask32 nz = _mm256_cmpneq_epi8_mask(sv, zc);
+      const uint64_t cnt = uint64_t(__builtin_popcount(nz));
+      if (r + cnt > nnz) return false;  // more non-zero symbols than the directory says
+      const __m256i rv = _mm256_maskz_expand_epi8(
+          nz, _mm256_maskz_loadu_epi8(_bzhi_u32(~0u, unsigned(cnt)), raw + r));
+      const __m512i v = _mm512_or_si512(_mm512_slli_epi16(_mm512_cvtepu8_epi16(sv), 8),
+                                        _mm512_cvtepu8_epi16(rv));
+      _mm512_storeu_si512(out + j, _mm512_maskz_shrdi_epi16(nz, v, v, 1));  // Rotr16
+      r += cnt;
+    }
+  }
+#endif
+  for (; j < count; ++j) {
     uint32_t s = syms[j];
     uint64_t at = r < nnz ? r : nnz - 1;  // clamp: never read past the stream
     uint32_t v;
