@@ -380,7 +380,7 @@ def collective_bytes(comm: Comm, mesh, steps: int) -> dict:
     raw_bytes: what jax.lax would have sent; wire_bytes: what was sent (padded coded payloads, plus the raw
     resend of a call that fell back); fallbacks: device executions of a call site that took the raw path.
     """
-    jax.effects_barrier()  # runtime fallback counters are debug callbacks
+    jax.effects_barrier()  # off CPU the runtime fallback counters are debug callbacks
     sites = comm.site_table()
     local = np.array([s["fallbacks"] for s in sites], np.int64)
     if jax.process_count() > 1 and sites:
