@@ -71,7 +71,8 @@ def test_extension_reports_cuda():
   regs = EXT.registrations()
   assert "CUDA" in regs, sorted(regs)
   assert sorted(regs["CUDA"]) == ["zipccl_decode", "zipccl_encode"]
-  assert sorted(regs["cpu"]) == sorted(regs["CUDA"])
+  # zipccl_count (runtime statistics) is CPU-only: other platforms count with jax.debug.callback
+  assert sorted(regs["cpu"]) == ["zipccl_count", "zipccl_decode", "zipccl_encode"]
 
 
 def test_host_bindings_present_with_cuda():
