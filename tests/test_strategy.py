@@ -190,6 +190,16 @@ def test_lookup_fallbacks_and_documented_defaults():
   assert p.ratio("capacity_ratio", "gradient", BF16) == zc.EXPECTED_RATIO["gradient"][BF16]
 
 
+def test_fit_stays_finite_when_net_times_vanish():
+  """Calibration subtracts the null program's time; on a fast codec or a loaded host every net time can be 0
+  (it once raised ZeroDivisionError). Floored, the fit gives a finite, positive bandwidth and no latency."""
+  for ts in ([0.0, 0.0], [-1e-5, 0.0], [0.0, -3e-4], [2e-5, 1e-5]):
+    lat, bw = st._fit([16 << 10, 64 << 10], ts)
+    assert lat >= 0 and 0 < bw < math.inf, (ts, lat, bw)
+  lat, bw = st._fit([1e3, 2e3, 4e3], [1e-3 + 1e3 / 1e8, 1e-3 + 2e3 / 1e8, 1e-3 + 4e3 / 1e8])
+  assert math.isclose(lat, 1e-3, rel_tol=1e-6) and math.isclose(bw, 1e8, rel_tol=1e-6)
+
+
 def test_observed_capacity_is_used_with_margin():
   p = synthetic(bw=1e6)
   m = 1 << 14

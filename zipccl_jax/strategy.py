@@ -877,10 +877,18 @@ def observe(profile: Profile | None = None, *, agree: bool = True):
 # --------------------------------------------------------------------------- #
 
 
+_MIN_FIT_TIME_S = 1e-6  # net times below this (after the null program's) are not resolved: floor them
+
+
 def _fit(xs: Iterable[float], ts: Iterable[float]) -> tuple[float, float]:
-  """Least squares ``t = a + x / b`` -> (a >= 0, b > 0)."""
+  """Least squares ``t = a + x / b`` -> (a >= 0, b > 0).
+
+  Net times can come out at zero or below when the work is lost in the noise
+  of the null program's time (a fast codec on small sizes, a loaded host);
+  they are floored at ``_MIN_FIT_TIME_S`` so the bandwidth stays finite.
+  """
   xs = np.asarray(list(xs), np.float64)
-  ts = np.asarray(list(ts), np.float64)
+  ts = np.maximum(np.asarray(list(ts), np.float64), _MIN_FIT_TIME_S)
   if xs.size < 2 or np.ptp(xs) == 0:
     raise ValueError("zipccl_jax: calibration needs at least two different sizes")
   slope, icpt = np.polyfit(xs, ts, 1)
