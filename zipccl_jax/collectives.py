@@ -385,12 +385,9 @@ def set_runtime_stats(enabled: bool = True) -> bool:
   return prev
 
 
-def _with_runtime_counts(s: CallSiteStats) -> CallSiteStats:
-  """`s` plus what the zipccl_count handler counted for it (caller holds _STATS_LOCK)."""
-  sid = _SITE_IDS.get(s.name)
-  if sid is None or not _SITE_IDS_USED:
-    return dataclasses.replace(s)
-  calls, fallbacks = _runtime_counts().get(sid, (0, 0))
+def _with_runtime_counts(s: CallSiteStats, counts: dict) -> CallSiteStats:
+  """`s` plus what the zipccl_count handler counted for it (`counts`: _runtime_counts())."""
+  calls, fallbacks = counts.get(_SITE_IDS.get(s.name), (0, 0))
   return dataclasses.replace(s, calls=s.calls + int(calls), fallbacks=s.fallbacks + int(fallbacks))
 
 
@@ -402,7 +399,8 @@ def _runtime_counts() -> dict:
 def stats() -> dict[str, CallSiteStats]:
   """A snapshot of the per-call-site statistics."""
   with _STATS_LOCK:
-    return {k: _with_runtime_counts(v) for k, v in _STATS.items()}
+    counts = _runtime_counts() if _SITE_IDS_USED else {}
+    return {k: _with_runtime_counts(v, counts) for k, v in _STATS.items()}
 
 
 def totals() -> dict[str, int]:
