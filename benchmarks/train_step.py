@@ -126,6 +126,8 @@ def main(argv=None) -> int:
                     "rate_gbit": rate, "variant": v,
                     "step_time_s": statistics.median(r["median_step_s"] for r in runs[v]),
                     "run_step_times_s": [r.get("step_times_s") for r in runs[v]],
+                    # CPU time of process 0's threads per step: the codec's cost without the other ranks' load
+                    "run_step_cpu_s": [r.get("step_cpu_s") for r in runs[v]],
                     "hlo_sent_bytes_per_device_step": first.get("hlo_sent_bytes_per_device_step"),
                     "loadavg_1min": [r["loadavg_1min"] for r in runs[v]],
                     "losses_identical_across_rounds": all(r["loss_bits"] == first["loss_bits"] for r in runs[v]),
