@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import pathlib
+import re
 import struct
 
 import jax
@@ -883,3 +884,229 @@ def test_skip_ffi_operand_checks():
     jax.block_until_ready(dec(p, jnp.zeros((2, 3), bool), jnp.zeros((2, 3), bool)))
   y = dec(p, jnp.array([[True, False, False], [False, False, True]]))
   assert not np.asarray(y).view(np.uint16).any()
+
+
+# --------------------------------------------------------------------------- status result
+
+def _fill_bits(dtype):
+  return codec.REJECTED_FILL_BITS[np.dtype(dtype)]
+
+
+def _raised_reason(row, shape, dtype):
+  """The raising path's verdict on one payload row: None (decodes) or the error message."""
+  try:
+    jax.block_until_ready(zj.decode(row, shape=shape, dtype=dtype))
+  except DECODE_ERRORS as e:
+    return str(e)
+  return None
+
+
+def test_status_messages_cover_format_h():
+  msgs = codec.status_messages()
+  assert msgs[codec.STATUS_OK] == "ok" and sorted(msgs) == list(range(len(msgs)))
+  assert msgs[1].startswith("payload is truncated") and msgs[2].startswith("bad magic")
+  assert codec.status_message(9).startswith("checksum mismatch")
+  assert codec.status_message(999) == "unknown error"
+  host = getattr(_ffi_ext(), "cuda_host", None)
+  if host is not None:
+    assert all(host.status_message(c) == m for c, m in msgs.items())
+
+
+def _ffi_ext():
+  from zipccl_jax import _ffi
+  return _ffi.extension()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_decode_frames_status_good_frames(dtype):
+  xs = _skip_rows(dtype, seed=140)
+  P = codec.encode_frames(xs, checksum=True)[0]
+  Y, S = codec.decode_frames(P, shape=(3000,), dtype=dtype, return_status=True)
+  Y, S = np.asarray(Y), np.asarray(S)
+  assert S.dtype == np.int32 and S.shape == (5,) and not S.any()
+  assert same_bits(Y, xs)
+  assert same_bits(Y, codec.decode_frames(P, shape=(3000,), dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_decode_frames_status_bad_frames(dtype):
+  """Rejected rows: their status code and an all-NaN row; the other rows stay exact."""
+  xs = _skip_rows(dtype, frames=6, seed=150)
+  P = np.asarray(codec.encode_frames(xs, checksum=True)[0]).copy()
+  cap = P.shape[1]
+  P[1, 0] ^= 1                                                 # bad magic
+  P[2, 16:24] = np.frombuffer(np.uint64(cap + 1).tobytes(), np.uint8)  # longer than the row
+  P[4, 200] ^= 0x10                                            # damage inside the frame
+  P[5, 5] = 7                                                  # invalid dtype byte
+  Y, S = codec.decode_frames(P, shape=(3000,), dtype=dtype, return_status=True)
+  Y, S = np.asarray(Y), np.asarray(S)
+  msgs = codec.status_messages()
+  assert S[0] == 0 and S[3] == 0
+  assert msgs[int(S[1])].startswith("bad magic")
+  assert msgs[int(S[2])].startswith("payload is truncated")
+  assert msgs[int(S[5])].startswith("frame dtype")
+  bad = np.array([False, True, True, False, True, True])
+  assert S[4] != 0
+  for f in np.flatnonzero(bad):                                 # the codes the raising path names
+    reason = _raised_reason(P[f], (3000,), dtype)
+    assert reason is not None and reason.endswith(msgs[int(S[f])]), (f, reason, int(S[f]))
+  assert np.array_equal(bits(Y[bad]), np.full((bad.sum(), 3000), _fill_bits(dtype), bits(Y).dtype))
+  assert same_bits(Y[~bad], xs[~bad])
+  # without return_status the same payload raises, naming the first bad frame
+  with pytest.raises(DECODE_ERRORS, match=r"zipccl decode \(frame 1\): bad magic"):
+    jax.block_until_ready(codec.decode_frames(P, shape=(3000,), dtype=dtype))
+
+
+def test_decode_status_single_frame(frame_bf16):
+  x, frame = frame_bf16
+  y, s = zj.decode(frame, shape=x.shape, dtype=BF16, return_status=True)
+  assert np.asarray(s).shape == () and int(s) == 0 and same_bits(y, x)
+  for cut in (0, 31, 32, frame.size - 1):                      # truncated
+    y, s = zj.decode(frame[:cut], shape=x.shape, dtype=BF16, return_status=True)
+    assert codec.status_message(s).startswith("payload is truncated"), cut
+    assert np.array_equal(bits(y), np.full(x.shape, 0x7FC0, np.uint16))
+  y, s = zj.decode(frame, shape=(2999,), dtype=BF16, return_status=True)   # wrong shape
+  assert codec.status_message(s).startswith("frame element count")
+  assert y.shape == (2999,) and (bits(y) == 0x7FC0).all()
+  for case in BAD_HEADERS:                                      # as the raising path
+    _, mut, msg = case
+    y, s = zj.decode(_mutated(frame, **mut), shape=x.shape, dtype=BF16, return_status=True)
+    assert int(s) != 0 and re.search(msg, codec.status_message(s)), case[0]
+    assert (bits(y) == 0x7FC0).all()
+
+
+def test_decode_frames_status_with_skip():
+  xs = _skip_rows(F16, seed=160)
+  P = np.asarray(codec.encode_frames(xs)[0]).copy()
+  P[0] = 0xFF                                                  # skipped: not read
+  P[2, 0] ^= 1                                                 # not skipped: bad magic
+  P[4] = 0                                                     # skipped
+  skip = np.array([True, False, False, False, True])
+  Y, S = codec.decode_frames(P, shape=(3000,), dtype=F16, skip=skip, return_status=True)
+  Y, S = np.asarray(Y), np.asarray(S)
+  assert S.tolist() == [0, 0, 2, 0, 0]
+  assert not bits(Y[skip]).any()
+  assert (bits(Y[2]) == 0x7E00).all()
+  assert same_bits(Y[[1, 3]], xs[[1, 3]])
+  with pytest.raises(DECODE_ERRORS, match=r"zipccl decode \(frame 2\): bad magic"):
+    jax.block_until_ready(codec.decode_frames(P, shape=(3000,), dtype=F16, skip=skip))
+
+
+def test_decode_frames_status_empty_and_zero_frames():
+  P = np.asarray(codec.encode_frames(np.zeros((3, 0), F32))[0]).copy()
+  P[1, 0] ^= 1
+  Y, S = codec.decode_frames(P, shape=(0,), dtype=F32, return_status=True)
+  assert Y.shape == (3, 0) and np.asarray(S).tolist() == [0, 2, 0]
+  Y, S = codec.decode_frames(np.zeros((0, 40), np.uint8), shape=(10,), dtype=BF16,
+                             return_status=True)
+  assert Y.shape == (0, 10) and S.shape == (0,) and S.dtype == jnp.int32
+
+
+def test_decode_frames_status_jit_and_vmap():
+  B, F, n = 3, 4, 1500
+  xs = np.stack([_skip_rows(BF16, frames=F, n=n, seed=170 + 10 * b) for b in range(B)])
+  P = np.stack([np.asarray(codec.encode_frames(xs[b])[0]) for b in range(B)])
+  P[0, 1, 0] ^= 1                                              # bad magic
+  P[2, 3, 4] = 9                                               # bad version
+  skips = np.zeros((B, F), bool)
+  skips[1, 2] = True
+  P[1, 2] = 0xFF
+  bad = np.zeros((B, F), bool)
+  bad[0, 1] = bad[2, 3] = True
+  dec = jax.jit(lambda p, s: codec.decode_frames(p, shape=(n,), dtype=BF16, skip=s,
+                                                  return_status=True))
+  for b in range(B):                                           # jit, one trace
+    Y, S = (np.asarray(a) for a in dec(P[b], skips[b]))
+    assert np.array_equal(S != 0, bad[b]), b
+    assert same_bits(Y[~bad[b] & ~skips[b]], xs[b][~bad[b] & ~skips[b]])
+  vdec = jax.jit(jax.vmap(lambda p, s: codec.decode_frames(p, shape=(n,), dtype=BF16, skip=s,
+                                                            return_status=True)))
+  Y, S = (np.asarray(a) for a in vdec(P, skips))
+  assert Y.shape == (B, F, n) and S.shape == (B, F) and S.dtype == np.int32
+  msgs = codec.status_messages()
+  assert msgs[int(S[0, 1])].startswith("bad magic")
+  assert msgs[int(S[2, 3])].startswith("unsupported format version")
+  assert np.array_equal(S != 0, bad)
+  ok = ~bad & ~skips
+  assert same_bits(Y[ok], xs[ok])
+  assert (bits(Y[bad]) == 0x7FC0).all() and not bits(Y[skips]).any()
+  # vmap without skip, over the single-frame API
+  Y1, S1 = (np.asarray(a) for a in jax.vmap(
+      lambda p: zj.decode(p, shape=(n,), dtype=BF16, return_status=True))(P[0]))
+  assert np.array_equal(S1, S[0]) and same_bits(Y1[[0, 2, 3]], xs[0][[0, 2, 3]])
+
+
+def test_decode_frames_status_shard_map():
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = _mesh8()
+  F, n = 8, 500
+  host = _skip_rows(BF16, frames=F, n=n, seed=180)
+  payload = np.asarray(codec.encode_frames(host)[0])
+  payloads = np.stack([payload] * 8)
+  for d in range(8):
+    payloads[d, d, 0] ^= 1                                     # device d: its frame d is bad
+  x = jax.device_put(payloads.reshape(8 * F, -1), NamedSharding(mesh, P("d")))
+
+  def body(p):
+    me = jax.lax.axis_index("d")
+    skip = jnp.arange(F) == (me + 1) % F
+    y, s = codec.decode_frames(p, shape=(n,), dtype=BF16, skip=skip, return_status=True)
+    return y[None], s[None]
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=(P("d"),) * 2))
+  Ys, Ss = (np.asarray(a) for a in f(x))
+  for d in range(8):
+    want = np.zeros(F, np.int32)
+    want[d] = 2
+    assert np.array_equal(Ss[d], want), d
+    sk = np.arange(F) == (d + 1) % F
+    ok = (np.arange(F) != d) & ~sk
+    assert same_bits(Ys[d][ok], host[ok]) and not bits(Ys[d][sk]).any()
+    assert (bits(Ys[d][d]) == 0x7FC0).all()
+
+
+def test_status_agrees_with_raising_path_under_random_damage(frame_bf16):
+  """Random damage: status 0 exactly where the raising decode succeeds, with the same output."""
+  x, frame = frame_bf16
+  rng = np.random.default_rng(23)
+  cap = zj.max_encoded_bytes(x.size, BF16)
+  rows = []
+  for _ in range(24):
+    bad = frame.copy()
+    pos = rng.integers(0, bad.size, size=rng.integers(1, 4))
+    bad[pos] ^= rng.integers(1, 256, size=pos.size).astype(np.uint8)
+    row = np.zeros(cap, np.uint8)
+    row[:bad.size] = bad
+    rows.append(row)
+  P = np.stack(rows)
+  Y, S = (np.asarray(a) for a in codec.decode_frames(P, shape=x.shape, dtype=BF16,
+                                                      return_status=True))
+  msgs = codec.status_messages()
+  for f, row in enumerate(rows):
+    reason = _raised_reason(row, x.shape, BF16)
+    if reason is None:
+      assert S[f] == 0, f
+      assert np.array_equal(bits(Y[f]), bits(zj.decode(row, shape=x.shape, dtype=BF16)))
+    else:
+      assert S[f] != 0 and reason.endswith(msgs[int(S[f])]), (f, reason, int(S[f]))
+      assert (bits(Y[f]) == 0x7FC0).all()
+  assert (S != 0).any()
+
+
+def test_status_ffi_result_checks():
+  """The handler's own checks on the status result (the wrapper never produces these)."""
+  from zipccl_jax import _ffi
+  _ffi.register()
+  p = codec.encode_frames(jnp.zeros((2, 3, 100), jnp.bfloat16).reshape(6, 100))[0].reshape(2, 3, -1)
+  out = jax.ShapeDtypeStruct((2, 3, 100), jnp.bfloat16)
+  cases = [
+      ((out, jax.ShapeDtypeStruct((6,), jnp.uint32)), "the status result must be int32"),
+      ((out, jax.ShapeDtypeStruct((5,), jnp.int32)), "one int32 per frame"),
+      ((out, jax.ShapeDtypeStruct((6,), jnp.int32), jax.ShapeDtypeStruct((6,), jnp.int32)),
+       r"at most one extra result \(status\)"),
+  ]
+  for results, msg in cases:
+    with pytest.raises(DECODE_ERRORS, match=msg):
+      jax.block_until_ready(jax.ffi.ffi_call(_ffi.DECODE_TARGET, results)(p))
+  y, s = jax.ffi.ffi_call(_ffi.DECODE_TARGET, (out, jax.ShapeDtypeStruct((2, 3), jnp.int32)))(p)
+  assert not np.asarray(s).any() and not bits(y).any()

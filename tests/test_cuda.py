@@ -414,9 +414,9 @@ def _huff_structure(frame: np.ndarray, n: int):
   return spans
 
 
-@needs_host
-def test_emulated_decode_rejects_like_cpu():
-  """Damaged frames: the emulated kernels give the CPU's verdict, and NaN for rejected frames."""
+def _damaged_frames():
+  """(x, n, code, cases): 40 damaged copies of a two-block bfloat16 frame (header, directory,
+  block headers, code tables, stream directories and bitstreams)."""
   n, code = BLOCK + 2 * 2048 + 17, BF16
   x = np.concatenate([_data("gauss", BLOCK, code), _data("sparse", n - BLOCK, code)])
   cap = zipccl_jax.max_encoded_bytes(n, jnp.bfloat16)
@@ -441,6 +441,13 @@ def test_emulated_decode_rejects_like_cpu():
         for at in rng.integers(lo + 8, hi, 1 + i % 2):
           bad[at] ^= np.uint8(1 << int(rng.integers(8)))
     cases.append(bad)
+  return x, n, code, cases
+
+
+@needs_host
+def test_emulated_decode_rejects_like_cpu():
+  """Damaged frames: the emulated kernels give the CPU's verdict, and NaN for rejected frames."""
+  x, n, code, cases = _damaged_frames()
   payload = np.stack(cases)
   y, status = _emu_decode(payload, code, n, seed=7)
   rejected = set()
@@ -455,6 +462,25 @@ def test_emulated_decode_rejects_like_cpu():
       assert err.endswith(HOST.status_message(int(status[f]))), (f, err, int(status[f]))
       assert (y[f] == NAN_BITS[code]).all()
   assert len(rejected) >= 4, rejected  # several distinct reasons were exercised
+
+
+@needs_host
+def test_cpu_status_result_matches_the_emulated_kernels():
+  """The CPU handler's status result (decode_frames(return_status=True)) gives the emulated CUDA
+  kernels' status codes and output bytes: decoded rows, NaN-filled rejected rows, zero skipped rows."""
+  from zipccl_jax import codec
+  x, n, code, cases = _damaged_frames()
+  garbage = np.full_like(cases[0], 0xFF)
+  payload = np.stack([*cases, garbage, cases[1]])
+  skip = np.zeros(len(payload), bool)
+  skip[[-2, -1, 3]] = True                       # garbage, a damaged frame, a good-or-bad one
+  y_emu, s_emu = _emu_decode_skip(payload, code, n, skip.astype(np.uint8), seed=11)
+  y_cpu, s_cpu = codec.decode_frames(payload, shape=(n,), dtype=jnp.bfloat16, skip=skip,
+                                     return_status=True)
+  y_cpu, s_cpu = np.asarray(y_cpu).view(UINT[code]), np.asarray(s_cpu)
+  np.testing.assert_array_equal(s_cpu, s_emu)
+  np.testing.assert_array_equal(y_cpu, y_emu)
+  assert (s_cpu != 0).sum() >= 10 and not s_cpu[skip].any()
 
 
 @needs_host

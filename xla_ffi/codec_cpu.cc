@@ -12,6 +12,14 @@
 // whole payload row and writes nbytes 0; decode neither reads nor validates its
 // payload row and zeroes its output row. The collectives use it for the chunk a
 // device sends to itself. Without the operand no frame is skipped.
+//
+// Status: the decoder accepts an optional second result, int32[frames], as the
+// CUDA decoder does. With it a bad frame is not an error: its entry receives
+// the Status code of codec/format.h (the first error, as DecodeFrame reports
+// it; 0 = ok, and 0 for a skipped frame) and its whole output row is set to the
+// quiet NaN of the CUDA poison kernel (0x7FC0 bfloat16, 0x7E00 float16,
+// 0x7FC00000 float32), so both platforms give the same bits. Without it the
+// first bad frame fails the call with INVALID_ARGUMENT naming frame and block.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -70,12 +78,28 @@ ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::RemainingArgs extra, bool checksum,
   return ffi::Error::Internal(std::string("zipccl encode: ") + e.what());
 }
 
+// Every element of a rejected frame's output row (n elements of width w) set
+// to the quiet NaN of the CUDA poison kernel.
+void FillRejected(uint8_t* row, uint64_t n, uint64_t w, uint8_t dtype) {
+  const uint32_t bits = zipccl::ffi_frames::RejectedFillBits(dtype);
+  if (w == 4) {
+    for (uint64_t e = 0; e < n; ++e) std::memcpy(row + e * 4, &bits, 4);
+  } else {
+    const uint16_t b16 = uint16_t(bits);
+    for (uint64_t e = 0; e < n; ++e) std::memcpy(row + e * 2, &b16, 2);
+  }
+}
+
 ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
-                      ffi::Result<ffi::AnyBuffer> out) try {
+                      ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra_rets) try {
   zipccl::ffi_frames::DecodeCall call;
   if (ffi::Error e = zipccl::ffi_frames::CheckDecode(payload, *out, &call); e.failure()) return e;
   const uint8_t* skip = nullptr;
   if (ffi::Error e = zipccl::ffi_frames::CheckDecodeSkip(extra, payload, &skip); e.failure()) return e;
+  int32_t* status = nullptr;
+  if (ffi::Error e = zipccl::ffi_frames::CheckDecodeStatus(extra_rets, call.frames, &status);
+      e.failure())
+    return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
@@ -85,9 +109,15 @@ ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
   for (uint64_t f = 0; f < frames; ++f) {
     if (skip && skip[f]) {  // not read, not validated: zeros
       std::memset(o + f * n * w, 0, n * w);
+      if (status) status[f] = zipccl::kOk;
       continue;
     }
     zipccl::cpu::DecodeResult r = zipccl::cpu::DecodeFrame(in + f * cap, cap, dtype, n, o + f * n * w);
+    if (status) {  // report, do not fail: the row of a rejected frame is NaN (as on CUDA)
+      status[f] = int32_t(r.status);
+      if (r.status != zipccl::kOk) FillRejected(o + f * n * w, n, w, dtype);
+      continue;
+    }
     if (r.status != zipccl::kOk) {
       char where[96];
       if (r.block >= 0)
@@ -118,4 +148,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCpu, DecodeImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::U8>>()     // payload
                                   .RemainingArgs()                 // optional skip: bool/u8, payload dims[:-1]
-                                  .Ret<ffi::AnyBuffer>());         // out
+                                  .Ret<ffi::AnyBuffer>()           // out
+                                  .RemainingRets());               // optional int32 status

@@ -93,18 +93,12 @@ ffi::Error DecodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
   const uint8_t* skip = nullptr;
   if (ffi::Error e = zipccl::ffi_frames::CheckDecodeSkip(extra_args, payload, &skip); e.failure())
     return e;
+  int32_t* status = nullptr;
+  if (ffi::Error e = zipccl::ffi_frames::CheckDecodeStatus(extra, call.frames, &status); e.failure())
+    return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
-  int32_t* status = nullptr;
-  if (extra.size() > 1) return Invalid("zipccl decode: at most one extra result (status)");
-  if (extra.size() == 1) {
-    ffi::ErrorOr<ffi::Result<ffi::Buffer<ffi::S32>>> st = extra.get<ffi::Buffer<ffi::S32>>(0);
-    if (st.has_error()) return Invalid("zipccl decode: the status result must be int32");
-    if ((*st)->element_count() != frames)
-      return Invalid("zipccl decode: the status result must have one int32 per frame");
-    status = (*st)->typed_data();
-  }
   const uint64_t total = frames * zipccl::NumBlocks(n);
   if (total > uint64_t(INT32_MAX))
     return Invalid("zipccl decode: too many blocks for one call");

@@ -139,4 +139,29 @@ inline ffi::Error CheckDecodeSkip(const ffi::RemainingArgs& extra,
                    "the leading dims of payload, without the capacity dim", skip);
 }
 
+// The optional status result of both decode handlers (RemainingRets after
+// `out`): none (*status = nullptr: a bad frame is an error) or exactly one,
+// int32 with one entry per frame. With it a decoder does not fail on a bad
+// frame: it writes the frame's Status code (0 = ok, skipped frames 0) and fills
+// that frame's output row with a quiet NaN (FillRejected). *status points at
+// host memory for the CPU handler, device memory for CUDA.
+inline ffi::Error CheckDecodeStatus(const ffi::RemainingRets& extra, uint64_t frames,
+                                    int32_t** status) {
+  *status = nullptr;
+  if (extra.size() == 0) return ffi::Error::Success();
+  if (extra.size() > 1) return Invalid("zipccl decode: at most one extra result (status)");
+  ffi::ErrorOr<ffi::Result<ffi::Buffer<ffi::S32>>> st = extra.get<ffi::Buffer<ffi::S32>>(0);
+  if (st.has_error()) return Invalid("zipccl decode: the status result must be int32");
+  if ((*st)->element_count() != frames)
+    return Invalid("zipccl decode: the status result must have one int32 per frame");
+  *status = (*st)->typed_data();
+  return ffi::Error::Success();
+}
+
+// The quiet-NaN bit pattern a rejected frame's elements get (the CUDA poison
+// kernel's): 0x7FC0 bfloat16, 0x7E00 float16, 0x7FC00000 float32.
+inline uint32_t RejectedFillBits(uint8_t dtype) {
+  return dtype == kF32 ? 0x7FC00000u : dtype == kBF16 ? 0x7FC0u : 0x7E00u;
+}
+
 }  // namespace zipccl::ffi_frames

@@ -109,6 +109,11 @@ NB_MODULE(_zipccl, m) {
     d["DTYPE_F32"] = int(zipccl::kF32);
     return d;
   });
+  m.def("status_messages", []() {
+    nb::dict d;
+    for (int s = zipccl::kOk; s < zipccl::kNumStatus; ++s) d[nb::int_(s)] = zipccl::StatusMessage(s);
+    return d;
+  }, "{Status code: message} of codec/format.h: the codes of the decoders' status result.");
   ZipcclRegisterCudaHost(m);
   m.attr("with_cuda") =
 #if defined(ZIPCCL_WITH_CUDA)

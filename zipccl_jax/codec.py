@@ -18,7 +18,7 @@ from zipccl_jax import _ffi
 from zipccl_jax import format as fmt
 
 __all__ = ["encode", "decode", "encode_frames", "decode_frames", "max_encoded_bytes",
-           "frame_bytes_of"]
+           "frame_bytes_of", "status_messages", "status_message", "STATUS_OK", "REJECTED_FILL_BITS"]
 
 max_encoded_bytes = fmt.max_encoded_bytes
 
@@ -138,7 +138,32 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False, ski
   return payload, nbytes
 
 
-def decode_frames(payload, *, shape: Sequence[int], dtype, skip=None):
+STATUS_OK = 0
+# The bits of the quiet NaN that fills a rejected frame's output row (status result
+# requested), per dtype; the same on CPU and CUDA.
+REJECTED_FILL_BITS = {
+    np.dtype(jnp.bfloat16): 0x7FC0,
+    np.dtype(np.float16): 0x7E00,
+    np.dtype(np.float32): 0x7FC00000,
+}
+
+
+def status_messages() -> dict[int, str]:
+  """`{code: message}` for every status code of the decoders' status result.
+
+  0 is `"ok"`; the others are the `Status` codes of xla_ffi/codec/format.h, with
+  the messages a raising decode uses (e.g. 1 truncated, 2 bad magic, 9 checksum
+  mismatch). Read from the compiled extension.
+  """
+  return dict(_ffi.extension().status_messages())
+
+
+def status_message(code) -> str:
+  """The message of one status code (`"ok"` for 0, `"unknown error"` for an unknown code)."""
+  return status_messages().get(int(code), "unknown error")
+
+
+def decode_frames(payload, *, shape: Sequence[int], dtype, skip=None, return_status: bool = False):
   """Inverse of `encode_frames`: `(F, C)` uint8 payload -> `(F, *shape)` array.
 
   Args:
@@ -149,14 +174,25 @@ def decode_frames(payload, *, shape: Sequence[int], dtype, skip=None):
       validated (it may hold anything, e.g. zeros or the 0xFF overflow poison of
       the collectives) and the output row `f` is all zeros. Other rows are
       bit-identical to decoding without `skip`.
+    return_status: also return a per-frame status instead of raising on a bad frame.
 
   Returns:
-    `(F, *shape)` array of `dtype`.
+    `(F, *shape)` array of `dtype`; with `return_status=True`, `(out, status)`
+    where `status` is int32 `(F,)`: 0 (`STATUS_OK`) where frame `f` decoded (its
+    row is bit-exact) or was skipped (its row is zeros), else the code of the
+    first error found, as the raising path would report it (frame-level errors
+    first, then the lowest bad block); `status_message(code)` gives its text and
+    `status_messages()` lists all codes. A rejected frame's whole output row is
+    a quiet NaN (bits `REJECTED_FILL_BITS[dtype]`: 0x7FC0 bfloat16, 0x7E00
+    float16, 0x7FC00000 float32), never partially decoded data; the other rows
+    are unaffected. This is what the CUDA decoder does (a GPU cannot raise
+    without a host sync), and the CPU decoder gives the same bits and codes.
 
-  Raises at run time if any frame that is not skipped is malformed, truncated,
-  overflowed, or disagrees with `shape`/`dtype`: a `JaxRuntimeError` (or, on
-  some of JAX's eager dispatch paths, a `ValueError`) whose message starts with
-  `INVALID_ARGUMENT: zipccl decode (frame F, ...)`.
+  Without `return_status`, raises at run time if any frame that is not skipped
+  is malformed, truncated, overflowed, or disagrees with `shape`/`dtype`: a
+  `JaxRuntimeError` (or, on some of JAX's eager dispatch paths, a `ValueError`)
+  whose message starts with `INVALID_ARGUMENT: zipccl decode (frame F, ...)`.
+  (On CUDA, which cannot raise, such a frame decodes to NaNs.)
   """
   payload = jnp.asarray(payload)
   if payload.dtype != jnp.uint8:
@@ -169,11 +205,15 @@ def decode_frames(payload, *, shape: Sequence[int], dtype, skip=None):
   _ffi.register()
   operands = (payload,) if skip is None else _vary_together(payload, skip)
   payload = operands[0]
-  return jax.ffi.ffi_call(
-      _ffi.DECODE_TARGET,
-      _result(payload, (payload.shape[0], *shape), jnp.dtype(dtype)),
+  frames = payload.shape[0]
+  out_type = _result(payload, (frames, *shape), jnp.dtype(dtype))
+  if not return_status:
+    return jax.ffi.ffi_call(_ffi.DECODE_TARGET, out_type, vmap_method="broadcast_all")(*operands)
+  out, status = jax.ffi.ffi_call(
+      _ffi.DECODE_TARGET, (out_type, _result(payload, (frames,), jnp.int32)),
       vmap_method="broadcast_all",
   )(*operands)
+  return out, status
 
 
 def _check_shape(shape) -> tuple[int, ...]:
@@ -216,16 +256,19 @@ def encode(x, *, checksum: bool = False, capacity: int | None = None):
   return payload[0], nbytes[0]
 
 
-def decode(payload, *, shape: Sequence[int], dtype):
+def decode(payload, *, shape: Sequence[int], dtype, return_status: bool = False):
   """Decodes the frame at the start of `payload` into an array of `shape`, `dtype`.
 
   Args:
     payload: uint8 vector holding a frame in its prefix (any trailing bytes are
       ignored); for example `payload[:nbytes]` from `encode`.
     shape, dtype: what was encoded; they must match the frame's header.
+    return_status: return `(out, status)` instead of raising on a bad frame;
+      `status` is an int32 scalar, 0 or an error code, and a rejected frame's
+      `out` is all quiet NaN (see `decode_frames`).
 
   Returns:
-    The bit-exact original array.
+    The bit-exact original array (with `return_status`, `(array, status)`).
 
   A malformed, truncated or corrupted payload raises `JaxRuntimeError` (a
   `ValueError` on some eager dispatch paths) with the message
@@ -235,6 +278,9 @@ def decode(payload, *, shape: Sequence[int], dtype):
   if payload.ndim != 1:
     raise ValueError(f"zipccl_jax: payload must be a 1-D uint8 vector, got shape {payload.shape}")
   shape = _check_shape(shape)
+  if return_status:
+    out, status = decode_frames(payload[None], shape=shape, dtype=dtype, return_status=True)
+    return out[0], status[0]
   return decode_frames(payload[None], shape=shape, dtype=dtype)[0]
 
 
