@@ -399,7 +399,7 @@ def _runtime_counts() -> dict:
 def stats() -> dict[str, CallSiteStats]:
   """A snapshot of the per-call-site statistics."""
   with _STATS_LOCK:
-    counts = _runtime_counts() if _SITE_IDS_USED else {}
+    counts = _runtime_counts() if _SITE_IDS else {}
     return {k: _with_runtime_counts(v, counts) for k, v in _STATS.items()}
 
 
@@ -424,7 +424,7 @@ def reset_stats() -> None:
   """Forgets all call sites and counters."""
   with _STATS_LOCK:
     _STATS.clear()
-    if _SITE_IDS_USED:
+    if _SITE_IDS:
       from zipccl_jax import _ffi
       _ffi.extension().reset_runtime_counts()
 
@@ -443,13 +443,10 @@ def _record(name, op, x, n, plan, raw_bytes, wire_bytes):
 
 
 _SITE_IDS: dict[str, int] = {}  # call-site name -> the zipccl_count handler's `site` attribute
-_SITE_IDS_USED = False
 
 
 def _site_id(name: str) -> int:
-  global _SITE_IDS_USED
   with _STATS_LOCK:
-    _SITE_IDS_USED = True
     return _SITE_IDS.setdefault(name, len(_SITE_IDS))
 
 

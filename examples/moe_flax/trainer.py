@@ -255,9 +255,13 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
     buckets, params, specs = init_state(cfg, mesh, plan, args.seed)
     optimizer = optax.adam(args.lr)
     opt_state = jax.jit(optimizer.init)(params)
-    step = make_step(cfg, mesh, plan, buckets, specs, comm, optimizer, global_tokens=global_tokens,
-                     aux_coef=args.aux_coef, reduce_dtype=jnp.dtype(args.reduce_dtype), expert_axis=expert_axis,
-                     grad_capacity=args.grad_capacity or None)
+
+    def build_step(grad_capacity):
+        return make_step(cfg, mesh, plan, buckets, specs, comm, optimizer, global_tokens=global_tokens,
+                         aux_coef=args.aux_coef, reduce_dtype=jnp.dtype(args.reduce_dtype),
+                         expert_axis=expert_axis, grad_capacity=grad_capacity)
+
+    step = build_step(args.grad_capacity or None)
     n_params = sum(b.numel * (mesh.shape[bp.group_axis] if bp.group_axis else 1) for bp, b in
                    zip(plan, (buckets[bp.name] for bp in plan)))
     if show:
@@ -294,9 +298,7 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
             observing.__exit__(None, None, None)
             phases.append(collective_bytes(comm, mesh, calib))
             comm.capacity = "observed"
-            step = make_step(cfg, mesh, plan, buckets, specs, comm, optimizer, global_tokens=global_tokens,
-                             aux_coef=args.aux_coef, reduce_dtype=jnp.dtype(args.reduce_dtype),
-                             expert_axis=expert_axis, grad_capacity="observed")
+            step = build_step("observed")
             comm.start()
             compiled = step.lower(params, opt_state, tokens).compile()
             hlo_sent = hlo_sent_bytes(compiled, mesh)
