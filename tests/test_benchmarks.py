@@ -109,3 +109,16 @@ def test_train_step_benchmark_smoke(tmp_path):
     assert runs["compressed"]["wire_bytes"] < runs["uncompressed"]["wire_bytes"]
     (row,) = res["summary"]
     assert row["losses_bit_identical"] is True and row["params_identical"] is True
+
+
+def test_codec_zeros_benchmark_smoke(tmp_path):
+    """Every zero layout round-trips bit for bit (the script asserts it) and codes better than raw."""
+    out = tmp_path / "zeros.json"
+    r = subprocess.run([sys.executable, str(BENCH / "codec_zeros.py"), "--reps", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert {(x["dtype"], x["layout"]) for x in rows} == {
+        (d, l) for d in ("bfloat16", "float32") for l in ("no zeros", "row tails", "scattered", "columns")}
+    assert all(x["ratio"] > 1 and x["encode_GBps"] > 0 and x["decode_GBps"] > 0 for x in rows)
+    assert all(x["zeros"] > 0.2 for x in rows if x["layout"] != "no zeros")
