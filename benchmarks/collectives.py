@@ -524,7 +524,8 @@ def launch(args) -> list[dict]:
             ns.set_rate(rates[0])
         port = WORKER_PORT if ns is not None else _netns.free_port()
         ctl = _netns.ControlDir(tmp / "ctl")
-        env = _netns.worker_env()
+        allocator, preload = _netns.resolve_allocator(args.allocator)
+        env = _netns.worker_env(preload=preload)
         if importlib.util.find_spec("zipccl_jax") is None:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         common = ["--port", str(port), "--nproc", str(args.nproc), "--ctl", str(ctl.path),
@@ -555,6 +556,7 @@ def launch(args) -> list[dict]:
             for rec in json.loads((ctl.path / f"results_{k}.json").read_text()):
                 rec.update(derived(rec))
                 rec["loadavg_1min"] = load
+                rec["allocator"] = allocator
                 records.append(rec)
         ctl.stop()
         workers.wait()
@@ -597,6 +599,8 @@ def parse_args(argv=None):
     p.add_argument("--no-netns", action="store_true",
                    help="no namespace, no shaping: workers use the host loopback (for smoke tests, no root)")
     p.add_argument("--keep-logs", action="store_true", help="keep worker logs after a successful run")
+    p.add_argument("--allocator", default="auto", choices=_netns.ALLOCATORS,
+                   help="malloc of the workers: tcmalloc (auto: if installed) or glibc (see _netns.py)")
     # worker-side
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)

@@ -59,7 +59,7 @@ def run_variant(ns, args, variant: str, tmp: Path, tag: str) -> dict:
     logdir = tmp / tag
     logdir.mkdir()
     t0 = time.perf_counter()
-    with _netns.Workers(argvs, netns=ns, logdir=logdir, env=_netns.worker_env(), timeout_s=args.timeout,
+    with _netns.Workers(argvs, netns=ns, logdir=logdir, env=_netns.worker_env(preload=args.preload), timeout_s=args.timeout,
                         cwd=str(REPO)) as w:
         w.wait()
     res = json.loads(out.read_text())
@@ -88,8 +88,11 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--no-netns", action="store_true", help="unshaped host loopback, no root needed")
     p.add_argument("--keep-logs", action="store_true")
+    p.add_argument("--allocator", default="auto", choices=_netns.ALLOCATORS,
+                   help="malloc of the workers: tcmalloc (auto: if installed) or glibc (see _netns.py)")
     args = p.parse_args(argv)
     args.example_args = example_args
+    args.allocator, args.preload = _netns.resolve_allocator(args.allocator)
     rates = _netns.parse_rates(args.rates)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -137,6 +140,7 @@ def main(argv=None) -> int:
                     "params_sha256": first.get("params_sha256"), "mesh": first["mesh"],
                     "processes": first["processes"], "config": first["config"],
                     "example_args": args.example_args or DEFAULT_MODEL, "steps": args.steps,
+                    "allocator": args.allocator,
                 })
         ok = True
     except _netns.WorkerFailed as e:

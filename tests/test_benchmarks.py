@@ -35,6 +35,23 @@ def test_worker_env_drops_forced_device_count(monkeypatch):
     assert env["JAX_PLATFORMS"] == "cpu"
 
 
+def test_allocator_choice(monkeypatch):
+    assert _netns.resolve_allocator("glibc") == ("glibc", None)
+    with pytest.raises(SystemExit, match="--allocator must be one of"):
+        _netns.resolve_allocator("jemalloc")
+    monkeypatch.setattr(_netns, "find_tcmalloc", lambda: None)
+    with pytest.raises(SystemExit, match="apt-get install -y libtcmalloc-minimal4"):
+        _netns.resolve_allocator("tcmalloc")
+    assert _netns.resolve_allocator("auto") == ("glibc", None)
+    monkeypatch.setattr(_netns, "find_tcmalloc", lambda: "/lib/libtcmalloc_minimal.so.4")
+    assert _netns.resolve_allocator("auto") == ("tcmalloc", "/lib/libtcmalloc_minimal.so.4")
+    monkeypatch.setenv("LD_PRELOAD", "/lib/other.so")
+    env = _netns.worker_env(preload="/lib/libtcmalloc_minimal.so.4")
+    assert env["LD_PRELOAD"] == "/lib/libtcmalloc_minimal.so.4 /lib/other.so"
+    monkeypatch.delenv("LD_PRELOAD")
+    assert "LD_PRELOAD" not in _netns.worker_env()
+
+
 def test_netns_needs_root(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(_netns.NetNSError, match="needs root"):
@@ -106,6 +123,7 @@ def test_train_step_benchmark_smoke(tmp_path):
     runs = {x["variant"]: x for x in res["runs"]}
     assert set(runs) == {"compressed", "uncompressed"}
     assert all(x["step_time_s"] > 0 and x["processes"] == 2 for x in runs.values())
+    assert all(x["allocator"] in ("tcmalloc", "glibc") for x in runs.values())
     assert runs["compressed"]["wire_bytes"] < runs["uncompressed"]["wire_bytes"]
     (row,) = res["summary"]
     assert row["losses_bit_identical"] is True and row["params_identical"] is True

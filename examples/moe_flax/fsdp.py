@@ -9,9 +9,11 @@ the shard.  One collective per bucket keeps messages large, which is what compre
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -46,12 +48,14 @@ class Bucket:
         return v
 
     def unpack(self, vec) -> dict:
-        """Gathered flat vector -> {key: leaf} (traceable; slicing transposes to a padded concatenation)."""
-        out, off = {}, 0
-        for k, s, n in zip(self.keys, self.shapes, self.sizes):
-            out[k] = jax.lax.slice(vec, (off,), (off + n,)).reshape(s)
-            off += n
-        return out
+        """Gathered flat vector (padded,) -> {key: leaf}. Traceable; the gradient is one concatenation.
+
+        Differentiating plain slices would give one zero-padded full-length vector per leaf, summed: XLA fuses
+        that chain into a loop that does (leaves x padded) work, which measured 12 ms per step on the MoE
+        example's 45k-element bucket. The custom VJP writes each leaf's cotangent once instead.
+        """
+        leaves = _unpack(self, vec)
+        return dict(zip(self.keys, leaves))
 
     def unpack_np(self, vec: np.ndarray) -> dict:
         out, off = {}, 0
@@ -59,6 +63,30 @@ class Bucket:
             out[k] = np.asarray(vec[off:off + n]).reshape(s)
             off += n
         return out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _unpack(bucket: Bucket, vec):
+    out, off = [], 0
+    for s, n in zip(bucket.shapes, bucket.sizes):
+        out.append(jax.lax.slice(vec, (off,), (off + n,)).reshape(s))
+        off += n
+    return tuple(out)
+
+
+def _unpack_fwd(bucket, vec):
+    return _unpack(bucket, vec), None
+
+
+def _unpack_bwd(bucket, _, cts):
+    flat = [ct.reshape(-1) for ct in cts]
+    pad = bucket.padded - bucket.numel
+    if pad:
+        flat.append(jnp.zeros((pad,), flat[0].dtype))
+    return (jnp.concatenate(flat),)
+
+
+_unpack.defvjp(_unpack_fwd, _unpack_bwd)
 
 
 def make_bucket(flat: dict, keys, n_shards: int, leading_split: int = 1) -> Bucket:

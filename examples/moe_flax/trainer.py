@@ -305,7 +305,7 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
         if i:
             tokens = device_batch()
         if i == 1 and args.profile and jax.process_index() == 0:
-            jax.profiler.start_trace(args.profile)
+            jax.profiler.start_trace(args.profile, create_perfetto_trace=True)
             profiling = True
         t0, c0 = time.perf_counter(), time.process_time()
         params, opt_state, m = compiled(params, opt_state, tokens)
