@@ -260,6 +260,157 @@ def test_decode_from_exactly_nbytes(dtype):
     zj.decode(exact[:31], shape=x.shape, dtype=dtype)
 
 
+# --------------------------------------------------------------------------- zero streams
+# The CPU decoder checks all-ZERO streams (directory nnz == 0) by bit comparison and runs the others on a
+# pool of lockstep lanes, each refilled with the block's next stream as soon as its own ends. These frames
+# mix stream kinds so that lanes end at very different times; every decode reads exactly the frame.
+
+STREAM = fmt.STREAM_ELEMS
+# Per-stream layouts: Z all zero, M mostly zero (37 values), D zero-free, H zero head, S scattered zeros.
+ZERO_LAYOUTS = {
+    "moe_tails": "DDDDDDMZZZ" * 8,                    # 80 streams: (8, 160, 128) with slots 100.. empty
+    "zeros_first": "Z" * 12 + "D" * 20 + "M" * 10 + "D" * 6,
+    "alternating": "ZD" * 20 + "MH" * 6 + "S",
+    "one_data_lane": "Z" * 31 + "D" + "M" * 9 + "D",  # a lone long stream among short ones
+    "mostly_zero": "M" * 30 + "Z" + "S" * 3,
+    "random": None,                                   # 70 streams drawn at random
+}
+
+
+def _zero_layout_array(layout, dtype, n, seed, every_exponent=False):
+  """Gaussian elements with zeros laid out per stream; optionally every exponent byte in every block."""
+  rng = np.random.default_rng(seed)
+  ns = -(-n // STREAM)
+  if layout is None:
+    layout = "".join(rng.choice(list("ZMDHS"), size=ns))
+  layout = (layout * ns)[:ns]
+  x = normal(n, dtype, seed=seed)
+  u = bits(x)
+  if every_exponent:  # all 256 symbols used and ZERO too: the decoder's uint16-symbol path
+    w = 8 * dtype.itemsize
+    e = np.arange(256, dtype=np.uint64)
+    # rotl(v, 1) >> (w - 8) == e: exponent byte (bf16/f32) or exponent+3 mantissa bits (f16)
+    v = ((e << np.uint64(w - 8)) | np.uint64(1 << 4)) >> np.uint64(1) | ((e & np.uint64(1)) << np.uint64(w - 1))
+    for b0 in range(0, n, fmt.BLOCK_ELEMS):
+      u[b0 + 7:b0 + 7 + 256 * 3:3][:min(256, (n - b0 - 7 + 2) // 3)] = v[:min(256, (n - b0 - 7 + 2) // 3)]
+  for k, kind in enumerate(layout):
+    lo, hi = k * STREAM, min(n, (k + 1) * STREAM)
+    zero = np.zeros(hi - lo, bool)
+    if kind == "Z":
+      zero[:] = True
+    elif kind == "M":
+      zero[37:] = True
+    elif kind == "H":
+      zero[:(hi - lo) * 3 // 4] = True
+    elif kind == "S":
+      zero = rng.random(hi - lo) < 0.3
+    if every_exponent:
+      keep = np.zeros(hi - lo, bool)
+      for b0 in range(0, n, fmt.BLOCK_ELEMS):
+        j = np.arange(b0 + 7, min(n, b0 + 7 + 256 * 3), 3)
+        j = j[(j >= lo) & (j < hi)] - lo
+        keep[j] = True
+      zero &= ~keep
+    u[lo:hi][zero] = 0
+  return x, layout
+
+
+def _huff_streams(frame):
+  """(block offset, code lengths per symbol, stream directory offset, bitstream offset, [(bits, nnz)])
+  of every HUFF block."""
+  n = header(frame)["n_elems"]
+  nb = fmt.num_blocks(n)
+  sizes = struct.unpack(f"<{nb}I", frame[32:32 + 4 * nb])
+  off, out = 32 + 4 * nb, []
+  for b, size in enumerate(sizes):
+    if frame[off] == fmt.MODE_HUFF:
+      lo, hi = frame[off + 8], frame[off + 9]
+      n_nib = hi - lo + 2
+      nib = [(frame[off + 10 + i // 2] >> (4 * (i & 1))) & 0xF for i in range(n_nib)]
+      lens = {256: nib[0], **{lo + i: nib[1 + i] for i in range(hi - lo + 1)}}
+      d = off + 10 + (n_nib + 1) // 2
+      m = min(fmt.BLOCK_ELEMS, n - b * fmt.BLOCK_ELEMS)
+      ns = -(-m // STREAM)
+      dirs = [struct.unpack("<HH", frame[d + 4 * k:d + 4 * k + 4]) for k in range(ns)]
+      out.append((off, lens, d, d + 4 * ns, dirs))
+    off += size
+  return out
+
+
+def _encode_exact(x):
+  payload, nbytes = zj.encode(x)
+  return np.asarray(payload)[:int(nbytes)].copy()
+
+
+@pytest.mark.parametrize("every_exponent", [False, True], ids=["alias", "uint16"])
+@pytest.mark.parametrize("layout", sorted(ZERO_LAYOUTS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_zero_stream_layouts_roundtrip(dtype, layout, every_exponent):
+  n = 2 * fmt.BLOCK_ELEMS + 20 * STREAM + 777     # three blocks, the last one short and ragged
+  x, _ = _zero_layout_array(ZERO_LAYOUTS[layout], dtype, n, seed=len(layout), every_exponent=every_exponent)
+  frame = _encode_exact(x)
+  assert same_bits(zj.decode(frame, shape=x.shape, dtype=dtype), x)
+  blocks = _huff_streams(frame.tobytes())
+  assert len(blocks) == 3
+  assert any(nnz == 0 for *_, dirs in blocks for _, nnz in dirs)  # they exercise what they are meant to
+  for _, lens, _, _, dirs in blocks:
+    assert any(nnz > 0 for _, nnz in dirs)
+    assert all(lens.get(s, 0) > 0 for s in range(256)) == every_exponent
+
+
+def _stream_mutations(frame):
+  """Malformed variants of a frame, each targeting a stream the directory says is all ZERO. Every block
+  size stays consistent, so only the stream checks can catch them."""
+  blocks = _huff_streams(frame.tobytes())
+  out = []
+  for off, lens, d, bs, dirs in blocks:
+    zs = [k for k, (_, nnz) in enumerate(dirs) if nnz == 0]
+    ds = [k for k, (_, nnz) in enumerate(dirs) if nnz > 0]
+    starts = np.concatenate([[0], np.cumsum([sb for sb, _ in dirs])])
+    for z in (zs[0], zs[-1]):
+      for bit in (0, dirs[z][0] // 2, dirs[z][0] - 1):   # first, middle and last bit of a zero stream
+        g = frame.copy()
+        at = int(starts[z]) + bit
+        g[bs + at // 8] ^= 1 << (at % 8)
+        out.append((f"flip bit {bit} of zero stream {z}", g))
+      nb = z + 1 if z + 1 < len(dirs) else z - 1
+      for delta in (1, lens[256], -lens[256]):           # stream_bits moved to/from a neighbour
+        g = frame.copy()
+        for k, dd in ((z, delta), (nb, -delta)):
+          struct.pack_into("<H", g, d + 4 * k, dirs[k][0] + dd)
+        out.append((f"stream_bits {delta:+d} on zero stream {z}", g))
+      k = ds[0]                                          # nnz moved between it and a data stream
+      for nz, nk in ((1, dirs[k][1] - 1), (dirs[k][1], 0)):
+        g = frame.copy()
+        struct.pack_into("<H", g, d + 4 * z + 2, nz)
+        struct.pack_into("<H", g, d + 4 * k + 2, nk)
+        out.append((f"nnz {nz} on zero stream {z}, {nk} on data stream {k}", g))
+    # a data stream's bits swapped with a zero stream's directory entry
+    g = frame.copy()
+    z, k = zs[len(zs) // 2], ds[len(ds) // 2]
+    g[d + 4 * z:d + 4 * z + 4], g[d + 4 * k:d + 4 * k + 4] = frame[d + 4 * k:d + 4 * k + 4], frame[d + 4 * z:d + 4 * z + 4]
+    out.append((f"directory entries {z}<->{k} swapped", g))
+  return out
+
+
+@pytest.mark.parametrize("every_exponent", [False, True], ids=["alias", "uint16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_zero_stream_corruption_rejected(dtype, every_exponent):
+  from zipccl_jax import reference
+  n = fmt.BLOCK_ELEMS + 12 * STREAM + 5
+  x, _ = _zero_layout_array("ZZDDMDZZZDDMDHZZZSDDDDZZZZZZZZZZ" + "MZDZDZDZDZDZD", dtype, n, seed=3,
+                            every_exponent=every_exponent)
+  frame = _encode_exact(x)
+  cases = _stream_mutations(frame)
+  assert len(cases) > 20
+  for what, g in cases:
+    with pytest.raises(ValueError, match="zipccl reference decode"):
+      reference.decode(g.tobytes(), shape=x.shape, dtype=dtype)      # the spec rejects it ...
+    with pytest.raises(DECODE_ERRORS, match="malformed bitstream or stream directory"):
+      zj.decode(g, shape=x.shape, dtype=dtype)                         # ... and so does the codec
+    assert not np.array_equal(g, frame), what
+
+
 # --------------------------------------------------------------------------- golden vectors
 
 def golden_vectors():

@@ -241,6 +241,50 @@ TEST(HuffmanTablesAndStreams) {
   }
 }
 
+TEST(EveryBitOfAnAllZeroStreamIsChecked) {
+  // The decoder checks streams whose directory says nnz == 0 by comparing their bits with the repeated ZERO
+  // code rather than decoding them: every single-bit flip inside such a stream, and every shift of its
+  // stream_bits against a neighbour, must still be rejected as a malformed stream. Seven streams: data, all
+  // zero, data, all zero, mostly zero, all zero, and a ragged all-zero last stream.
+  for (uint8_t dtype : kDTypes) {
+    const uint64_t n = 6 * kStreamElems + 999;
+    Array a = Gaussian(dtype, n, 77 + dtype);
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t k = i / kStreamElems, j = i % kStreamElems;
+      if (k == 1 || k == 3 || k >= 5 || (k == 4 && j >= 20)) SetElem(a, i, 0);
+    }
+    const std::vector<uint8_t> frame = Encode(a, false);
+    CHECK_EQ(DecodeStatus(frame, dtype, n), kOk) << DTypeName(dtype);
+    const uint64_t blk = BlockOffset(frame, n, 0);
+    CHECK_EQ(frame[blk], kModeHuff) << DTypeName(dtype);
+    const uint64_t table = blk + kBlockHeaderBytes;
+    const uint64_t dir = table + TableBytes(frame[table], frame[table + 1]);
+    const uint64_t bits = dir + 7 * kStreamDirEntryBytes;
+    uint64_t start = 0;
+    for (int k = 0; k < 7; ++k) {
+      const uint64_t sb = Load16(frame.data() + dir + 4 * k), nnz = Load16(frame.data() + dir + 4 * k + 2);
+      CHECK_EQ(nnz == 0, k == 1 || k == 3 || k >= 5) << DTypeName(dtype) << "stream" << k;
+      if (nnz == 0) {
+        int accepted = 0;
+        for (uint64_t b = start; b < start + sb; ++b) {
+          std::vector<uint8_t> f = frame;
+          f[bits + b / 8] ^= uint8_t(1u << (b % 8));
+          accepted += DecodeStatus(f, dtype, n) != kErrStream;
+        }
+        CHECK_EQ(accepted, 0) << DTypeName(dtype) << "bit flips in zero stream" << k;
+        for (int d : {-2, -1, 1, 2}) {
+          std::vector<uint8_t> f = frame;
+          const uint64_t other = k == 6 ? 5 : k + 1;
+          Store16(f.data() + dir + 4 * k, uint16_t(sb + d));
+          Store16(f.data() + dir + 4 * other, uint16_t(Load16(f.data() + dir + 4 * other) - d));
+          CHECK_EQ(DecodeStatus(f, dtype, n), kErrStream) << DTypeName(dtype) << "zero stream" << k << d;
+        }
+      }
+      start += sb;
+    }
+  }
+}
+
 TEST(EverySingleByteCorruptionOfAChecksummedFrameIsRejected) {
   for (uint8_t dtype : kDTypes) {
     const Sample s = MakeSample(dtype, true, 3000);

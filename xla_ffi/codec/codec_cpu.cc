@@ -435,68 +435,6 @@ bool FinishStream(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
   return true;
 }
 
-// Decodes K streams in lockstep so that their table lookups overlap. Lane
-// state is one bit position and one output pointer per lane, kept in
-// registers (arrays of scalars that the unrolled loops scalarise).
-template <int K, typename S>
-bool DecodeStreamsK(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
-                    const DecodeEntry* single, const MultiEntry<S>* multi, S zero_code,
-                    StreamCursor<S>* c) {
-  constexpr uint64_t kStep = MultiEntry<S>::kSyms;
-  uint64_t p[K];
-  S* o[K];
-  uint64_t m = c[0].count;
-#pragma GCC unroll 8
-  for (int k = 0; k < K; ++k) {
-    p[k] = c[k].pos;
-    o[k] = c[k].syms;
-    m = c[k].count < m ? c[k].count : m;
-  }
-  // A step advances a lane by at most kStep symbols and kMaxCodeLen bits and
-  // reads 8 bytes at its bit position. `safe` is how many steps every lane
-  // can take before either bound could be hit, so the inner loop runs without
-  // bounds checks.
-  const uint64_t bit_limit = readable >= 8 ? (readable - 8) * 8 : 0;
-  for (;;) {
-    uint64_t safe = ~0ull;
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) {
-      uint64_t by_count = (m - uint64_t(o[k] - c[k].syms)) / kStep;
-      uint64_t by_bits = p[k] <= bit_limit ? (bit_limit - p[k]) / kMaxCodeLen : 0;
-      safe = by_count < safe ? by_count : safe;
-      safe = by_bits < safe ? by_bits : safe;
-    }
-    if (safe == 0) break;
-    S* start[K];
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) start[k] = o[k];
-    for (uint64_t t = safe; t; --t) {
-#pragma GCC unroll 8
-      for (int k = 0; k < K; ++k) {
-        MultiEntry<S> e = multi[(LoadU64(bits + (p[k] >> 3)) >> (p[k] & 7)) & (kTableSize - 1)];
-        std::memcpy(o[k], &e, 8);
-        o[k] += e.n;
-        p[k] += e.bits;
-      }
-    }
-    // A prefix that no code starts has n == 0 and bits == 0: its lane stalls.
-    // Every other step yields at least one symbol, so a lane that gained
-    // fewer than `safe` symbols met corrupt input.
-    bool bad = false;
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) bad |= uint64_t(o[k] - start[k]) < safe;
-    if (bad) return false;
-  }
-#pragma GCC unroll 8
-  for (int k = 0; k < K; ++k) {
-    c[k].pos = p[k];
-    c[k].i = uint64_t(o[k] - c[k].syms);
-  }
-  for (int k = 0; k < K; ++k)
-    if (!FinishStream(bits, bit_bytes, readable, single, multi, zero_code, c[k])) return false;
-  return true;
-}
-
 // Joins one stream's symbols with its raw bytes into elements. Returns false
 // if the stream's zero count disagrees with its directory entry.
 template <typename T, typename S>
@@ -572,52 +510,231 @@ bool MergeStream(const S* syms, uint64_t count, S zero_code, const uint8_t* raw,
   return r == nnz;
 }
 
+// Where one stream of a HUFF block lives, read from the stream directory once
+// per block so that streams can be started in any order.
+struct StreamSpan {
+  uint64_t start, end;  // bit offsets from the bitstream start: [start, end)
+  uint64_t raw_off;     // byte offset of its raw bytes from the raw region start
+  uint32_t count;       // elements (symbols) in the stream
+  uint32_t nnz;         // of which non-ZERO, per the directory
+};
+
+// Checks a stream whose directory says it holds no non-ZERO element. Decoding
+// it would accept exactly when its bits are `count` back-to-back copies of the
+// ZERO code and nothing more: the code is prefix-free, so any other bits either
+// decode to another symbol (which fails the nnz check), match no code, or end
+// elsewhere than `end`. That is what this compares, 56 bits (a whole number of
+// codes) per load instead of one table lookup per six symbols. zero_code is the
+// ZERO code as it sits in the bitstream (first bit lowest), zero_len its length
+// in bits, 0 when ZERO has no code.
+inline bool ZeroStreamValid(const uint8_t* bits, uint64_t readable, const StreamSpan& s,
+                            uint32_t zero_code, int zero_len) {
+  if (zero_len == 0 || s.end - s.start != uint64_t(s.count) * uint64_t(zero_len)) return false;
+  const int chunk = (56 / zero_len) * zero_len;  // bits per comparison, <= 56
+  uint64_t pat = 0;  // the code repeated from bit 0; a chunk starts at phase 0
+  for (int j = 0; j < 64; ++j) pat |= uint64_t((zero_code >> (j % zero_len)) & 1u) << j;
+  uint64_t diff = 0;
+  for (uint64_t pos = s.start; pos < s.end; pos += uint64_t(chunk)) {
+    const uint64_t left = s.end - pos;
+    const int nb = left < uint64_t(chunk) ? int(left) : chunk;
+    const uint64_t byte = pos >> 3;
+    uint64_t w;
+    if (byte + 8 <= readable) {
+      w = LoadU64(bits + byte);
+    } else {  // the end of the buffer: the stream's own bits are readable, the rest are not
+      w = 0;
+      for (uint64_t b = 0; byte + b < readable && b < 8; ++b) w |= uint64_t(bits[byte + b]) << (8 * b);
+    }
+    diff |= ((w >> (pos & 7)) ^ pat) & ((uint64_t(1) << nb) - 1);
+  }
+  return diff == 0;
+}
+
+template <typename S>
+struct PoolCtx {
+  const uint8_t* bits;  // bitstream start
+  uint64_t bit_bytes;   // bytes the bitstream occupies
+  uint64_t readable;    // bytes readable from `bits` (the bitstream, the raw region, and on)
+  const DecodeEntry* single;
+  const MultiEntry<S>* multi;
+  S zero_code;
+  const uint8_t* raw;  // raw region start
+  bool low16;
+  const StreamSpan* span;
+};
+
+// Completes stream k from cursor c (single symbols near its end), checks that
+// it used exactly its directory's bits and writes its elements. Out of line:
+// it is called from every lane of the unrolled pool loop.
+template <typename T, typename S>
+__attribute__((noinline)) bool FinishLane(const PoolCtx<S>& x, int k, StreamCursor<S>& c,
+                                          T* out) {
+  if (!FinishStream(x.bits, x.bit_bytes, x.readable, x.single, x.multi, x.zero_code, c))
+    return false;
+  const StreamSpan& s = x.span[k];
+  if (c.pos != s.end) return false;
+  return MergeStream(c.syms, c.count, x.zero_code, x.raw + s.raw_off, s.nnz, x.low16,
+                     out + uint64_t(k) * kStreamElems);
+}
+
+// Lockstep bursts shorter than this many steps are not worth their setup: a
+// lane whose bound allows fewer is finished on its own (at most ~kMinBurst
+// multi-symbol lookups plus < kSyms single ones) and its slot refilled.
+constexpr uint64_t kMinBurst = 2;
+
+// Decodes the streams q[0, qn) (qn >= K) with K lanes in lockstep, so that their
+// table lookups overlap. The lanes start on q[0, K); a lane whose stream is
+// about to end finishes it alone (FinishLane) and takes the next listed
+// stream, so all K lanes stay busy however unequal the streams' lookup counts
+// (all-ZERO and mostly-ZERO streams take ~6 symbols per lookup, others ~2-3).
+// When a lane ends with the list exhausted, the unfinished streams' cursors
+// are saved in cur and their indices moved to q[0, r); returns r (< K), or -1
+// on a malformed stream. Lane state lives in registers: arrays of scalars that
+// the unrolled loops scalarise. A listed stream whose cursor has no symbol
+// buffer yet takes the buffer of the lane it replaces, whose symbols are
+// merged by then.
+template <int K, typename T, typename S>
+int DecodePool(const PoolCtx<S>& x, StreamCursor<S>* cur, int* q, int qn, T* out) {
+  constexpr uint64_t kStep = MultiEntry<S>::kSyms;
+  uint64_t p[K];    // bit position
+  S* o[K];          // next symbol slot
+  S* base[K];       // symbol buffer of the lane's stream
+  uint64_t lim[K];  // symbols in the lane's stream
+  int sid[K];       // the lane's stream, -1 once the list ran dry
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) {
+    const StreamCursor<S>& c = cur[q[k]];
+    sid[k] = q[k];
+    p[k] = c.pos;
+    base[k] = c.syms;
+    o[k] = c.syms + c.i;
+    lim[k] = c.count;
+  }
+  int next = K;
+  // A step advances a lane by at most kStep symbols and kMaxCodeLen bits and
+  // reads 8 bytes at its bit position. A lane's bound is how many steps it can
+  // take before either limit could be hit; a burst runs the smallest bound
+  // without checks.
+  const uint64_t bit_limit = x.readable >= 8 ? (x.readable - 8) * 8 : 0;
+  auto bound = [&](int k) {
+    const uint64_t by_count = (lim[k] - uint64_t(o[k] - base[k])) / kStep;
+    const uint64_t by_bits = p[k] <= bit_limit ? (bit_limit - p[k]) / kMaxCodeLen : 0;
+    return by_count < by_bits ? by_count : by_bits;
+  };
+  const uint8_t* bits = x.bits;
+  const MultiEntry<S>* multi = x.multi;
+  for (;;) {
+    uint64_t safe = ~0ull;
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) {
+      const uint64_t b = bound(k);
+      safe = b < safe ? b : safe;
+    }
+    if (safe >= kMinBurst) {
+      S* start[K];
+#pragma GCC unroll 8
+      for (int k = 0; k < K; ++k) start[k] = o[k];
+      for (uint64_t t = safe; t; --t) {
+#pragma GCC unroll 8
+        for (int k = 0; k < K; ++k) {
+          MultiEntry<S> e = multi[(LoadU64(bits + (p[k] >> 3)) >> (p[k] & 7)) & (kTableSize - 1)];
+          std::memcpy(o[k], &e, 8);
+          o[k] += e.n;
+          p[k] += e.bits;
+        }
+      }
+      // A prefix that no code starts has n == 0 and bits == 0: its lane
+      // stalls. Every other step yields at least one symbol, so a lane that
+      // gained fewer than `safe` symbols met corrupt input.
+      bool bad = false;
+#pragma GCC unroll 8
+      for (int k = 0; k < K; ++k) bad |= uint64_t(o[k] - start[k]) < safe;
+      if (bad) return -1;
+      continue;
+    }
+    // Retire the lanes at their streams' ends and refill them.
+    bool dry = false;
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k) {
+      if (bound(k) >= kMinBurst) continue;
+      StreamCursor<S> c{p[k], uint64_t(o[k] - base[k]), lim[k], base[k]};
+      if (!FinishLane(x, sid[k], c, out)) return -1;
+      if (next < qn) {
+        StreamCursor<S>& n = cur[q[next]];
+        if (!n.syms) n.syms = base[k];
+        sid[k] = q[next++];
+        p[k] = n.pos;
+        base[k] = n.syms;
+        o[k] = n.syms + n.i;
+        lim[k] = n.count;
+      } else {
+        sid[k] = -1;
+        dry = true;
+      }
+    }
+    if (dry) {
+      int r = 0;
+#pragma GCC unroll 8
+      for (int k = 0; k < K; ++k) {
+        if (sid[k] < 0) continue;
+        cur[sid[k]] = StreamCursor<S>{p[k], uint64_t(o[k] - base[k]), lim[k], base[k]};
+        q[r++] = sid[k];
+      }
+      return r;
+    }
+  }
+}
+
 template <typename T, typename S>
 Status DecodeHuffStreams(const uint8_t* block, const HuffLayout& L, uint64_t readable,
                          uint64_t n, bool low16, const DecodeEntry* single,
-                         const MultiEntry<S>* multi, S zero_code, S* syms, T* out) {
+                         const MultiEntry<S>* multi, S zero_code, uint32_t zero_enc, S* syms,
+                         T* out) {
   const uint8_t* bits = block + L.bits_off;
   const uint64_t bit_bytes = (L.total_bits + 7) / 8;
   const uint64_t bits_readable = readable - L.bits_off;
+  // The whole directory up front: every stream's bits, raw bytes and counts.
+  StreamSpan span[kMaxStreamsPerBlock];
+  StreamCursor<S> cur[kMaxStreamsPerBlock];
+  int q[kMaxStreamsPerBlock];  // streams left for the lanes, in block order
+  int qn = 0;
   uint64_t pos = 0, raw_at = 0;
-  // Eight streams in flight hide the ~14-cycle chain of one lookup (position
-  // -> load -> table -> position); four left the core idle half the time.
-  constexpr int kLanes = 8;
-  for (int k0 = 0; k0 < L.n_streams; k0 += kLanes) {
-    const int lanes = L.n_streams - k0 < kLanes ? L.n_streams - k0 : kLanes;
-    StreamCursor<S> c[kLanes];
-    uint64_t end[kLanes], nnz[kLanes], raw_off[kLanes];
-    for (int q = 0; q < lanes; ++q) {
-      const int k = k0 + q;
-      const uint8_t* d = block + L.dir_off + uint64_t(k) * kStreamDirEntryBytes;
-      const uint64_t first = uint64_t(k) * kStreamElems;
-      const uint64_t count = n - first < uint64_t(kStreamElems) ? n - first : kStreamElems;
-      c[q] = StreamCursor<S>{pos, 0, count, syms + q * (kStreamElems + 8)};
-      end[q] = pos + Load16(d);
-      pos = end[q];
-      nnz[q] = Load16(d + 2);
-      raw_off[q] = raw_at;
-      raw_at += nnz[q] * uint64_t(L.raw_width);
-    }
-    bool ok = true;
-    int q = 0;
-    if (lanes == kLanes) {
-      ok = DecodeStreamsK<kLanes>(bits, bit_bytes, bits_readable, single, multi, zero_code, c);
-      q = lanes;
-    } else if (lanes >= 4) {  // the short last block
-      ok = DecodeStreamsK<4>(bits, bit_bytes, bits_readable, single, multi, zero_code, c);
-      q = 4;
-    }
-    for (; ok && q < lanes; ++q)
-      ok = FinishStream(bits, bit_bytes, bits_readable, single, multi, zero_code, c[q]);
-    if (!ok) return kErrStream;
-    for (int q = 0; q < lanes; ++q) {
-      if (c[q].pos != end[q]) return kErrStream;
-      if (!MergeStream(c[q].syms, c[q].count, zero_code, block + L.raw_off + raw_off[q], nnz[q],
-                       low16, out + uint64_t(k0 + q) * kStreamElems))
+  for (int k = 0; k < L.n_streams; ++k) {
+    const uint8_t* d = block + L.dir_off + uint64_t(k) * kStreamDirEntryBytes;
+    const uint64_t first = uint64_t(k) * kStreamElems;
+    StreamSpan& s = span[k];
+    s.count = uint32_t(n - first < uint64_t(kStreamElems) ? n - first : kStreamElems);
+    s.start = pos;
+    s.end = pos + Load16(d);
+    s.nnz = Load16(d + 2);
+    s.raw_off = raw_at;
+    pos = s.end;
+    raw_at += uint64_t(s.nnz) * uint64_t(L.raw_width);
+    if (s.nnz == 0) {
+      // All ZERO (MoE capacity padding): a bit comparison instead of the lanes.
+      if (!ZeroStreamValid(bits, bits_readable, s, zero_enc & 0xFFFFu, int(zero_enc >> 16)))
         return kErrStream;
+      std::memset(out + first, 0, s.count * sizeof(T));
+      continue;
     }
+    cur[k] = StreamCursor<S>{s.start, 0, s.count, nullptr};
+    q[qn++] = k;
   }
+  // Eight streams in flight hide the ~14-cycle chain of one lookup (position
+  // -> load -> table -> position); four left the core idle half the time. The
+  // first eight listed streams get the eight symbol buffers; later ones take
+  // over the buffer of the lane they refill.
+  constexpr int kLanes = 8;
+  for (int j = 0; j < qn && j < kLanes; ++j) cur[q[j]].syms = syms + j * (kStreamElems + 8);
+  const PoolCtx<S> x{bits, bit_bytes, bits_readable, single, multi, zero_code,
+                     block + L.raw_off, low16, span};
+  // Once the list runs dry the remaining streams drain on fewer lanes.
+  int left = qn;
+  if (left >= kLanes) left = DecodePool<kLanes, T, S>(x, cur, q, left, out);
+  if (left >= 4) left = DecodePool<4, T, S>(x, cur, q, left, out);
+  if (left >= 2) left = DecodePool<2, T, S>(x, cur, q, left, out);
+  if (left == 1 && !FinishLane(x, q[0], cur[q[0]], out)) return kErrStream;
+  if (left < 0) return kErrStream;
   // Padding bits after the last code must be zero.
   if ((L.total_bits & 7) && (bits[bit_bytes - 1] >> (L.total_bits & 7)) != 0)
     return kErrReserved;
@@ -641,12 +758,12 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t read
   if (alias >= 0) {
     BuildMultiTable8(t->single, uint8_t(alias), t->multi8, t->cum);
     return DecodeHuffStreams<T, uint8_t>(block, L, readable, n, low16, t->single, t->multi8,
-                                         uint8_t(alias), reinterpret_cast<uint8_t*>(t->syms),
-                                         out);
+                                         uint8_t(alias), enc[kZeroSymbol],
+                                         reinterpret_cast<uint8_t*>(t->syms), out);
   }
   BuildMultiTable<uint16_t>(t->single, uint16_t(kZeroSymbol), t->multi16);
   return DecodeHuffStreams<T, uint16_t>(block, L, readable, n, low16, t->single, t->multi16,
-                                        uint16_t(kZeroSymbol), t->syms, out);
+                                        uint16_t(kZeroSymbol), enc[kZeroSymbol], t->syms, out);
 }
 
 template <typename T>
