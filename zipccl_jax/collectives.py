@@ -1066,8 +1066,11 @@ def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
   _count(site, fallback)
 
   def raw():
+    # x rebuilt from `rows`, the encoder's operand: passing x itself made XLA materialise the
+    # (often transposed) operand twice, once per consumer.
+    x_again = jnp.moveaxis(rows.reshape((x.shape[sa],) + x.shape[:sa] + x.shape[sa + 1:]), 0, sa)
     return _fallback(lambda: _raw(lambda u: lax.all_to_all(u, axis_name, sa, ca, tiled=tiled),
-                                  x))
+                                  x_again))
 
   def coded():
     out = _put_row(_decode_guarded(recv, fallback, m, x.dtype, skip),
