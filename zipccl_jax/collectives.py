@@ -891,23 +891,18 @@ def _self_row(axis_name, n: int):
   return me, jnp.arange(n, dtype=jnp.int32) == me
 
 
-def _row_bits(rows, me):
-  """Row `me` of `rows` (n, m), sliced on the bit patterns (see _put_row)."""
-  u = _UINT_OF_SIZE[np.dtype(rows.dtype).itemsize]
-  row = lax.dynamic_index_in_dim(lax.bitcast_convert_type(rows, u), me, keepdims=False)
-  return lax.bitcast_convert_type(row, rows.dtype)
+def _with_own_row(decoded, rows, skip):
+  """`decoded` (n, m) with the rows flagged in `skip` (n,) taken from `rows` ((n, m), or (m,) for all).
 
-
-def _put_row(out, row, me):
-  """out (n, m) with row `me` replaced by `row` (m,): a one-row in-place update.
-
-  Done on the bit patterns: XLA:CPU computes 16-bit float updates in float32,
-  and the round trip quiets NaN payloads.
+  One select on the bit patterns, which XLA fuses with the decoder's output: a row update
+  (dynamic_update_slice on the bit view) cost three passes over it on XLA:CPU (bitcast, copy,
+  update), as a 16-bit float array cannot be bitcast in place.
   """
-  u = _UINT_OF_SIZE[np.dtype(out.dtype).itemsize]
-  got = lax.dynamic_update_slice(lax.bitcast_convert_type(out, u),
-                                 lax.bitcast_convert_type(row.reshape(1, -1), u), (me, jnp.int32(0)))
-  return lax.bitcast_convert_type(got, out.dtype)
+  u = _UINT_OF_SIZE[np.dtype(rows.dtype).itemsize]
+  own = lax.bitcast_convert_type(rows, u)
+  bits = jnp.where(skip[:, None], own if own.ndim == 2 else own[None, :],
+                   lax.bitcast_convert_type(decoded, u))
+  return lax.bitcast_convert_type(bits, rows.dtype)
 
 
 def _ordered_sum(rows, dtype):
@@ -1059,7 +1054,7 @@ def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
   m = x.size // n
   k = x.shape[sa] // n
   rows = jnp.moveaxis(x, sa, 0).reshape(n, m)
-  me, skip = _self_row(axis_name, n)
+  _, skip = _self_row(axis_name, n)
   payload, nbytes, _ = _encode_rows(rows, C, skip)
   recv = _xchg_a2a(payload, nbytes, axis_name, n, C, transport)
   fallback = _any_overflow(recv, C)
@@ -1073,8 +1068,7 @@ def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
                                   x_again))
 
   def coded():
-    out = _put_row(_decode_guarded(recv, fallback, m, x.dtype, skip),
-                   _row_bits(rows, me), me)
+    out = _with_own_row(_decode_guarded(recv, fallback, m, x.dtype, skip), rows, skip)
     rest = x.shape[:sa] + x.shape[sa + 1:]
     if tiled:
       pieces = jnp.moveaxis(out.reshape((n, k) + rest), 1, sa + 1)  # (n, *x.shape[sa]->k)
@@ -1204,8 +1198,8 @@ def _ag_impl(x, axis_name, ax, tiled, to, C, transport, site):
     if to == "invarying":  # the result must not depend on the rank: decode every row
       out = _decode_guarded(recv, fallback, m, x.dtype)
     else:
-      me, skip = _self_row(axis_name, n)
-      out = _put_row(_decode_guarded(recv, fallback, m, x.dtype, skip), x, me)
+      _, skip = _self_row(axis_name, n)
+      out = _with_own_row(_decode_guarded(recv, fallback, m, x.dtype, skip), x.reshape(m), skip)
     out = out.reshape((n,) + x.shape)
     y = jnp.moveaxis(out, 0, ax)
     if tiled:
@@ -1321,7 +1315,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
 def _reduce_scatter_rows(rows, axis_name, n, C, transport, site):
   """rows (n, m) -> this rank's fixed-order sum of row `me` over ranks, (m,)."""
   if C:
-    me, skip = _self_row(axis_name, n)
+    _, skip = _self_row(axis_name, n)
     payload, nbytes, _ = _encode_rows(rows, C, skip)
     recv = _xchg_a2a(payload, nbytes, axis_name, n, C, transport)
     fallback = _any_overflow(recv, C)
@@ -1330,8 +1324,8 @@ def _reduce_scatter_rows(rows, axis_name, n, C, transport, site):
         fallback,
         lambda: _fallback(lambda: _raw(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True),
                                        rows)),
-        lambda: _put_row(_decode_guarded(recv, fallback, rows.shape[1], rows.dtype, skip),
-                         _row_bits(rows, me), me))
+        lambda: _with_own_row(_decode_guarded(recv, fallback, rows.shape[1], rows.dtype, skip),
+                              rows, skip))
   else:
     got = _raw(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True), rows)
     _count(site, jnp.bool_(False))
@@ -1457,8 +1451,8 @@ def _gather_rows(red, axis_name, n, C, transport, site, invariant):
   def coded():
     if invariant:  # the result must not depend on the rank: decode every row
       return _decode_guarded(recv, fallback, m, red.dtype)
-    me, skip = _self_row(axis_name, n)
-    return _put_row(_decode_guarded(recv, fallback, m, red.dtype, skip), red, me)
+    _, skip = _self_row(axis_name, n)
+    return _with_own_row(_decode_guarded(recv, fallback, m, red.dtype, skip), red, skip)
 
   return _cond_bits(fallback, raw, coded)
 
