@@ -255,9 +255,9 @@ def test_decode_from_exactly_nbytes(dtype):
   exact = np.asarray(payload)[:nbytes]
   assert same_bits(zj.decode(exact, shape=x.shape, dtype=dtype), x)
   with pytest.raises(DECODE_ERRORS, match="truncated"):
-    zj.decode(exact[:-1], shape=x.shape, dtype=dtype)
+    jax.block_until_ready(zj.decode(exact[:-1], shape=x.shape, dtype=dtype))
   with pytest.raises(DECODE_ERRORS, match="truncated"):
-    zj.decode(exact[:31], shape=x.shape, dtype=dtype)
+    jax.block_until_ready(zj.decode(exact[:31], shape=x.shape, dtype=dtype))
 
 
 # --------------------------------------------------------------------------- zero streams
@@ -407,7 +407,7 @@ def test_zero_stream_corruption_rejected(dtype, every_exponent):
     with pytest.raises(ValueError, match="zipccl reference decode"):
       reference.decode(g.tobytes(), shape=x.shape, dtype=dtype)      # the spec rejects it ...
     with pytest.raises(DECODE_ERRORS, match="malformed bitstream or stream directory"):
-      zj.decode(g, shape=x.shape, dtype=dtype)                         # ... and so does the codec
+      jax.block_until_ready(zj.decode(g, shape=x.shape, dtype=dtype))                         # ... and so does the codec
     assert not np.array_equal(g, frame), what
 
 
@@ -589,11 +589,11 @@ def test_checksum_roundtrip_and_corruption(dtype):
     bad = bytearray(frame)
     bad[pos] ^= 0x10
     with pytest.raises(DECODE_ERRORS, match="checksum"):
-      ffi_decode(bad, x.shape, dtype)
+      jax.block_until_ready(ffi_decode(bad, x.shape, dtype))
   bad = bytearray(frame)
   bad[29] ^= 0x01                                     # the checksum field itself
   with pytest.raises(DECODE_ERRORS, match="checksum"):
-    ffi_decode(bad, x.shape, dtype)
+    jax.block_until_ready(ffi_decode(bad, x.shape, dtype))
 
 
 # --------------------------------------------------------------------------- capacity
@@ -611,7 +611,7 @@ def test_capacity_overflow():
     assert h["magic"] == fmt.MAGIC and h["frame_bytes"] == need
     assert h["flags"] == 0 and h["checksum"] == 0                  # FORMAT.md: overflowed header
     with pytest.raises(DECODE_ERRORS, match="truncated"):
-      zj.decode(payload, shape=x.shape, dtype=BF16)
+      jax.block_until_ready(zj.decode(payload, shape=x.shape, dtype=BF16))
   payload, nbytes = zj.encode(x, capacity=need)                    # exactly enough
   assert int(nbytes) == need
   assert same_bits(zj.decode(payload, shape=x.shape, dtype=BF16), x)
@@ -663,12 +663,12 @@ def frame_bf16():
 def test_decode_wrong_shape_or_dtype(frame_bf16):
   x, frame = frame_bf16
   with pytest.raises(DECODE_ERRORS, match="element count"):
-    zj.decode(frame, shape=(2999,), dtype=BF16)
+    jax.block_until_ready(zj.decode(frame, shape=(2999,), dtype=BF16))
   with pytest.raises(DECODE_ERRORS, match="element count"):
-    zj.decode(frame, shape=(3001,), dtype=BF16)
+    jax.block_until_ready(zj.decode(frame, shape=(3001,), dtype=BF16))
   for dt in (F16, F32):
     with pytest.raises(DECODE_ERRORS, match="dtype"):
-      zj.decode(frame, shape=x.shape, dtype=dt)
+      jax.block_until_ready(zj.decode(frame, shape=x.shape, dtype=dt))
   assert same_bits(zj.decode(frame, shape=(1000, 3), dtype=BF16), x.reshape(1000, 3))
   with pytest.raises(TypeError, match="uint8"):
     zj.decode(frame.view(np.int8), shape=x.shape, dtype=BF16)
@@ -709,7 +709,7 @@ def test_bad_header(frame_bf16, case):
   x, frame = frame_bf16
   _, mut, msg = case
   with pytest.raises(DECODE_ERRORS, match=msg):
-    zj.decode(_mutated(frame, **mut), shape=x.shape, dtype=BF16)
+    jax.block_until_ready(zj.decode(_mutated(frame, **mut), shape=x.shape, dtype=BF16))
 
 
 def test_bad_blocks_raise(frame_bf16):
@@ -725,7 +725,7 @@ def test_bad_blocks_raise(frame_bf16):
   ]
   for mut, msg in cases:
     with pytest.raises(DECODE_ERRORS, match=msg):
-      zj.decode(_mutated(frame, **mut), shape=x.shape, dtype=BF16)
+      jax.block_until_ready(zj.decode(_mutated(frame, **mut), shape=x.shape, dtype=BF16))
 
 
 def test_corruption_never_crashes(frame_bf16):
@@ -813,7 +813,7 @@ def test_decode_frames_skip_ignores_garbage(dtype, garbage):
   # without the mask the same payload is rejected (the skipped rows are not frames)
   if garbage != "other_frame":
     with pytest.raises(DECODE_ERRORS, match=r"zipccl decode \(frame 0"):
-      codec.decode_frames(P, shape=(3000,), dtype=dtype)
+      jax.block_until_ready(codec.decode_frames(P, shape=(3000,), dtype=dtype))
 
 
 def test_decode_frames_skip_still_checks_other_frames():
@@ -823,7 +823,7 @@ def test_decode_frames_skip_still_checks_other_frames():
   P[3, 0] ^= 1                                               # not skipped: bad magic
   skip = np.array([True, False, False, False, False])
   with pytest.raises(DECODE_ERRORS, match=r"zipccl decode \(frame 3\): bad magic"):
-    codec.decode_frames(P, shape=(3000,), dtype=BF16, skip=skip)
+    jax.block_until_ready(codec.decode_frames(P, shape=(3000,), dtype=BF16, skip=skip))
 
 
 def test_skip_overflow_and_capacity():
