@@ -59,8 +59,8 @@ def run_variant(ns, args, variant: str, tmp: Path, tag: str) -> dict:
     logdir = tmp / tag
     logdir.mkdir()
     t0 = time.perf_counter()
-    with _netns.Workers(argvs, netns=ns, logdir=logdir, env=_netns.worker_env(preload=args.preload), timeout_s=args.timeout,
-                        cwd=str(REPO)) as w:
+    env = _netns.worker_env(preload=args.preload)
+    with _netns.Workers(argvs, netns=ns, logdir=logdir, env=env, timeout_s=args.timeout, cwd=str(REPO)) as w:
         w.wait()
     res = json.loads(out.read_text())
     res["wall_s"] = time.perf_counter() - t0

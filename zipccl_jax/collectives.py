@@ -880,15 +880,14 @@ def _decode_guarded(recv, fallback, m: int, dtype, skip=None):
   return dec(recv, fallback, skip)
 
 
-def _self_row(axis_name, n: int):
-  """(me, skip): this rank's index on `axis_name` and the (n,) mask of its own row.
+def _own_row(axis_name, n: int):
+  """The (n,) mask of this rank's own row on `axis_name`.
 
   The chunk a rank sends to itself (all_to_all, psum_scatter) or receives
   from itself (all_gather) never crosses the network, so it is not coded: the
   codec skips that row and the collective copies the raw chunk in place.
   """
-  me = lax.axis_index(axis_name).astype(jnp.int32)
-  return me, jnp.arange(n, dtype=jnp.int32) == me
+  return jnp.arange(n, dtype=jnp.int32) == lax.axis_index(axis_name).astype(jnp.int32)
 
 
 def _with_own_row(decoded, rows, skip):
@@ -1054,7 +1053,7 @@ def _a2a_impl(x, axis_name, sa, ca, tiled, C, transport, site):
   m = x.size // n
   k = x.shape[sa] // n
   rows = jnp.moveaxis(x, sa, 0).reshape(n, m)
-  _, skip = _self_row(axis_name, n)
+  skip = _own_row(axis_name, n)
   payload, nbytes, _ = _encode_rows(rows, C, skip)
   recv = _xchg_a2a(payload, nbytes, axis_name, n, C, transport)
   fallback = _any_overflow(recv, C)
@@ -1198,7 +1197,7 @@ def _ag_impl(x, axis_name, ax, tiled, to, C, transport, site):
     if to == "invarying":  # the result must not depend on the rank: decode every row
       out = _decode_guarded(recv, fallback, m, x.dtype)
     else:
-      _, skip = _self_row(axis_name, n)
+      skip = _own_row(axis_name, n)
       out = _with_own_row(_decode_guarded(recv, fallback, m, x.dtype, skip), x.reshape(m), skip)
     out = out.reshape((n,) + x.shape)
     y = jnp.moveaxis(out, 0, ax)
@@ -1315,7 +1314,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
 def _reduce_scatter_rows(rows, axis_name, n, C, transport, site):
   """rows (n, m) -> this rank's fixed-order sum of row `me` over ranks, (m,)."""
   if C:
-    _, skip = _self_row(axis_name, n)
+    skip = _own_row(axis_name, n)
     payload, nbytes, _ = _encode_rows(rows, C, skip)
     recv = _xchg_a2a(payload, nbytes, axis_name, n, C, transport)
     fallback = _any_overflow(recv, C)
@@ -1451,7 +1450,7 @@ def _gather_rows(red, axis_name, n, C, transport, site, invariant):
   def coded():
     if invariant:  # the result must not depend on the rank: decode every row
       return _decode_guarded(recv, fallback, m, red.dtype)
-    _, skip = _self_row(axis_name, n)
+    skip = _own_row(axis_name, n)
     return _with_own_row(_decode_guarded(recv, fallback, m, red.dtype, skip), red, skip)
 
   return _cond_bits(fallback, raw, coded)
