@@ -15,6 +15,7 @@ the link probe, the machine load and the allocator.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import shutil
@@ -81,10 +82,28 @@ def variants(coll: str, zc, site: str) -> dict[str, dict]:
 
     data_ref = "lax_bits" if coll != "psum_scatter" else None
     out = {"lax_bits": {"algorithm": "flat", "compress": False, "reference": None, "body": lax_bits}}
+    use = getattr(zc, "use_algorithm", None)  # zipccl_jax.hierarchical (two-level collectives)
+    pinned = (lambda alg, levels=None: use(alg, levels)) if use else (lambda *a: contextlib.nullcontext())
+
+    def body(mode, alg, levels=None):
+        def f(v):
+            with pinned(alg, levels):  # the algorithm is chosen at trace time, inside the body
+                return call(zc, v, compress=mode, name=site)
+        return f
+
     for name, mode in (("flat_raw", False), ("flat_compressed", True), ("flat_auto", "auto")):
         out[name] = {"algorithm": "flat", "compress": mode, "reference": data_ref or "flat_raw",
-                     "body": lambda v, _m=mode: call(zc, v, compress=_m, name=site)}
+                     "body": body(mode, "flat")}
     out["flat_raw"]["reference"] = data_ref
+    if use is None:
+        return out
+    for name, levels in (("hierarchical_raw", {"host": False, "local": False}),
+                         ("hierarchical_compressed", {"host": True, "local": False}),
+                         ("hierarchical_all_compressed", {"host": True, "local": True})):
+        out[name] = {"algorithm": "hierarchical", "compress": levels, "body": body(True, "hierarchical", levels),
+                     "reference": data_ref or ("hierarchical_raw" if name != "hierarchical_raw" else None)}
+    # "auto": compress="auto" and the algorithm from the cost model (reference set once it has chosen)
+    out["auto"] = {"algorithm": "auto", "compress": "auto", "reference": data_ref, "body": body("auto", "auto")}
     return out
 
 
@@ -167,10 +186,10 @@ def worker_mesh(args) -> None:
         go = ctl.wait_go(k, timeout_s=args.phase_timeout)
         if go is None:
             break
-        prof, calib_error = _calibrate(zs, mesh, log)
+        prof, calib_error = _calibrate(zc, mesh, log)
         records = []
         for case, gx, vs in prepared:
-            records += _time_case(case, gx, vs, go, prof, calib_error, sm, zs, barrier, anywhere, args, log)
+            records += _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log)
         if rank == 0:
             (Path(args.ctl) / f"results_{k}.json").write_text(json.dumps(records))
         barrier()
@@ -179,17 +198,18 @@ def worker_mesh(args) -> None:
     jax.distributed.shutdown()
 
 
-def _calibrate(zs, mesh, log):
-    """A profile measured at this rate over AXES (for compress="auto"); (None, reason) when it fails."""
+def _calibrate(zc, mesh, log):
+    """A profile measured at this rate over AXES and, where the library measures levels, over each axis
+    (for compress="auto"); (None, reason) when it fails."""
     try:
-        prof = zs.calibrate(mesh, AXES, profile=zs.Profile(), activate=False)
+        prof = zc.calibrate(mesh, AXES, profile=zc.Profile(), activate=False)
         return prof, None
     except Exception as e:  # noqa: BLE001 - recorded in every record, auto then runs on the default profile
         log("calibrate failed:", type(e).__name__, e)
         return None, f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def _time_case(case, gx, vs, go, prof, calib_error, sm, zs, barrier, anywhere, args, log) -> list[dict]:
+def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log) -> list[dict]:
     import numpy as np
     from jax.experimental import multihost_utils
 
@@ -198,10 +218,17 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zs, barrier, anywhere, a
     for name, v in vs.items():  # "auto" variants decide again under this rate's profile
         if v["compress"] == "auto":
             zs.reset_decisions()
-            with zs.use_profile(prof if prof is not None else zs.get_profile()):
+            with zc.use_profile(prof if prof is not None else zc.get_profile()):
                 v["fn"] = sm(v["body"])
                 v["fn"].lower(gx).compile()
-            plans[name] = [d.summary() for d in zs.decisions().values()]
+            ds = zc.decisions()
+            plans[name] = [d.summary() for d in ds.values()]
+            levels = [d for s_, d in ds.items() if s_.endswith(" [levels]")]
+            if levels and name == "auto":  # the algorithm the model chose decides the reference
+                v["chosen"] = levels[0].algorithm
+                hier = levels[0].algorithm.startswith("hierarchical")
+                if coll == "psum_scatter":
+                    v["reference"] = "hierarchical_raw" if hier else "flat_raw"
     outs = {name: np.asarray(v["fn"](gx).addressable_data(0)).view(np.uint8) for name, v in vs.items()}
     identical = {name: (None if v["reference"] is None else
                         not anywhere(not np.array_equal(outs[name], outs[v["reference"]])))
@@ -226,7 +253,10 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zs, barrier, anywhere, a
             "mesh": args.mesh, "axes": list(AXES), "collective": coll, "payload": payload, "dtype": dtype,
             "tensor": tensor if args.corpus else "synthetic_gaussian", "global_shape": list(gx.shape),
             "rate_gbit": go["rate_gbit"], "link_MBps": go.get("link_MBps"), "variant": name,
-            "algorithm": v["algorithm"], "compress": v["compress"], "plan": plans.get(name),
+            "algorithm": v.get("chosen", "flat" if v["algorithm"] == "auto" else v["algorithm"]).split("(")[0],
+            "compress": any(v["compress"].values()) if isinstance(v["compress"], dict) else v["compress"],
+            "levels": v["compress"] if isinstance(v["compress"], dict) else None,
+            "plan": plans.get(name), "chosen": v.get("chosen"),
             **_stats.summary(reps), "rep_times_s": reps, "bit_identical": identical[name],
             "reference": v["reference"], "calibrate_error": calib_error if name in plans else None, **load,
         })
