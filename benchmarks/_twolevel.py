@@ -60,6 +60,13 @@ def _call(coll: str):
     raise ValueError(coll)
 
 
+# What "auto" runs, by the algorithm it chose: the variant tracing the same program (same phases, modes,
+# capacities and transport), so the two medians differ by noise only. A flat choice is flat_auto's program.
+_SAME_PROGRAM = {"hierarchical(host:r,local:r)": "hierarchical_raw",
+                 "hierarchical(host:c,local:r)": "hierarchical_compressed",
+                 "hierarchical(host:c,local:c)": "hierarchical_all_compressed"}
+
+
 def variants(coll: str, zc, site: str) -> dict[str, dict]:
     """name -> {'algorithm', 'compress', 'reference', 'body'} for one collective over AXES (call site `site`).
 
@@ -224,11 +231,11 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
             ds = zc.decisions()
             plans[name] = [d.summary() for d in ds.values()]
             levels = [d for s_, d in ds.items() if s_.endswith(" [levels]")]
-            if levels and name == "auto":  # the algorithm the model chose decides the reference
-                v["chosen"] = levels[0].algorithm
-                hier = levels[0].algorithm.startswith("hierarchical")
+            if name == "auto":  # the algorithm the model chose decides the reference
+                v["chosen"] = levels[0].algorithm if levels else "flat"
+                v["same_as"] = "flat_auto" if v["chosen"] == "flat" else _SAME_PROGRAM.get(v["chosen"])
                 if coll == "psum_scatter":
-                    v["reference"] = "hierarchical_raw" if hier else "flat_raw"
+                    v["reference"] = "flat_raw" if v["chosen"] == "flat" else "hierarchical_raw"
     outs = {name: np.asarray(v["fn"](gx).addressable_data(0)).view(np.uint8) for name, v in vs.items()}
     identical = {name: (None if v["reference"] is None else
                         not anywhere(not np.array_equal(outs[name], outs[v["reference"]])))
@@ -256,7 +263,7 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
             "algorithm": v.get("chosen", "flat" if v["algorithm"] == "auto" else v["algorithm"]).split("(")[0],
             "compress": any(v["compress"].values()) if isinstance(v["compress"], dict) else v["compress"],
             "levels": v["compress"] if isinstance(v["compress"], dict) else None,
-            "plan": plans.get(name), "chosen": v.get("chosen"),
+            "plan": plans.get(name), "chosen": v.get("chosen"), "same_program_as": v.get("same_as"),
             **_stats.summary(reps), "rep_times_s": reps, "bit_identical": identical[name],
             "reference": v["reference"], "calibrate_error": calib_error if name in plans else None, **load,
         })
@@ -280,6 +287,8 @@ def derive(records: list[dict]) -> None:
             r["over_best"] = _stats.paired_ratio(r["rep_times_s"], best["rep_times_s"])
             if "flat_compressed" in by:
                 r["over_flat_compressed"] = _stats.paired_ratio(r["rep_times_s"], by["flat_compressed"]["rep_times_s"])
+            if r.get("same_program_as") in by:  # the run-to-run noise of one program, for scale
+                r["over_same_program"] = _stats.paired_ratio(r["rep_times_s"], by[r["same_program_as"]]["rep_times_s"])
 
 
 def summary_table(records: list[dict]) -> str:
@@ -290,7 +299,9 @@ def summary_table(records: list[dict]) -> str:
         lines.append(f"{_netns.rate_label(r['rate_gbit']):>9} {r['collective'] + ':' + r['payload']:<34} "
                      f"{r['variant']:<28} {r['median_s'] * 1e3:>10.1f} {r['spread_s'] * 1e3:>8.1f} "
                      f"{'-' if fc is None else format(fc, '.3f'):>10} {r['over_best']['ratio']:>7.3f} "
-                     f"{r['bit_identical']}")
+                     f"{r['bit_identical']}" + (f" (runs {r['same_program_as']}'s program: "
+                                                 f"{r['over_same_program']['ratio']:.3f} of its median)"
+                                                 if "over_same_program" in r else ""))
     return "\n".join(lines)
 
 
