@@ -13,6 +13,7 @@ _registered = False
 
 ENCODE_TARGET = "zipccl_encode"
 DECODE_TARGET = "zipccl_decode"
+COUNT_TARGET = "zipccl_count"  # runtime call/fallback counter (accounting.py), CPU only
 
 
 def extension():
