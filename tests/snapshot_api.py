@@ -96,7 +96,8 @@ def _extra_cases():
 
 def _slow_link_profile():
   """A profile whose link (10 MB/s per device) makes `compress="auto"` compress these sizes."""
-  return strategy.Profile(links={"*": {"*": strategy.LinkModel(1e-5, 1e7)}})
+  from zipccl_jax.profile import LinkModel
+  return zc.Profile(links={"*": {"*": LinkModel(1e-5, 1e7)}})
 
 
 def _build(op, opts, check_vma, dtype, grad, transport):
@@ -130,7 +131,7 @@ def _stats_records():
 def _record_case(op, opts, check_vma, dtype, grad):
   opts = dict(opts)
   if opts.pop("slow_link", False):
-    with strategy.use_profile(_slow_link_profile()):
+    with zc.use_profile(_slow_link_profile()):
       return _record_case(op, opts, check_vma, dtype, grad)
   rec = {}
   for label, transport, platforms in (("cpu", "auto", ("cpu",)),
@@ -185,7 +186,7 @@ def compare(got: dict, want: dict) -> str:
   if a == b:
     return ""
   diff = list(difflib.unified_diff(a, b, "golden", "now", lineterm="", n=2))
-  return "\n".join(diff[:400])
+  return "\n".join(line[:300] for line in diff[:400])
 
 
 def main(argv) -> int:
