@@ -298,8 +298,8 @@ def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, t
 
 
 def _row_size(nbytes, transport: str, invariant: bool = False):
-  """`nbytes[0]` where the ragged transport may need it, else None: a linear_call body keeps
-  dead values in the lowered module, so the padded path must not compute it."""
+  """`nbytes[0]` where the ragged transport may need it, else None (the padded path moves no
+  sizes; computing them anyway leaves a dead value wherever a body is lowered without DCE)."""
   return None if transport == "padded" or invariant else nbytes[0]
 
 

@@ -39,36 +39,22 @@ uniform overflow fallback are the protocol of :mod:`zipccl_jax._exchange`.
 
 Autodiff
 --------
-Each collective is linear in ``x``, declared once here with
-``jax.custom_derivatives.linear_call`` and a named transpose rule
-(``_all_to_all_transpose_rule``, ...): ``jax.jvp``, ``jax.vjp``/``jax.grad`` and
-``jax.linear_transpose`` all work. The transpose is the compressed collective
-the ``jax.lax`` transpose uses, in the "gradient" role (its capacity ratio and
-decisions), with the ``backward`` half of a ``capacity`` pair.
+Each collective is linear in ``x``. Its derivative is declared once, at module level: one
+``jax.custom_vjp`` (`_bind`) whose backward is the collective's named transpose rule
+(``_all_to_all_transpose_rule``, ...), the compressed collective the ``jax.lax`` transpose uses,
+in the "gradient" role (its capacity ratio and decisions), with the ``backward`` half of a
+``capacity`` pair. ``jax.custom_derivatives.linear_call`` would also give ``jax.jvp`` from the
+same rule, but in jax 0.10.2 it has no batching rule (``jax.vmap`` of a collective fails) and its
+body is lowered without dead-code elimination; the rules are written so that switching `_bind`
+to it is a one-function change.
 
-Reductions
-----------
-``psum_scatter`` and ``psum`` on bfloat16/float16/float32 always compute, for
-every output element::
-
-  out = round_to_dtype(((f32(x_0) + f32(x_1)) + f32(x_2)) + ... + f32(x_{n-1}))
-
-where ``x_r`` is rank ``r``'s input (rank = index along ``axis_name``; for a
-tuple of axes, the row-major linear index), the additions are IEEE float32
-additions performed in ascending rank order, and the single rounding to the
-input dtype is round-to-nearest-even (a no-op for float32). ``compress=False``
-and the raw fallback use the same order with raw transport, so the results are
-bit-identical whatever the strategy decides. ``jax.lax.psum`` leaves the order
-(and, for 16-bit types, the accumulation precision) to XLA, so it may differ in
-the last bits. Other dtypes go to ``jax.lax`` unchanged.
-
-Statistics
-----------
-Each call site records, at trace time, the bytes one device sends per call
-with ``jax.lax`` (``raw_bytes``) and with the padded coded transport
-(``wire_bytes``), using the model of :func:`zipccl_jax.accounting.sent_bytes`
-(:mod:`zipccl_jax.accounting` also holds the runtime counters of
-:func:`set_runtime_stats` and :func:`hlo_collectives`/:func:`hlo_wire_bytes`).
+Reductions and statistics
+-------------------------
+``psum_scatter`` and ``psum`` on bfloat16/float16/float32 always compute the fixed-order
+float32 sum of :func:`zipccl_jax._exchange.ordered_sum` (ascending rank order, one rounding),
+raw or coded, so their bits never depend on the strategy (see `psum_scatter`). Each call site
+records at trace time the bytes one device sends with ``jax.lax`` and on the padded coded path
+(:mod:`zipccl_jax.accounting`, which also holds :func:`set_runtime_stats`' counters).
 
 Not supported: ``axis_index_groups`` (``NotImplementedError``) and
 ``all_gather(..., to="reduced")`` (sent raw through ``jax.lax``). Partially
@@ -78,6 +64,7 @@ automatic ``shard_map`` (``axis_names=`` a subset) is untested.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -151,10 +138,21 @@ def _collective(recipe: _Recipe, x, axis_name, args, *, compress, capacity, tran
   return tree_apply(leaf, x, site)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _bind(recipe: _Recipe, call: _Call, x):
-  """`recipe.impl(call, x)` as a linear function whose transpose is `recipe.transpose`."""
-  return jax.custom_derivatives.linear_call(
-      lambda _, x: recipe.impl(call, x), lambda _, ct: recipe.transpose(call, ct), (), x)
+  """`recipe.impl(call, x)`, differentiated through `recipe.transpose` (the collective is linear)."""
+  return recipe.impl(call, x)
+
+
+def _bind_fwd(recipe: _Recipe, call: _Call, x):
+  return _bind(recipe, call, x), None  # linear: no residuals
+
+
+def _bind_bwd(recipe: _Recipe, call: _Call, _, ct):
+  return (recipe.transpose(call, ct),)
+
+
+_bind.defvjp(_bind_fwd, _bind_bwd)
 
 
 def _transposed(recipe: _Recipe, call: _Call, ct, args):

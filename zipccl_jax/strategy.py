@@ -241,6 +241,30 @@ def observed_capacity(profile: Profile, site: str | None, op: str, dt, m: int):
   return int(min(max(best, fmt.FRAME_HEADER_BYTES), fmt.max_encoded_bytes(m, dt)))
 
 
+def _model_capacity(prof: Profile, capacity, compress, site, op: str, dt, m: int, role: str):
+  """(capacity in bytes, where it came from) for the cost model's compressed estimate."""
+  if capacity is not None:
+    return resolve_capacity(capacity, m, dt, role), "explicit"
+  if compress == "auto":
+    cap = observed_capacity(prof, site, op, dt, m)
+    if cap is not None:
+      return cap, "observed"
+    ratio = prof.ratio("capacity_ratio", role, dt)
+    return padded_capacity(m, dt, ratio=ratio), f"profile ratio {ratio:.3g} ({role})"
+  return padded_capacity(m, dt, kind=role), f"default ratio ({role})"
+
+
+def _best_transport(transport: str, plat: str, coded_time):
+  """(transport, (time, wire bytes)): the caller's, or off CPU with "auto" the cheaper one."""
+  if transport == "auto" and plat != "cpu":
+    cands = {tr: coded_time(tr) for tr in ("padded", "ragged")}
+    best = min(cands, key=lambda k: (cands[k][0], k))
+    return best, cands[best]
+  if transport == "auto":
+    return "auto", coded_time("padded")  # platform_dependent lowers padded on CPU
+  return transport, coded_time(transport)
+
+
 def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
            site: str | None = None, role: str = "activation", capacity=None,
            transport: str = "auto", compress="auto", profile: Profile | None = None,
@@ -304,22 +328,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
   if m == 0:
     return out(False, 0, transport, math.inf, raw_bytes, "-", "empty")
 
-  # capacity
-  if capacity is not None:
-    cap = resolve_capacity(capacity, m, dt, role)
-    src = "explicit"
-  else:
-    cap = None
-    if compress == "auto":
-      cap = observed_capacity(prof, site, op, dt, m)
-      src = "observed"
-    if cap is None:
-      if compress == "auto":
-        cap = padded_capacity(m, dt, ratio=prof.ratio("capacity_ratio", role, dt))
-        src = f"profile ratio {prof.ratio('capacity_ratio', role, dt):.3g} ({role})"
-      else:
-        cap = padded_capacity(m, dt, kind=role)
-        src = f"default ratio ({role})"
+  cap, src = _model_capacity(prof, capacity, compress, site, op, dt, m, role)
 
   # compressed estimate, per transport
   codec, _ = prof.codec_model(dt, plat)
@@ -345,16 +354,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
     t += prof.fallback_risk * t_raw
     return t, wire
 
-  if transport == "auto" and plat != "cpu":
-    cands = {tr: coded_time(tr) for tr in ("padded", "ragged")}
-    tr_best = min(cands, key=lambda k: (cands[k][0], k))
-  elif transport == "auto":
-    cands = {"auto": coded_time("padded")}  # platform_dependent lowers padded on CPU
-    tr_best = "auto"
-  else:
-    cands = {transport: coded_time(transport)}
-    tr_best = transport
-  t_c, wire = cands[tr_best]
+  tr_best, (t_c, wire) = _best_transport(transport, plat, coded_time)
 
   if compress is True:
     return out(True, cap, transport, t_c, wire, src, "compress=True")
