@@ -26,7 +26,7 @@ interleaved), with a barrier before each repetition and the slowest rank counted
 * ``codec_s``      encode + decode alone on the same chunks, no collective (``codec_share`` = codec_s /
                    compressed_s).
 
-Wire bytes are bytes one device sends per call (``zipccl_jax.collectives.hlo_wire_bytes``' model: all_to_all
+Wire bytes are bytes one device sends per call (``zipccl_jax.hlo_wire_bytes``' model: all_to_all
 and psum_scatter S(n-1)/n, all_gather S(n-1) for an operand of S bytes). ``wire_bytes_raw`` is the logical
 figure for the tensor's own dtype (it equals the HLO figure of the bit-cast raw collective,
 ``wire_bytes_raw_bits_hlo``; ``wire_bytes_raw_hlo`` shows XLA:CPU's widening). ``wire_bytes_compressed`` is

@@ -140,7 +140,7 @@ def _collective(recipe: _Recipe, x, axis_name, args, *, compress, capacity, tran
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _bind(recipe: _Recipe, call: _Call, x):
-  """`recipe.impl(call, x)`, differentiated through `recipe.transpose` (the collective is linear)."""
+  """`recipe.impl(call, x)`, differentiated through `recipe.transpose` (a linear collective)."""
   return recipe.impl(call, x)
 
 
