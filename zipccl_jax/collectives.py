@@ -39,22 +39,16 @@ uniform overflow fallback are the protocol of :mod:`zipccl_jax._exchange`.
 
 Autodiff
 --------
-Each collective is linear in ``x``. Its derivative is declared once, at module level: one
-``jax.custom_vjp`` (`_bind`) whose backward is the collective's named transpose rule
-(``_all_to_all_transpose_rule``, ...), the compressed collective the ``jax.lax`` transpose uses,
-in the "gradient" role (its capacity ratio and decisions), with the ``backward`` half of a
-``capacity`` pair. ``jax.custom_derivatives.linear_call`` would also give ``jax.jvp`` from the
-same rule, but in jax 0.10.2 it has no batching rule (``jax.vmap`` of a collective fails) and its
-body is lowered without dead-code elimination; the rules are written so that switching `_bind`
-to it is a one-function change.
+Each collective is linear; one module-level ``jax.custom_vjp`` (`_bind`) runs its named transpose
+rule (``_all_to_all_transpose_rule``, ...): the compressed collective of the ``jax.lax``
+transpose, in the "gradient" role, with the ``backward`` half of a ``capacity`` pair.
+(``linear_call`` would add ``jax.jvp``, but has no batching rule in jax 0.10.2.)
 
 Reductions and statistics
 -------------------------
-``psum_scatter`` and ``psum`` on bfloat16/float16/float32 always compute the fixed-order
-float32 sum of :func:`zipccl_jax._exchange.ordered_sum` (ascending rank order, one rounding),
-raw or coded, so their bits never depend on the strategy (see `psum_scatter`). Each call site
-records at trace time the bytes one device sends with ``jax.lax`` and on the padded coded path
-(:mod:`zipccl_jax.accounting`, which also holds :func:`set_runtime_stats`' counters).
+``psum_scatter`` and ``psum`` always compute the fixed-order float32 sum of
+`_exchange.ordered_sum`, raw or coded (see `psum_scatter`). Each call site records the bytes one
+device sends (:mod:`zipccl_jax.accounting`, also home of :func:`set_runtime_stats`' counters).
 
 Not supported: ``axis_index_groups`` (``NotImplementedError``) and
 ``all_gather(..., to="reduced")`` (sent raw through ``jax.lax``). Partially
@@ -107,8 +101,7 @@ class _Recipe:
   lax_fn: Callable    # (x, axis_name, params) -> the jax.lax collective (uncoded dtypes)
   impl: Callable      # (call, x) -> y
   transpose: Callable  # (call, ct) -> x_ct
-  # a call planned raw for a `raw_reason` goes straight to jax.lax (all_gather to="reduced": a
-  # reduced result has no zipccl path); otherwise it takes the raw path below (bits, counted)
+  # forced raw (`raw_reason`) goes to jax.lax itself (to="reduced"), not to the bit-exact raw path
   lax_when_forced_raw: bool = False
   prepare: Callable = lambda call, x: x  # (call, x) -> x, applied outside the linear function
 
