@@ -28,13 +28,26 @@ CHECKSUM_SEED = 0
 MODE_RAW, MODE_CONST, MODE_HUFF = 0, 1, 2
 
 DTYPE_BF16, DTYPE_F16, DTYPE_F32 = 1, 2, 3
+# One-byte floats (FORMAT.md "Symbols": the symbol is the whole byte, no raw bytes).
+DTYPE_F8E4M3FN, DTYPE_F8E5M2 = 4, 5
+DTYPE_F8E4M3FNUZ, DTYPE_F8E5M2FNUZ, DTYPE_F8E4M3B11FNUZ = 6, 7, 8
+DTYPE_F8E4M3, DTYPE_F8E3M4, DTYPE_F8E8M0FNU = 9, 10, 11
 DTYPE_CODES = {
     np.dtype(ml_dtypes.bfloat16): DTYPE_BF16,
     np.dtype(np.float16): DTYPE_F16,
     np.dtype(np.float32): DTYPE_F32,
+    np.dtype(ml_dtypes.float8_e4m3fn): DTYPE_F8E4M3FN,
+    np.dtype(ml_dtypes.float8_e5m2): DTYPE_F8E5M2,
+    np.dtype(ml_dtypes.float8_e4m3fnuz): DTYPE_F8E4M3FNUZ,
+    np.dtype(ml_dtypes.float8_e5m2fnuz): DTYPE_F8E5M2FNUZ,
+    np.dtype(ml_dtypes.float8_e4m3b11fnuz): DTYPE_F8E4M3B11FNUZ,
+    np.dtype(ml_dtypes.float8_e4m3): DTYPE_F8E4M3,
+    np.dtype(ml_dtypes.float8_e3m4): DTYPE_F8E3M4,
+    np.dtype(ml_dtypes.float8_e8m0fnu): DTYPE_F8E8M0FNU,
 }
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)
-SUPPORTED_NAMES = "bfloat16, float16, float32"
+SUPPORTED_NAMES = ", ".join(dt.name for dt in SUPPORTED_DTYPES)
+FP8_DTYPES = tuple(dt for dt in SUPPORTED_DTYPES if dt.itemsize == 1)
 
 
 def dtype_code(dtype, *, arg: str = "dtype") -> int:
