@@ -36,7 +36,7 @@ DECODE_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
 
 def bits(a) -> np.ndarray:
   a = np.asarray(a)
-  return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+  return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 def same_bits(a, b) -> bool:
