@@ -26,6 +26,8 @@ FLAG_CHECKSUM = 0x01
 BLOCK_FLAG_LOW16 = 0x01
 CHECKSUM_SEED = 0
 MODE_RAW, MODE_CONST, MODE_HUFF = 0, 1, 2
+# Bits of every element of a frame the decoder rejects (a quiet NaN per dtype).
+REJECTED_FILL_BF16, REJECTED_FILL_F16, REJECTED_FILL_F32 = 0x7FC0, 0x7E00, 0x7FC00000
 
 DTYPE_BF16, DTYPE_F16, DTYPE_F32 = 1, 2, 3
 # One-byte floats (FORMAT.md "Symbols": the symbol is the whole byte, no raw bytes).
