@@ -142,20 +142,7 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False, ski
 STATUS_OK = 0
 # The bits of the quiet NaN that fills a rejected frame's output row (status result
 # requested), per dtype; the same on CPU and CUDA.
-REJECTED_FILL_BITS = {
-    np.dtype(jnp.bfloat16): 0x7FC0,
-    np.dtype(np.float16): 0x7E00,
-    np.dtype(np.float32): 0x7FC00000,
-    # One-byte floats: a NaN of each (the only one of the fnuz variants, 0x80).
-    np.dtype(jnp.float8_e4m3fn): 0x7F,
-    np.dtype(jnp.float8_e5m2): 0x7E,
-    np.dtype(jnp.float8_e4m3fnuz): 0x80,
-    np.dtype(jnp.float8_e5m2fnuz): 0x80,
-    np.dtype(jnp.float8_e4m3b11fnuz): 0x80,
-    np.dtype(jnp.float8_e4m3): 0x7C,
-    np.dtype(jnp.float8_e3m4): 0x78,
-    np.dtype(jnp.float8_e8m0fnu): 0xFF,
-}
+REJECTED_FILL_BITS = {dt: fmt.REJECTED_FILL[code] for dt, code in fmt.DTYPE_CODES.items()}
 
 
 def status_messages() -> dict[int, str]:
