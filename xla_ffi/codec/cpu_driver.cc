@@ -816,7 +816,9 @@ DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
       std::memcpy(ob, blk + kBlockHeaderBytes, nbe * sizeof(T));
     } else if (mode == kModeConst) {
       if (flags) return {kErrBlockMode, int64_t(b)};
-      if (sizeof(T) < 4 && (value >> (8 * sizeof(T)))) return {kErrReserved, int64_t(b)};
+      if constexpr (sizeof(T) < 4) {  // the bits above the element are reserved
+        if (value >> (8 * sizeof(T))) return {kErrReserved, int64_t(b)};
+      }
       if (bb != kBlockHeaderBytes) return {kErrBlockSize, int64_t(b)};
       for (uint64_t j = 0; j < nbe; ++j) ob[j] = T(value);
     } else if (mode == kModeHuff) {
