@@ -46,8 +46,8 @@ FUZZ = ROOT / "tests" / "fuzz"
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
-CODE = {BF16: 1, F16: 2, F32: 3}
-UINT = {2: np.uint16, 4: np.uint32}
+CODE = dict(fmt.DTYPE_CODES)  # every coded dtype, the one-byte floats included
+UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 JaxRuntimeError = jax.errors.JaxRuntimeError
 
 
@@ -700,12 +700,12 @@ def _replay_decode(blob: bytes):
     hdr_n, hdr_fb = u64(frame, 8), u64(frame, 16)
     if dt == 0:
       dt = int(frame[5])
-  if not 1 <= dt <= 3:
+  if dt not in CODE.values():
     dt = 1
   kmax = 1 << 18
   n = hdr_n if hdr_n <= kmax else hdr_n % (kmax + 1)
   n += (ctl >> 2) & 1
-  dtype = {1: BF16, 2: F16, 3: F32}[dt]
+  dtype = {code: d for d, code in CODE.items()}[dt]
   msg = None
   try:
     y = decode_host(frame, dtype, n)

@@ -19,10 +19,12 @@ import ml_dtypes
 import numpy as np
 
 from zipccl_jax import _zipccl
+from zipccl_jax import format as fmt
 
 HERE = Path(__file__).resolve().parent
 BF16 = np.dtype(ml_dtypes.bfloat16)
-CODES = {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}
+CODES = {np.dtype(d): c for d, c in fmt.DTYPE_CODES.items()}
+E4M3FN, E5M2 = np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)
 
 
 def frame(x, checksum=False) -> bytes:
@@ -68,10 +70,22 @@ def decode_seeds() -> dict[str, bytes]:
   v = ((s << 15) | (e << 7) | m).astype(np.uint16)
   v[256:400] = 0
   seeds["all_exponents_bf16_u16path"] = v.view(BF16)
+  # One-byte floats: the symbol is the whole byte. Every bit pattern in a HUFF block, zero streams, RAW,
+  # CONST, two blocks, and one HUFF frame of each other float8 variant.
+  fp8 = np.clip(np.round(rng.normal(12, 1.5, 9000)), 0, 15).astype(np.uint8) << 3
+  fp8 |= rng.integers(0, 8, 9000, dtype=np.uint8) | (rng.integers(0, 2, 9000, dtype=np.uint8) << 7)
+  fp8[:256] = np.arange(256)
+  seeds["fp8_e4m3fn_all_patterns_huff"] = fp8.view(E4M3FN)
+  seeds["fp8_e5m2_zero_stream"] = np.concatenate([np.zeros(2048, np.uint8), fp8[:3000]]).view(E5M2)
+  seeds["fp8_e5m2_raw_bits_700"] = rng.integers(0, 256, 700, dtype=np.uint8).view(E5M2)
+  seeds["fp8_e4m3fn_const_nan"] = np.full(900, 0x7F, np.uint8).view(E4M3FN)
+  seeds["fp8_e4m3fn_twoblocks"] = np.concatenate([fp8, fp8[:100]] * 8)[:70000].view(E4M3FN)
+  for dt in fmt.FP8_DTYPES[2:]:
+    seeds[f"fp8_{dt.name.removeprefix('float8_')}_huff"] = fp8[:2500].view(dt)
   out = {}
   for name, x in seeds.items():
     out[name] = b"\x00" + frame(x)
-    if name.startswith(("gauss", "golden_ramp", "twoblocks", "all_exponents")):
+    if name.startswith(("gauss", "golden_ramp", "twoblocks", "all_exponents", "fp8_e4m3fn_all")):
       out[name + "_checksum"] = b"\x00" + frame(x, checksum=True)
   return out
 
