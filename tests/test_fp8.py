@@ -415,3 +415,37 @@ def test_ratio_bar_on_held_out_tensors(dtype, bar):
     raw += q.size
     coded += len(frame)
   assert raw / coded >= bar, f"{dtype.name}: byte-weighted ratio {raw / coded:.3f} < {bar}"
+
+
+# --------------------------------------------------------------------------- CUDA lowering and real GPU
+
+
+@pytest.mark.parametrize("dtype", [E4M3FN, E5M2], ids=ids)
+def test_lowering_for_cuda_has_custom_calls(dtype):
+  x = jnp.zeros((3000,), dtype)
+  text = jax.jit(zj.encode).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert "stablehlo.custom_call @zipccl_encode" in text and "f8E" in text
+  payload, _ = zj.encode(x)
+  text = jax.jit(lambda p: zj.decode(p, shape=x.shape, dtype=dtype)).trace(payload).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "stablehlo.custom_call @zipccl_decode" in text
+
+
+def _gpu_devices():
+  try:
+    return jax.devices("gpu")
+  except RuntimeError:
+    return []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_devices(), reason="no CUDA GPU visible to JAX; the emulator covers the kernels")
+@pytest.mark.parametrize("dtype", FP8, ids=ids)
+def test_gpu_every_bit_pattern_equals_cpu_bytes(dtype):
+  x = inputs(dtype)["all_patterns_in_huff"].view(dtype)
+  payload, nbytes = jax.jit(zj.encode)(jax.device_put(jnp.asarray(x), _gpu_devices()[0]))
+  assert np.asarray(payload)[:int(nbytes)].tobytes() == ref.encode(x)
+  y = zj.decode(payload, shape=x.shape, dtype=dtype)
+  assert np.array_equal(u8(np.asarray(y)), u8(x))
+  out, status = zj.decode(payload[:50], shape=x.shape, dtype=dtype, return_status=True)
+  assert int(status) != 0 and np.all(u8(np.asarray(out)) == codec.REJECTED_FILL_BITS[dtype])
