@@ -7,7 +7,7 @@ golden-vector inputs named in FORMAT.md (empty bfloat16, one 1.0, [0, 0, 1.5, -2
 float32 up-cast bfloat16 -> LOW16) and every block mode and decoder path: HUFF with byte symbols and with all 256
 exponents plus zero (16-bit symbols), 1-4 lanes and partial streams, sparse and all-zero-stream blocks, RAW,
 CONST, multi-block frames, each dtype, with and without the checksum.
-roundtrip/: [ctl0][ctl1][element bytes] as roundtrip_fuzzer.cc describes.
+roundtrip/: [ctl0][ctl1][element bytes] as roundtrip_fuzzer.cc describes (dtype bits 3: float8_e4m3fn).
 """
 from __future__ import annotations
 
@@ -104,6 +104,12 @@ def roundtrip_seeds() -> dict[str, bytes]:
         0, 256, 1500, dtype=np.uint8).tobytes()
   out["tiny_capacity"] = bytes([(3 << 5) | (1 << 3), 20]) + bytes(range(64))
   out["empty"] = bytes([0, 0])
+  rng = np.random.default_rng(8)  # float8_e4m3fn (dtype bits 3), apart so the seeds above stay as they were
+  for mode in range(4):
+    ctl0 = 3 | (mode << 3) | (4 if mode == 1 else 0)
+    out[f"f8_mode{mode}"] = bytes([ctl0, 29]) + rng.integers(0, 256, 3000, dtype=np.uint8).tobytes()
+  out["f8_long_overflow"] = bytes([0x80 | (2 << 5) | (1 << 3) | 3, 9]) + rng.integers(
+      0, 256, 1500, dtype=np.uint8).tobytes()
   return out
 
 
