@@ -228,6 +228,17 @@ def test_jax_encode_decode_every_bit_pattern(dtype):
 
 
 @pytest.mark.parametrize("dtype", [E4M3FN, E5M2], ids=ids)
+def test_vmap_and_jit_code_each_row(dtype):
+  rows = np.stack([inputs(dtype)["all_patterns_in_huff"][:3000], inputs(dtype)["zero_padded"][:3000],
+                   inputs(dtype)["const_nan"][:3000]]).view(dtype)
+  payload, nbytes = jax.jit(jax.vmap(zj.encode))(jnp.asarray(rows))
+  for f in range(rows.shape[0]):
+    assert np.asarray(payload[f])[:int(nbytes[f])].tobytes() == ref.encode(rows[f]), f
+  y = jax.vmap(lambda p: zj.decode(p, shape=(3000,), dtype=dtype))(payload)
+  assert np.array_equal(u8(np.asarray(y)), u8(rows))
+
+
+@pytest.mark.parametrize("dtype", [E4M3FN, E5M2], ids=ids)
 def test_jax_frames_skip_and_status(dtype):
   rows = np.stack([inputs(dtype)["all_patterns_in_huff"][:4800], inputs(dtype)["random"][:4800],
                    inputs(dtype)["zero_padded"][:4800]]).view(dtype)
