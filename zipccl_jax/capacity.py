@@ -16,7 +16,8 @@ from zipccl_jax import format as fmt
 __all__ = ["EXPECTED_RATIO", "CODED_DTYPES", "padded_capacity", "resolve_capacity",
            "split_capacity"]
 
-CODED_DTYPES = fmt.SUPPORTED_DTYPES
+# The dtypes the collectives code; the codec's one-byte floats are wired in separately.
+CODED_DTYPES = tuple(dt for dt in fmt.SUPPORTED_DTYPES if dt.itemsize > 1)
 _BF16, _F16, _F32 = CODED_DTYPES
 
 # Expected coded size as a fraction of the raw bytes, with a margin (see
