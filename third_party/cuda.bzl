@@ -4,7 +4,7 @@ CUDA is on when @local_config_zipccl found nvcc (and ZIPCCL_DISABLE_CUDA is unse
 cuda_library() is an empty library and CUDA_DEFINES is empty, so the extension is CPU-only.
 """
 
-load("@local_config_zipccl//:defs.bzl", "CUDA_ENABLED", "NVCC")
+load("@local_config_zipccl//:defs.bzl", "CUDA_ENABLED", "CUDA_MIN_DRIVER", "NVCC")
 
 CUDA_ARCHS = ["80", "90"]
 
@@ -17,6 +17,7 @@ _NVCC_FLAGS = [
     "-DNDEBUG",
     "-Xptxas=-warn-spills",
     "-Xcompiler=-fPIC,-fvisibility=hidden",
+    "-DZIPCCL_CUDA_MIN_DRIVER='\"%s\"'" % CUDA_MIN_DRIVER,
 ] + [
     # cubin and PTX per architecture, like CMAKE_CUDA_ARCHITECTURES "80;90"
     "--generate-code=arch=compute_{a},code=[compute_{a},sm_{a}]".format(a = a)

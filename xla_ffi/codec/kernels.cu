@@ -7,7 +7,15 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include <string>
+
 #include "cuda_launch.cuh"
+
+// The oldest NVIDIA driver of the toolkit's major version (CMake sets it from
+// the toolkit that builds this file; it is also recorded in build_info()).
+#ifndef ZIPCCL_CUDA_MIN_DRIVER
+#error "ZIPCCL_CUDA_MIN_DRIVER must name the minimum driver of the CUDA toolkit"
+#endif
 
 namespace zipccl::cuda {
 namespace {
@@ -100,5 +108,22 @@ int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, 
 }
 
 const char* ErrorString(int cuda_error) { return cudaGetErrorString(cudaError_t(cuda_error)); }
+
+int GetVersions(Versions* v) {
+  v->runtime = v->driver = 0;
+  cudaError_t err = cudaRuntimeGetVersion(&v->runtime);
+  if (err == cudaSuccess) err = cudaDriverGetVersion(&v->driver);  // 0 without a driver
+  return int(err);
+}
+
+const char* DriverError() {
+  static const std::string* message = [] {
+    Versions v;
+    if (GetVersions(&v) != 0 || !DriverSupports(v.driver, v.runtime))
+      return new std::string(DriverMismatchMessage(v.driver, v.runtime, ZIPCCL_CUDA_MIN_DRIVER));
+    return static_cast<std::string*>(nullptr);
+  }();
+  return message ? message->c_str() : nullptr;
+}
 
 }  // namespace zipccl::cuda
