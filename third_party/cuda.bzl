@@ -4,12 +4,19 @@ CUDA is on when @local_config_zipccl found nvcc (and ZIPCCL_DISABLE_CUDA is unse
 cuda_library() is an empty library and CUDA_DEFINES is empty, so the extension is CPU-only.
 """
 
-load("@local_config_zipccl//:defs.bzl", "CUDA_ENABLED", "CUDA_MIN_DRIVER", "NVCC")
+load("@local_config_zipccl//:defs.bzl", "CUDA_ENABLED", "CUDA_MIN_DRIVER", "CUDA_VERSION", "NVCC")
 
 CUDA_ARCHS = ["80", "90"]
 
 # For the host C++ that registers the CUDA handlers (module.cc, handlers.h, cuda_host_bindings.cc).
-CUDA_DEFINES = ["-DZIPCCL_WITH_CUDA"] if CUDA_ENABLED else []
+# They also record the build for zipccl_jax.info() (module.cc's build_info()).
+CUDA_DEFINES = [
+    "-DZIPCCL_WITH_CUDA",
+    '-DZIPCCL_CUDA_TOOLKIT=\\"%s\\"' % CUDA_VERSION,
+    '-DZIPCCL_CUDA_ARCHS=\\"%s\\"' % ",".join(CUDA_ARCHS),
+    '-DZIPCCL_CUDA_MIN_DRIVER=\\"%s\\"' % CUDA_MIN_DRIVER,
+    '-DZIPCCL_CUDA_NOTE=\\"bazel\\"',
+] if CUDA_ENABLED else []
 
 _NVCC_FLAGS = [
     "-std=c++17",

@@ -10,10 +10,11 @@ Introspection: `stats`, `totals`, `hlo_wire_bytes`.
 
 from zipccl_jax import format
 from zipccl_jax.codec import decode, encode, max_encoded_bytes
+from zipccl_jax.info import info
 
 __version__ = "0.1.0"
 
-__all__ = ["encode", "decode", "max_encoded_bytes", "format"]
+__all__ = ["encode", "decode", "max_encoded_bytes", "format", "info"]
 
 try:  # the collectives land in their own module
   from zipccl_jax.collectives import *  # noqa: F401,F403

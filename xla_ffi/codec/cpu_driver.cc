@@ -834,4 +834,6 @@ DecodeResult DecodeFrame(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
   return DecodeTyped(in, in_bytes, dtype, n, static_cast<uint16_t*>(out));
 }
 
+const char* CompiledCodePaths() { return ZIPCCL_CPU_VBMI2 ? "avx512_vbmi2" : ""; }
+
 }  // namespace zipccl::cpu
