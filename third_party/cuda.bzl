@@ -22,7 +22,7 @@ _NVCC_FLAGS = [
     "-std=c++17",
     "-O3",
     "-DNDEBUG",
-    "-Xptxas=-warn-spills",
+    "-Xptxas=-warn-spills,-Werror",  # a register spill fails the build
     "-Xcompiler=-fPIC,-fvisibility=hidden",
     "-DZIPCCL_CUDA_MIN_DRIVER='\"%s\"'" % CUDA_MIN_DRIVER,
 ] + [

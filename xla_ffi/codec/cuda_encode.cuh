@@ -70,34 +70,73 @@ struct HistKernel {
   }
 };
 
-// 2. Plan: one thread per block runs the shared PlanBlock (code lengths,
-//    canonical codes, mode choice, exact size); the extra item `total` writes
-//    the trailing 0 that makes the scan's last entry the grand total. Blocks
-//    of skipped frames get size 0 and no plan.
+// 2. Plan: one warp (CTA) per block; the extra CTA `total` writes the
+//    trailing 0 that makes the scan's last entry the grand total. Blocks of
+//    skipped frames get size 0 and no plan. The lanes place the used symbols
+//    in sorted order in parallel (SymbolRank), lane 0 builds the Huffman tree
+//    and the plan (CodeLengthsFromOrder, PlanFromLengths: the CPU driver's
+//    functions) on shared-memory work arrays and the histogram copied to shared
+//    memory, then the warp copies the plan out. No local memory.
 struct PlanKernel {
   static constexpr const char* kName = "zipccl_plan";
-  static constexpr int kBlockThreads = kItemThreads;
+  static constexpr int kBlockThreads = 32;
   using Params = EncodeParams;
   struct Shared {
-    int unused;
+    uint32_t hist[kNumSymbols];
+    HuffmanWork work;
+    BlockPlan plan;
   };
   template <class Cta>
-  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t g = cta.block() * kItemThreads + cta.tid();
-    if (g > p.total) return;
-    if (g == p.total) {
-      p.sizes[g] = 0;
-      return;
-    }
-    if (Skipped(p, g / p.nb)) {
-      p.sizes[g] = 0;
+  ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
+    const uint64_t g = cta.block();
+    const uint32_t tid = cta.tid();
+    if (g >= p.total || Skipped(p, g / p.nb)) {  // uniform over the CTA
+      if (tid == 0) p.sizes[g] = 0;
       return;
     }
     const BlockStats& st = p.stats[g];
-    const int w = ElemBytes(p.dtype);
-    PlanBlock(st.hist, BlockElems(p.n, g % p.nb), w, st.all_equal != 0, st.first,
-              st.low16 != 0, &p.plans[g]);
-    p.sizes[g] = p.plans[g].block_bytes;
+    if (st.all_equal) {
+      if (tid == 0) {
+        PlanConstBlock(st.first, &p.plans[g]);
+        p.sizes[g] = kBlockHeaderBytes;
+      }
+      return;
+    }
+    uint32_t used = 0;
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kBlockThreads) {
+      sm.hist[s] = st.hist[s];
+      used += st.hist[s] != 0;
+    }
+    cta.sync();
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kBlockThreads)
+      if (sm.hist[s]) sm.work.order[SymbolRank(sm.hist, int(s))] = uint16_t(s);
+    uint32_t m = 0;
+    cta.exclusive_sum(used, &m);  // the count of used symbols; barriers on both sides
+    BlockPlan& pl = sm.plan;
+    if (tid == 0) {
+      CodeLengthsFromOrder(sm.hist, int(m), sm.work, pl.lens);
+      PlanFromLengths(sm.hist, BlockElems(p.n, g % p.nb), ElemBytes(p.dtype), st.low16 != 0, &pl);
+      p.sizes[g] = pl.block_bytes;
+    }
+    cta.sync();
+    BlockPlan& out = p.plans[g];
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kBlockThreads) {
+      out.lens[s] = pl.lens[s];
+      out.enc[s] = pl.enc[s];
+    }
+    if (tid == 0) {
+      out.mode = pl.mode;
+      out.flags = pl.flags;
+      out.const_value = pl.const_value;
+      out.block_bytes = pl.block_bytes;
+      out.lo = pl.lo;
+      out.hi = pl.hi;
+      out.table_bytes = pl.table_bytes;
+      out.total_bits = pl.total_bits;
+      out.nnz = pl.nnz;
+      out.raw_width = pl.raw_width;
+      out.n_streams = pl.n_streams;
+    }
   }
 };
 

@@ -29,7 +29,7 @@ void RunEncode(Launcher& l, const EncodeParams& p, const EncodeLayout& L, uint8_
       l.template Launch<HistKernel<uint32_t>>(p.total, p);
     else
       l.template Launch<HistKernel<uint16_t>>(p.total, p);
-    l.template Launch<PlanKernel>(CeilDiv(p.total + 1, kItemThreads), p);
+    l.template Launch<PlanKernel>(p.total + 1, p);
     l.ExclusiveSum(p.sizes, p.offsets, p.total + 1, scratch + L.cub_off, L.cub_bytes);
     if (f32)
       l.template Launch<WriteKernel<uint32_t>>(p.total, p);

@@ -42,8 +42,11 @@ struct DeviceCta {
   }
 };
 
+// Minimum one resident CTA: without it ptxas (CUDA 13, sm_90) capped the block
+// decoder at 48 registers and spilled 12-20 bytes; the build refuses spills
+// (-Xptxas=-warn-spills,-Werror), and static shared memory bounds occupancy anyway.
 template <class K>
-__global__ void __launch_bounds__(K::kBlockThreads) Kernel(typename K::Params p) {
+__global__ void __launch_bounds__(K::kBlockThreads, 1) Kernel(typename K::Params p) {
   __shared__ typename K::Shared sm;
   __shared__ typename DeviceCta<K::kBlockThreads>::Scan::TempStorage scan_temp;
   DeviceCta<K::kBlockThreads> cta{&scan_temp};
