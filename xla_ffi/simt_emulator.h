@@ -8,10 +8,13 @@
 // reported as barrier divergence. Shared memory, scratch memory and the CTA
 // order are filled / shuffled from a seed, so a missing barrier or a read of
 // uninitialised memory shows up as a byte difference against the CPU driver.
-// Atomics are plain read-modify-writes (only one fiber runs at a time). What it
-// cannot show: warp-level timing, memory-model effects between CTAs, and
-// anything about CUB itself (its scans are replaced by sequential ones of the
-// same contract).
+// Atomics are plain read-modify-writes (only one fiber runs at a time). Vector,
+// word and element accesses that a GPU would fault on as misaligned are errors
+// (EmuCheckAligned of cuda_common.cuh). What it cannot show: races inside one
+// barrier interval (fibers switch only at barriers, so a plain `|=` in place of
+// an atomic is never interleaved), warp-level timing, memory-model effects
+// between CTAs, and anything about CUB itself (its scans are replaced by
+// sequential ones of the same contract).
 //
 // Pure host C++ (no CUDA toolkit). Used by cuda_host_bindings.cc (the Python
 // submodule zipccl_jax._zipccl.cuda_host) and by emulated_kernels.cc (the
@@ -176,6 +179,10 @@ struct EmuLauncher {
         K::Run(cta, *sm, p);
       };
       sched.Run(uint32_t(K::kBlockThreads), body);
+      if (const char* fault = EmuFault()) {  // what a GPU would have faulted on
+        EmuFault() = nullptr;
+        throw std::runtime_error(std::string("emulator: ") + fault + " in " + K::kName);
+      }
     }
   }
 

@@ -24,6 +24,7 @@
 #include "xla_ffi/codec/cuda_common.cuh"
 #include "xla_ffi/emulated_kernels.h"
 #include "xla_ffi/handlers.h"
+#include "xla_ffi/simt_emulator.h"
 
 namespace {
 
@@ -265,6 +266,75 @@ TEST(zero_frames_allocate_nothing) {
   CHECK(o.ok) << o.message;
   CHECK_EQ(ctx.allocations, uint64_t(0));
   ExpectClean(ctx, "empty");
+}
+
+// ---- The emulator's detectors, each fed the bug it exists for -------------------------------------------
+// A CTA storing 16 bytes per thread at out + offset: a GPU faults unless offset keeps the uint4 aligned.
+struct VectorStoreKernel {
+  static constexpr const char* kName = "test_vector_store";
+  static constexpr int kBlockThreads = 8;
+  struct Params {
+    uint8_t* out;
+    int offset;
+  };
+  struct Shared {
+    int unused;
+  };
+  template <class Cta>
+  static void Run(Cta& cta, Shared&, const Params& p) {
+    const uint32_t w[4] = {cta.tid(), 1, 2, 3};
+    zipccl::cuda::Store16B(p.out + p.offset + 16 * cta.tid(), w);
+  }
+};
+
+TEST(emulator_faults_on_a_misaligned_uint4_store) {
+  alignas(16) static uint8_t buf[16 * 9];
+  zipccl::cuda::emu::EmuLauncher ok(true, 1);
+  ok.Launch<VectorStoreKernel>(1, {buf, 16});  // aligned: no fault
+  std::string fault;
+  try {
+    zipccl::cuda::emu::EmuLauncher bad(true, 1);
+    bad.Launch<VectorStoreKernel>(1, {buf, 4});  // the seeded bug
+  } catch (const std::exception& e) {
+    fault = e.what();
+  }
+  CHECK(fault.find("misaligned 16-byte (uint4) store in test_vector_store") != std::string::npos) << fault;
+}
+
+// Thread 0 publishes a value in shared memory that every thread reads; `barrier` says whether a barrier
+// separates the write from the reads.
+struct PublishKernel {
+  static constexpr const char* kName = "test_publish";
+  static constexpr int kBlockThreads = 32;
+  struct Params {
+    uint32_t* out;
+    bool barrier;
+  };
+  struct Shared {
+    uint32_t value;
+  };
+  template <class Cta>
+  static void Run(Cta& cta, Shared& sm, const Params& p) {
+    if (cta.tid() == 0) sm.value = 42;
+    if (p.barrier) cta.sync();
+    p.out[cta.tid()] = sm.value;
+  }
+};
+
+TEST(emulator_shows_a_dropped_syncthreads) {
+  uint32_t out[32];
+  int wrong_with = 0, wrong_without = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    for (bool barrier : {true, false}) {
+      zipccl::cuda::emu::EmuLauncher l(true, seed);
+      l.Launch<PublishKernel>(1, {out, barrier});
+      int wrong = 0;
+      for (uint32_t v : out) wrong += v != 42;
+      (barrier ? wrong_with : wrong_without) += wrong;
+    }
+  }
+  CHECK_EQ(wrong_with, 0);
+  CHECK(wrong_without > 0) << "shuffled thread order and garbage-filled shared memory must expose the race";
 }
 
 }  // namespace

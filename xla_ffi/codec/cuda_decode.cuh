@@ -90,7 +90,10 @@ struct DecodeBlockKernel {
   struct Shared {
     DecodeEntry table[kTableSize];
     uint32_t enc[kNumSymbols];
-    uint16_t syms[kMaxStreamsPerBlock][kRoundSyms];
+    // Rows padded by one 32-bit word: decoder lane t writes row t, so with 128-byte
+    // rows all 32 lanes hit one bank; 132-byte rows put lane t in bank (t + i/2) % 32,
+    // and the merge threads' reads (4 rows x 8 offsets per warp) stay conflict-free.
+    uint16_t syms[kMaxStreamsPerBlock][kRoundSyms + 2];
     uint32_t round_nz[kMaxStreamsPerBlock];   // nnz of the stream before this round
     uint32_t stream_raw[kMaxStreamsPerBlock]; // first raw byte of the stream
     uint32_t merge_nz[kThreads];
