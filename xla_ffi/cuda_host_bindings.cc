@@ -145,13 +145,14 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
         nb::arg("frames"), nb::arg("n_elems"), nb::arg("cub_bytes"),
         "Scratch layout of a decode call.");
   m.def("encode_launches",
-        [](uint64_t frames, uint64_t n, int dtype) {
+        [](uint64_t frames, uint64_t n, int dtype, uint64_t cap) {
           CheckDType(dtype);
-          return ToTuples(Encode(nullptr, frames, n, dtype, false, nullptr, 0, nullptr, nullptr,
+          return ToTuples(Encode(nullptr, frames, n, dtype, false, nullptr, cap, nullptr, nullptr,
                                  /*execute=*/false, 0));
         },
-        nb::arg("frames"), nb::arg("n_elems"), nb::arg("dtype_code"),
-        "The encoder's launch sequence: (kernel, grid, threads per CTA, static shared bytes).");
+        nb::arg("frames"), nb::arg("n_elems"), nb::arg("dtype_code"), nb::arg("cap_bytes") = 0,
+        "The encoder's launch sequence for payload rows of cap_bytes: (kernel, grid, threads per "
+        "CTA, static shared bytes).");
   m.def("decode_launches",
         [](uint64_t frames, uint64_t n, int dtype, bool status) {
           CheckDType(dtype);

@@ -333,27 +333,41 @@ struct FinishEncodeKernel {
 // 6. Zero the payload past the frame (past the header after an overflow), as
 //    the CPU handler does: the padded transport sends all `cap` bytes, and
 //    XLA reuses output buffers, so stale device memory must not reach peers.
-//    The whole row of a skipped frame is zeroed. kTilesPerFrame CTAs per frame
-//    stride over the tail.
+//    The whole row of a skipped frame is zeroed. The grid is sized by bytes:
+//    TilesPerFrame(cap) CTAs per frame, each zeroing its kTileBytes of the row
+//    with 16-byte stores (byte stores only for the up to 15 bytes at each end
+//    of the range, whose alignment is arbitrary: rows start at f * cap).
 struct ZeroTailKernel {
   static constexpr const char* kName = "zipccl_zero_tail";
-  static constexpr int kBlockThreads = kItemThreads;
-  static constexpr uint64_t kTilesPerFrame = 16;
+  static constexpr int kBlockThreads = kThreads;
+  static constexpr uint64_t kTileBytes = 16 * uint64_t(kThreads) * 4;  // 16 KB per CTA
   using Params = EncodeParams;
   struct Shared {
     int unused;
   };
+  ZIPCCL_HD static uint64_t TilesPerFrame(uint64_t cap) { return CeilDiv(cap, kTileBytes); }
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t f = cta.block() / kTilesPerFrame, tile = cta.block() % kTilesPerFrame;
+    const uint64_t tiles = TilesPerFrame(p.cap);
+    const uint64_t f = cta.block() / tiles, tile = cta.block() % tiles;
     if (f >= p.frames) return;
     const uint64_t need = FrameBytesFromOffsets(p.offsets, p.nb, f);
     const uint64_t keep = Skipped(p, f) ? 0
                           : need <= p.cap ? need
                           : (p.cap < kFrameHeaderBytes ? p.cap : kFrameHeaderBytes);
-    uint8_t* out = p.payload + f * p.cap;
-    const uint64_t stride = kTilesPerFrame * uint64_t(kItemThreads);
-    for (uint64_t i = keep + tile * kItemThreads + cta.tid(); i < p.cap; i += stride) out[i] = 0;
+    const uint64_t lo = keep > tile * kTileBytes ? keep : tile * kTileBytes;
+    const uint64_t hi = p.cap < (tile + 1) * kTileBytes ? p.cap : (tile + 1) * kTileBytes;
+    if (lo >= hi) return;
+    uint8_t* const a = p.payload + f * p.cap + lo;
+    uint8_t* const b = a + (hi - lo);
+    const uintptr_t ua = reinterpret_cast<uintptr_t>(a), ub = reinterpret_cast<uintptr_t>(b);
+    uint8_t* const a16 = ((ua + 15) & ~uintptr_t(15)) < ub ? a + (((ua + 15) & ~uintptr_t(15)) - ua) : b;
+    uint8_t* const b16 = a16 + ((b - a16) & ~ptrdiff_t(15));
+    const uint32_t tid = cta.tid();
+    if (tid < uint32_t(a16 - a)) a[tid] = 0;
+    if (tid < uint32_t(b - b16)) b16[tid] = 0;
+    const uint32_t zero[4] = {0, 0, 0, 0};
+    for (uint8_t* q = a16 + 16 * uint64_t(tid); q < b16; q += 16 * uint64_t(kThreads)) Store16B(q, zero);
   }
 };
 

@@ -37,7 +37,7 @@ void RunEncode(Launcher& l, const EncodeParams& p, const EncodeLayout& L, uint8_
       l.template Launch<WriteKernel<uint16_t>>(p.total, p);
   }
   l.template Launch<FinishEncodeKernel>(CeilDiv(p.frames, kItemThreads), p);
-  l.template Launch<ZeroTailKernel>(p.frames * ZeroTailKernel::kTilesPerFrame, p);
+  l.template Launch<ZeroTailKernel>(p.frames * ZeroTailKernel::TilesPerFrame(p.cap), p);
 }
 
 template <class Launcher>
