@@ -163,14 +163,19 @@ struct DecodeEntry {
 
 constexpr int kTableSize = 1 << kMaxCodeLen;
 
+// The entries of symbol s in a zeroed table: every index whose low l bits are
+// its (reversed) code. The codes are prefix-free, so symbols fill disjoint
+// entries and the threads of a CTA can fill them in parallel.
+ZIPCCL_HD void FillDecodeEntries(const uint32_t* enc, int s, DecodeEntry* table) {
+  const int l = int(enc[s] >> 16);
+  if (!l) return;
+  for (uint32_t i = enc[s] & 0xFFFFu; i < uint32_t(kTableSize); i += 1u << l)
+    table[i] = DecodeEntry{uint16_t(s), uint8_t(l), 0};
+}
+
 ZIPCCL_HD void BuildDecodeTable(const uint32_t* enc, DecodeEntry* table) {
   for (int i = 0; i < kTableSize; ++i) table[i] = DecodeEntry{0, 0, 0};
-  for (int s = 0; s < kNumSymbols; ++s) {
-    int l = int(enc[s] >> 16);
-    if (!l) continue;
-    for (uint32_t i = enc[s] & 0xFFFFu; i < uint32_t(kTableSize); i += 1u << l)
-      table[i] = DecodeEntry{uint16_t(s), uint8_t(l), 0};
-  }
+  for (int s = 0; s < kNumSymbols; ++s) FillDecodeEntries(enc, s, table);
 }
 
 }  // namespace zipccl
