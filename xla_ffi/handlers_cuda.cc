@@ -145,6 +145,22 @@ ffi::Error CheckDriver() {
   return ffi::Error::Success();
 }
 
+// Before any launch: the driver can run the kernels, the call's blocks fit the
+// kernels' int32 grid, and CUB's temporary bytes for the scan of the block
+// sizes (`what` names the operation in messages).
+ffi::ErrorOr<uint64_t> PrepareLaunch(uint64_t frames, uint64_t n, const char* what) {
+  if (ffi::Error e = CheckDriver(); e.failure()) return ffi::Unexpected(e);
+  const uint64_t total = frames * zipccl::NumBlocks(n);
+  if (total > uint64_t(INT32_MAX))
+    return ffi::Unexpected(Invalid(std::string(what) + ": too many blocks for one call"));
+  uint64_t cub_bytes = 0;
+  if (total) {
+    int err = zipccl::cuda::ScanTempBytes(total + 1, &cub_bytes);
+    if (err) return ffi::Unexpected(CudaError((std::string(what) + ": cub scan size query").c_str(), err));
+  }
+  return cub_bytes;
+}
+
 // The launch's error, else the release's.
 ffi::Error Finish(ffi::Error launch, DeviceScratch& scratch) {
   ffi::Error freed = scratch.Free();
@@ -162,20 +178,13 @@ ffi::Error EncodeImpl(CUstream_st* stream, DeviceScratch scratch, ffi::AnyBuffer
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
-  if (ffi::Error e = CheckDriver(); e.failure()) return e;
   // The size is only known on the device, so int32 sizes are refused up front
   // whenever a frame could exceed them (the CPU handler checks the actual size).
   if (!call.nbytes64 && zipccl::MaxEncodedBytes(n, dtype) > uint64_t(INT32_MAX))
     return Invalid("zipccl encode: a frame may exceed 2^31-1 bytes; enable jax_enable_x64 for int64 sizes");
-  const uint64_t total = frames * zipccl::NumBlocks(n);
-  if (total > uint64_t(INT32_MAX))
-    return Invalid("zipccl encode: too many blocks for one call");
-  uint64_t cub_bytes = 0;
-  if (total) {
-    int err = zipccl::cuda::ScanTempBytes(total + 1, &cub_bytes);
-    if (err) return CudaError("zipccl encode: cub scan size query", err);
-  }
-  const zipccl::cuda::EncodeLayout L = zipccl::cuda::MakeEncodeLayout(frames, n, cub_bytes);
+  ffi::ErrorOr<uint64_t> cub_bytes = PrepareLaunch(frames, n, "zipccl encode");
+  if (cub_bytes.has_error()) return cub_bytes.error();
+  const zipccl::cuda::EncodeLayout L = zipccl::cuda::MakeEncodeLayout(frames, n, cub_bytes.value());
   ffi::ErrorOr<uint8_t*> s = scratch.Allocate(L.scratch_bytes, "zipccl encode");
   if (s.has_error()) return s.error();
   int err = zipccl::cuda::EncodeAsync(x.untyped_data(), dtype, checksum, payload->typed_data(), cap,
@@ -199,16 +208,9 @@ ffi::Error DecodeImpl(CUstream_st* stream, DeviceScratch scratch,
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
-  if (ffi::Error e = CheckDriver(); e.failure()) return e;
-  const uint64_t total = frames * zipccl::NumBlocks(n);
-  if (total > uint64_t(INT32_MAX))
-    return Invalid("zipccl decode: too many blocks for one call");
-  uint64_t cub_bytes = 0;
-  if (total) {
-    int err = zipccl::cuda::ScanTempBytes(total + 1, &cub_bytes);
-    if (err) return CudaError("zipccl decode: cub scan size query", err);
-  }
-  const zipccl::cuda::DecodeLayout L = zipccl::cuda::MakeDecodeLayout(frames, n, cub_bytes);
+  ffi::ErrorOr<uint64_t> cub_bytes = PrepareLaunch(frames, n, "zipccl decode");
+  if (cub_bytes.has_error()) return cub_bytes.error();
+  const zipccl::cuda::DecodeLayout L = zipccl::cuda::MakeDecodeLayout(frames, n, cub_bytes.value());
   ffi::ErrorOr<uint8_t*> s = scratch.Allocate(L.scratch_bytes, "zipccl decode");
   if (s.has_error()) return s.error();
   int err = zipccl::cuda::DecodeAsync(payload.typed_data(), cap, dtype, out->untyped_data(),
