@@ -70,9 +70,9 @@ def _kernels(text: str) -> list[dict]:
 
 
 def _short(mangled: str) -> str:
-  m = re.search(r"INS0_\d+(\w+?Kernel)(I[tj]E)?", mangled)
+  m = re.search(r"INS0_\d+(\w+?Kernel)(I[tjh]E)?", mangled)
   if m:
-    return m.group(1) + {"ItE": "<u16>", "IjE": "<u32>"}.get((m.group(2) or "")[0:3], "")
+    return m.group(1) + {"ItE": "<u16>", "IjE": "<u32>", "IhE": "<u8>"}.get(m.group(2) or "", "")
   return mangled[:60]
 
 
