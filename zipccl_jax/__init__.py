@@ -16,6 +16,7 @@ from zipccl_jax.calibration import calibrate
 from zipccl_jax.capacity import padded_capacity
 from zipccl_jax.codec import decode, encode, max_encoded_bytes
 from zipccl_jax.collectives import all_gather, all_to_all, ppermute, psum, psum_scatter
+from zipccl_jax.info import info
 from zipccl_jax.observation import observe
 from zipccl_jax.profile import Profile, get_profile, load_profile, set_profile, use_profile
 from zipccl_jax.strategy import decisions, explain
@@ -23,7 +24,7 @@ from zipccl_jax.strategy import decisions, explain
 __version__ = "0.1.0"
 
 __all__ = [
-    "encode", "decode", "max_encoded_bytes", "format",
+    "encode", "decode", "max_encoded_bytes", "format", "info",
     "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute",
     "padded_capacity", "CallSiteStats", "stats", "totals", "reset_stats", "set_runtime_stats",
     "hlo_collectives", "hlo_wire_bytes",
