@@ -1,0 +1,197 @@
+"""``ragged_all_to_all`` that runs everywhere: XLA's on GPU/TPU, an exact emulation on CPU.
+
+XLA:CPU has no ragged-all-to-all. :func:`exchange` takes ``jax.lax.ragged_all_to_all``'s
+arguments and semantics and picks, with ``lax.platform_dependent``, the real collective on
+GPU/TPU or, on CPU, an emulation made of one padded ``jax.lax.all_to_all``::
+
+  K = len(input_offsets) = n * spd     (n = axis size, spd = slices per destination)
+  sender:    send[d] = the spd slices for destination d, rows packed back to back,
+             zero rows after them                        # (n, bound, *row) as bit patterns
+  wire:      recv = all_to_all(send)  and  off_ = all_to_all(output_offsets)   (tiled)
+  receiver:  block s of recv holds sender s's slices in order; slice j has
+             recv_sizes[s*spd + j] rows and lands at off_[s*spd + j]; rows that are
+             not written keep ``output``'s bits
+
+``bound`` is a static number of rows that bounds what one sender sends one destination:
+``min(M, spd * N)`` for ``operand`` (N, ...) and ``output`` (M, ...), which holds for every
+call whose result jax.lax defines (the slices a receiver gets do not overlap, so they hold
+at most M rows), or the caller's ``max_send_rows``. Every payload moves as its bit pattern
+(uint views), so NaN payloads, -0 and subnormals arrive unchanged.
+
+Outside jax.lax's contract (a slice reaching outside ``operand`` or ``output``, slices that
+overlap in the receiver's buffer, ``send_sizes != all_to_all(recv_sizes)``) XLA leaves the
+result undefined. Here: a slice that does not fit in ``operand`` sends zero rows, one that
+does not fit in ``output`` writes nothing, and overlapping rows are written in the
+pseudocode's order (sender-major, then slice) on CPU; no memory outside the buffers is read
+or written. Row indices are int64 whenever a row count, offset or running sum can reach 2**31
+(or the caller's offsets are 64-bit), int32 otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = ["exchange", "check_operands", "axis_size"]
+
+_INT32_LIMIT = 2**31 - 1
+_UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+_OFFSET_ARGS = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
+
+
+def axis_size(axis_name, axis_index_groups=None) -> int:
+  """Ranks taking part in one exchange: the group size, or the (product of the) axis size(s)."""
+  if axis_index_groups is not None:
+    return len(axis_index_groups[0])
+  names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  return math.prod(lax.axis_size(a) for a in names)
+
+
+def check_operands(api: str, operand, output, input_offsets, send_sizes, output_offsets,
+                   recv_sizes, n: int) -> int:
+  """Trace-time checks of jax.lax.ragged_all_to_all's contract; returns slices per destination."""
+  for arg, x in (("operand", operand), ("output", output)):
+    if np.ndim(x) < 1:
+      raise ValueError(f"{api}: {arg} must have a leading (row) axis, got shape {np.shape(x)}")
+  if operand.dtype != output.dtype:
+    raise TypeError(f"{api}: operand and output must have the same dtype, got {operand.dtype} "
+                    f"and {output.dtype}")
+  if operand.shape[1:] != output.shape[1:]:
+    raise ValueError(f"{api}: operand and output must have the same row shape, got "
+                     f"operand {operand.shape} and output {output.shape}")
+  k = None
+  for arg, x in zip(_OFFSET_ARGS, (input_offsets, send_sizes, output_offsets, recv_sizes)):
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+      raise TypeError(f"{api}: {arg} must be an integer array, got dtype {x.dtype}")
+    if np.ndim(x) != 1 or x.shape[0] < 1:
+      raise ValueError(f"{api}: {arg} must be rank 1 with a positive length, got shape "
+                       f"{np.shape(x)}")
+    if k is not None and x.shape[0] != k:
+      raise ValueError(f"{api}: input_offsets, send_sizes, output_offsets and recv_sizes must "
+                       f"have the same length, got {arg} of length {x.shape[0]} and {k}")
+    k = x.shape[0]
+  if k % n:
+    raise ValueError(f"{api}: the length of the offsets and sizes ({k}) must be a multiple of "
+                     f"the number of ranks taking part ({n})")
+  return k // n
+
+
+def exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
+             axis_name, axis_index_groups=None, max_send_rows: int | None = None,
+             api: str = "zipccl_jax.ragged_all_to_all"):
+  """``jax.lax.ragged_all_to_all`` with the same arguments and result, on every platform.
+
+  Must run inside ``jax.shard_map`` (``axis_name`` bound). Not differentiable by itself
+  (the CPU path moves bit patterns): callers declare autodiff.
+
+  Args:
+    operand: (N, *row) rows to send.
+    output: (M, *row) same dtype; the result is ``output`` with the received rows written.
+    input_offsets, send_sizes, output_offsets, recv_sizes: (K,) integers, K = n * spd; see
+      ``jax.lax.ragged_all_to_all``.
+    axis_name, axis_index_groups: as in ``jax.lax.ragged_all_to_all``.
+    max_send_rows: static bound on the rows one rank sends to one destination (the sum of
+      its spd slices for it), when the caller knows a tighter one than ``min(M, spd * N)``;
+      it only sizes the CPU emulation's padded buffers, and rows beyond it are lost there.
+    api: the name used in error messages.
+
+  Returns:
+    (M, *row), ``output``'s dtype.
+  """
+  n = axis_size(axis_name, axis_index_groups)
+  spd = check_operands(api, operand, output, input_offsets, send_sizes, output_offsets,
+                       recv_sizes, n)
+  N, M = operand.shape[0], output.shape[0]
+  bound = min(M, spd * N)
+  if max_send_rows is not None:
+    if int(max_send_rows) < 0:
+      raise ValueError(f"{api}: max_send_rows must be >= 0, got {max_send_rows}")
+    bound = min(bound, int(max_send_rows))
+  sizes = (input_offsets, send_sizes, output_offsets, recv_sizes)
+  wide = (any(np.dtype(x.dtype).itemsize > 4 for x in sizes)
+          or n * bound + spd * max(N, M) + max(N, M) > _INT32_LIMIT)
+  index_dtype = np.int64 if wide else np.int32
+  groups = None if axis_index_groups is None else tuple(tuple(g) for g in axis_index_groups)
+
+  def native(op, out, *offsets_and_sizes):
+    with _index_scope(index_dtype):  # XLA wants the four index operands of one type
+      idx = [x.astype(index_dtype) for x in offsets_and_sizes]
+      return lax.ragged_all_to_all(op, out, *idx, axis_name=axis_name, axis_index_groups=groups)
+
+  def emulated(op, out, *offsets_and_sizes):
+    if bound == 0:
+      return out
+    return _emulate(op, out, *offsets_and_sizes, axis_name=axis_name, groups=groups, n=n,
+                    spd=spd, bound=bound, index_dtype=index_dtype)
+
+  return lax.platform_dependent(operand, output, *sizes, cpu=emulated, default=native)
+
+
+def _emulate(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
+             axis_name, groups, n: int, spd: int, bound: int, index_dtype):
+  """The CPU path of :func:`exchange` (see the module docstring)."""
+  N, M = operand.shape[0], output.shape[0]
+  a2a = lambda x: lax.all_to_all(x, axis_name, 0, 0, tiled=True, axis_index_groups=groups)
+  with _index_scope(index_dtype):
+    src = _slice_rows(input_offsets, send_sizes, N, n, spd, bound, index_dtype)
+    send = _to_bits(operand).at[src].get(mode="fill", fill_value=0)  # (n, bound, *row)
+    recv = a2a(send)
+    offsets_here = a2a(output_offsets.astype(index_dtype))
+    dst = _slice_rows(offsets_here, recv_sizes, M, n, spd, bound, index_dtype)
+    rows = recv.reshape((n * bound,) + recv.shape[2:])
+    bits = _to_bits(output).at[dst.reshape(-1)].set(rows, mode="drop")
+    return _from_bits(bits, output.dtype)
+
+
+def _slice_rows(offsets, sizes, limit: int, n: int, spd: int, bound: int, index_dtype):
+  """(n, bound) row index in a buffer of `limit` rows of each packed row, `limit` if none.
+
+  Block d packs slices d*spd .. d*spd+spd-1 back to back: row t of block d is row
+  ``t - start[j]`` of its slice j (start = exclusive running sum of the sizes). A slice
+  that does not fit in [0, limit) maps every row to `limit` (gathers fill, scatters drop).
+  """
+  size = jnp.clip(sizes.astype(index_dtype), 0, limit).reshape(n, spd)
+  off = offsets.astype(index_dtype).reshape(n, spd)
+  fits = (off >= 0) & (off <= limit - size)
+  end = jnp.cumsum(size, axis=1)
+  start = end - size
+  t = lax.broadcasted_iota(index_dtype, (n, bound), 1)
+  if spd == 1:
+    j = jnp.zeros((n, bound), np.int32)
+  else:  # the slice a packed row belongs to: how many slices end at or before it
+    j = jnp.sum((end[:, None, :] <= t[:, :, None]).astype(np.int32), axis=-1)
+  live = t < end[:, -1:]
+  j = jnp.minimum(j, spd - 1)
+  pick = lambda a: jnp.take_along_axis(a, j, axis=1)
+  row = pick(off) + (t - pick(start))
+  return jnp.where(live & pick(fits), row, jnp.asarray(limit, index_dtype))
+
+
+def _index_scope(index_dtype):
+  """64-bit integers need x64 enabled while they are traced (the index math only)."""
+  return jax.enable_x64(True) if np.dtype(index_dtype).itemsize == 8 else contextlib.nullcontext()
+
+
+def _to_bits(x):
+  """Bit pattern of `x` as unsigned integers (complex: (..., 2) of real and imaginary parts)."""
+  if jnp.issubdtype(x.dtype, jnp.complexfloating):
+    x = jnp.stack([lax.real(x), lax.imag(x)], axis=-1)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    return lax.bitcast_convert_type(x, _UINT_OF_SIZE[np.dtype(x.dtype).itemsize])
+  return x
+
+
+def _from_bits(bits, dtype):
+  dt = np.dtype(dtype)
+  if jnp.issubdtype(dt, jnp.complexfloating):
+    part = np.dtype(np.float32 if dt == np.complex64 else np.float64)
+    f = lax.bitcast_convert_type(bits, part)
+    return lax.complex(f[..., 0], f[..., 1])
+  if jnp.issubdtype(dt, jnp.floating):
+    return lax.bitcast_convert_type(bits, dt)
+  return bits
