@@ -247,3 +247,62 @@ def test_trace_time_errors():
     _trace(f32(4, 2), f32(4, 3), i32(8), i32(8), i32(8), i32(8))
   with pytest.raises(ValueError, match="recv_sizes must be rank 1"):
     _trace(f32(4, 2), f32(4, 2), i32(8), i32(8), i32(8), i32(8, 1))
+
+
+# --------------------------------------------------------------------------------------------------------- #
+# reverse mode
+# --------------------------------------------------------------------------------------------------------- #
+
+def disjoint_reads(case, seed):
+  """The case with each sender's slices at disjoint operand offsets (so the adjoint is a scatter)."""
+  rng = np.random.default_rng(seed)
+  operand, output, _, send, out_off, recv = case
+  n, k = send.shape
+  rows = int(send.sum(axis=1).max()) + 3
+  in_off = np.zeros_like(send)
+  for p in range(n):
+    order = rng.permutation(k)
+    gaps = rng.multinomial(rows - send[p].sum(), np.ones(k + 1) / (k + 1))
+    pos = gaps[0]
+    for q, i in enumerate(order):
+      in_off[p, i] = pos
+      pos += send[p, i] + gaps[q + 1]
+  operand = random_bits(rng, (n, rows) + operand.shape[2:], operand.dtype)
+  return operand, output, in_off, send, out_off, recv
+
+
+def model_vjp(case, ct):
+  """Adjoint of the model: each received row's cotangent goes back to the operand row it came from;
+  `output`'s cotangent is `ct` where nothing landed."""
+  operand, output, in_off, send, out_off, recv = case
+  n, k = send.shape
+  spd = k // n
+  op_ct = np.zeros_like(operand)
+  out_ct = np.array(ct, copy=True)
+  for r in range(n):
+    for i in range(k):
+      src, j = divmod(i, spd)
+      sent = r * spd + j
+      dst = out_off[src][sent]
+      lo, size = in_off[src][sent], send[src][sent]
+      op_ct[src][lo:lo + size] = ct[r][dst:dst + size]
+      out_ct[r][dst:dst + size] = 0
+  return op_ct, out_ct
+
+
+@pytest.mark.parametrize("spd", [1, 2])
+def test_grad_is_the_documented_transpose(spd):
+  case = disjoint_reads(random_case(30 + spd, spd=spd, dtype=np.float32, row_shape=(2,)), spd)
+  rng = np.random.default_rng(spd)
+  ct = rng.standard_normal(case[1].shape).astype(np.float32)
+
+  def grads(operand, output, io, ss, oo, rs, w):
+    f = lambda a, b: jnp.sum(_ragged.exchange_linear(a, b, io, ss, oo, rs, AXIS) * w)
+    ga, gb = jax.grad(f, argnums=(0, 1))(operand, output)
+    return jnp.concatenate([ga, gb])
+
+  got = run_sharded(grads, *case, ct)
+  op_ct, out_ct = model_vjp(case, ct)
+  n_rows = case[0].shape[1]
+  assert_bits_equal(got[:, :n_rows], op_ct, "operand cotangent")
+  assert_bits_equal(got[:, n_rows:], out_ct, "output cotangent")

@@ -30,6 +30,7 @@ or written. Row indices are int64 whenever a row count, offset or running sum ca
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import jax
@@ -37,7 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["exchange", "check_operands", "axis_size"]
+__all__ = ["exchange", "exchange_linear", "check_operands", "axis_size", "transposed_offsets",
+           "keep_unreceived"]
 
 _INT32_LIMIT = 2**31 - 1
 _UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
@@ -112,7 +114,9 @@ def exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_si
     if int(max_send_rows) < 0:
       raise ValueError(f"{api}: max_send_rows must be >= 0, got {max_send_rows}")
     bound = min(bound, int(max_send_rows))
-  sizes = (input_offsets, send_sizes, output_offsets, recv_sizes)
+  names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  operand, output, *sizes = (_vary(x, names) for x in (operand, output, input_offsets, send_sizes,
+                                                       output_offsets, recv_sizes))
   wide = (any(np.dtype(x.dtype).itemsize > 4 for x in sizes)
           or n * bound + spd * max(N, M) + max(N, M) > _INT32_LIMIT)
   index_dtype = np.int64 if wide else np.int32
@@ -172,6 +176,15 @@ def _slice_rows(offsets, sizes, limit: int, n: int, spd: int, bound: int, index_
   return jnp.where(live & pick(fits), row, jnp.asarray(limit, index_dtype))
 
 
+def _vary(x, axes):
+  """pcast `x` to varying over `axes` where it is not already (shard_map's check_vma only)."""
+  from jax._src import config as _config
+  if not _config._check_vma.value:
+    return x
+  missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
+  return lax.pcast(x, missing, to="varying") if missing else x
+
+
 def _index_scope(index_dtype):
   """64-bit integers need x64 enabled while they are traced (the index math only)."""
   return jax.enable_x64(True) if np.dtype(index_dtype).itemsize == 8 else contextlib.nullcontext()
@@ -195,3 +208,72 @@ def _from_bits(bits, dtype):
   if jnp.issubdtype(dt, jnp.floating):
     return lax.bitcast_convert_type(bits, dt)
   return bits
+
+
+# --------------------------------------------------------------------------- #
+# Transposition (the cotangent of a ragged exchange is a ragged exchange back)
+# --------------------------------------------------------------------------- #
+
+def transposed_offsets(input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
+                       axis_index_groups=None):
+  """The offsets and sizes of the transposed exchange, as jax.lax's transpose rule uses them.
+
+  The cotangent rows a rank received travel back: it sends from where they landed
+  (``all_to_all(output_offsets)``, ``recv_sizes`` rows) to where they came from in the
+  sender's operand (``all_to_all(input_offsets)``, ``send_sizes`` rows).
+  """
+  groups = None if axis_index_groups is None else tuple(tuple(g) for g in axis_index_groups)
+  a2a = lambda x: lax.all_to_all(x, axis_name, 0, 0, tiled=True, axis_index_groups=groups)
+  return a2a(output_offsets), recv_sizes, a2a(input_offsets), send_sizes
+
+
+def keep_unreceived(ct, output_offsets_here, recv_sizes, *, n: int):
+  """`ct` (M, ...) with the rows the exchange wrote replaced by zeros (the cotangent of `output`).
+
+  ``output_offsets_here`` is ``all_to_all(output_offsets)``, where the received slices landed.
+  """
+  M = ct.shape[0]
+  k = recv_sizes.shape[0]
+  wide = np.dtype(output_offsets_here.dtype).itemsize > 4 or 2 * M * (k // n) > _INT32_LIMIT
+  index_dtype = np.int64 if wide else np.int32
+  with _index_scope(index_dtype):
+    dst = _slice_rows(output_offsets_here, recv_sizes, M, 1, k, M, index_dtype)
+    written = jnp.zeros((M,), jnp.bool_).at[dst.reshape(-1)].set(True, mode="drop")
+  bits = _to_bits(ct)
+  written = written.reshape((M,) + (1,) * (bits.ndim - 1))
+  return _from_bits(jnp.where(written, jnp.zeros_like(bits), bits), ct.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                    axis_name, axis_index_groups=None, max_send_rows=None):
+  """:func:`exchange` with jax.lax.ragged_all_to_all's reverse-mode derivative (raw both ways).
+
+  Linear in ``operand`` and ``output``; the offsets and sizes get no cotangent.
+  """
+  return exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                  axis_name=axis_name, axis_index_groups=axis_index_groups,
+                  max_send_rows=max_send_rows)
+
+
+def _exchange_linear_fwd(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                         axis_name, axis_index_groups, max_send_rows):
+  y = exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                      axis_name, axis_index_groups, max_send_rows)
+  rows = jnp.zeros((operand.shape[0], 0), jnp.int8)  # carries N (residuals must be arrays)
+  return y, (rows, input_offsets, send_sizes, output_offsets, recv_sizes)
+
+
+def _exchange_linear_bwd(axis_name, axis_index_groups, max_send_rows, res, ct):
+  rows, input_offsets, send_sizes, output_offsets, recv_sizes = res
+  back = transposed_offsets(input_offsets, send_sizes, output_offsets, recv_sizes,
+                            axis_name=axis_name, axis_index_groups=axis_index_groups)
+  zeros = jnp.zeros((rows.shape[0],) + ct.shape[1:], ct.dtype)
+  operand_ct = exchange(ct, zeros, *back, axis_name=axis_name,
+                        axis_index_groups=axis_index_groups, max_send_rows=max_send_rows)
+  n = axis_size(axis_name, axis_index_groups)
+  output_ct = keep_unreceived(ct, back[0], recv_sizes, n=n)
+  return operand_ct, output_ct, None, None, None, None
+
+
+exchange_linear.defvjp(_exchange_linear_fwd, _exchange_linear_bwd)
