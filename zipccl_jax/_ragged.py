@@ -115,8 +115,8 @@ def exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_si
       raise ValueError(f"{api}: max_send_rows must be >= 0, got {max_send_rows}")
     bound = min(bound, int(max_send_rows))
   names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  operand, output, *sizes = (_vary(x, names) for x in (operand, output, input_offsets, send_sizes,
-                                                       output_offsets, recv_sizes))
+  operand, output, *sizes = _vary_together(names, operand, output, input_offsets, send_sizes,
+                                           output_offsets, recv_sizes)
   wide = (any(np.dtype(x.dtype).itemsize > 4 for x in sizes)
           or n * bound + spd * max(N, M) + max(N, M) > _INT32_LIMIT)
   index_dtype = np.int64 if wide else np.int32
@@ -176,13 +176,18 @@ def _slice_rows(offsets, sizes, limit: int, n: int, spd: int, bound: int, index_
   return jnp.where(live & pick(fits), row, jnp.asarray(limit, index_dtype))
 
 
-def _vary(x, axes):
-  """pcast `x` to varying over `axes` where it is not already (shard_map's check_vma only)."""
+def _vary_together(axes, *xs):
+  """`xs` pcast to varying over `axes` and over every axis one of them varies over, so both
+  platform branches (the result has `output`'s type on GPU) agree; only under check_vma."""
   from jax._src import config as _config
   if not _config._check_vma.value:
-    return x
-  missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
-  return lax.pcast(x, missing, to="varying") if missing else x
+    return xs
+  union = set(axes).union(*(jax.typeof(x).mat.varying for x in xs))
+  out = []
+  for x in xs:
+    missing = tuple(sorted(union - set(jax.typeof(x).mat.varying), key=str))
+    out.append(lax.pcast(x, missing, to="varying") if missing else x)
+  return out
 
 
 def _index_scope(index_dtype):
@@ -244,13 +249,22 @@ def keep_unreceived(ct, output_offsets_here, recv_sizes, *, n: int):
   return _from_bits(jnp.where(written, jnp.zeros_like(bits), bits), ct.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
 def exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
                     axis_name, axis_index_groups=None, max_send_rows=None):
   """:func:`exchange` with jax.lax.ragged_all_to_all's reverse-mode derivative (raw both ways).
 
-  Linear in ``operand`` and ``output``; the offsets and sizes get no cotangent.
+  Linear in ``operand`` and ``output``; the offsets and sizes get no cotangent. The arguments
+  are made varying first, outside the custom rule, so autodiff transposes those casts itself.
   """
+  names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  args = _vary_together(names, operand, output, input_offsets, send_sizes, output_offsets,
+                        recv_sizes)
+  return _exchange_linear(*args, axis_name, axis_index_groups, max_send_rows)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                     axis_name, axis_index_groups=None, max_send_rows=None):
   return exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
                   axis_name=axis_name, axis_index_groups=axis_index_groups,
                   max_send_rows=max_send_rows)
@@ -258,8 +272,8 @@ def exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, 
 
 def _exchange_linear_fwd(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
                          axis_name, axis_index_groups, max_send_rows):
-  y = exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-                      axis_name, axis_index_groups, max_send_rows)
+  y = _exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                       axis_name, axis_index_groups, max_send_rows)
   rows = jnp.zeros((operand.shape[0], 0), jnp.int8)  # carries N (residuals must be arrays)
   return y, (rows, input_offsets, send_sizes, output_offsets, recv_sizes)
 
@@ -276,4 +290,4 @@ def _exchange_linear_bwd(axis_name, axis_index_groups, max_send_rows, res, ct):
   return operand_ct, output_ct, None, None, None, None
 
 
-exchange_linear.defvjp(_exchange_linear_fwd, _exchange_linear_bwd)
+_exchange_linear.defvjp(_exchange_linear_fwd, _exchange_linear_bwd)

@@ -45,6 +45,8 @@ def _sent_bytes(op: str, operand_bytes: int, n: int) -> int:
         return operand_bytes * (n - 1)
     if op == "psum":
         return 2 * operand_bytes * (n - 1) // n
+    if op == "ragged_all_to_all":  # sizes are data: rows of the smaller buffer, (n-1)/n of them leaving
+        return operand_bytes * (n - 1) // n
     raise ValueError(op)
 
 
@@ -132,6 +134,21 @@ class Comm:
             self._lax("psum", x, axis_name, site)
             return jax.lax.psum(x, axis_name)
         return _zipccl.psum(x, axis_name, **self._kw(site, capacity))
+
+    def ragged_all_to_all(self, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
+                          axis_name, name=None, capacity=None):
+        """jax.lax.ragged_all_to_all's semantics. Without a zipccl_jax.ragged_all_to_all (and with the lax
+        backend) it is zipccl_jax's exact ragged exchange: XLA's ragged-all-to-all on GPU/TPU, an exact
+        emulation on CPU (XLA:CPU has none), raw bytes either way."""
+        site = self._site("ragged_all_to_all", name)
+        args = (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
+        if self.backend == "zipccl" and hasattr(_zipccl, "ragged_all_to_all"):
+            return _zipccl.ragged_all_to_all(*args, axis_name=axis_name, **self._kw(site, capacity))
+        from zipccl_jax import _ragged
+        if self.backend == "lax":
+            rows = min(operand.shape[0], output.shape[0])
+            self._lax("ragged_all_to_all", operand[:rows], axis_name, site, mult=2)  # + its transpose
+        return _ragged.exchange_linear(*args, axis_name)
 
     # -- statistics ----------------------------------------------------------------------------------
     def site_table(self) -> list[dict]:

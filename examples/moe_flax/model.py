@@ -31,6 +31,7 @@ class Config:
     capacity_factor: float = 1.25
     moe_every: int = 1  # every n-th layer is MoE (the last of each group of n)
     dtype: Any = jnp.bfloat16  # activation / communication dtype
+    dispatch: str = "capacity"  # "capacity": model.MoE; "ragged": dropless.DroplessMoE
 
     def is_moe(self, layer: int) -> bool:
         return self.num_experts > 0 and (layer + 1) % self.moe_every == 0
@@ -144,12 +145,17 @@ class Block(nn.Module):
     expert_shards: int = 1
     expert_axis: str | None = None
     all_to_all: Callable | None = None
+    ragged_all_to_all: Callable | None = None
 
     @nn.compact
     def __call__(self, x):
         x = x + Attention(self.cfg, name="attn")(nn.RMSNorm(dtype=self.cfg.dtype, name="ln1")(x))
         h = nn.RMSNorm(dtype=self.cfg.dtype, name="ln2")(x)
-        if self.moe:
+        if self.moe and self.cfg.dispatch == "ragged":
+            from .dropless import DroplessMoE
+            y, aux = DroplessMoE(self.cfg, self.expert_shards, self.expert_axis, self.ragged_all_to_all,
+                                 name="moe")(h)
+        elif self.moe:
             y, aux = MoE(self.cfg, self.expert_shards, self.expert_axis, self.all_to_all, name="moe")(h)
         else:
             y, aux = MLP(self.cfg, name="mlp")(h)
@@ -161,6 +167,7 @@ class Transformer(nn.Module):
     expert_shards: int = 1
     expert_axis: str | None = None
     all_to_all: Callable | None = None
+    ragged_all_to_all: Callable | None = None
 
     @nn.compact
     def __call__(self, tokens):
@@ -172,7 +179,7 @@ class Transformer(nn.Module):
         aux = jnp.zeros((), jnp.float32)
         for i in range(cfg.n_layers):
             x, a = Block(cfg, cfg.is_moe(i), self.expert_shards, self.expert_axis, self.all_to_all,
-                         name=f"block{i}")(x)
+                         self.ragged_all_to_all, name=f"block{i}")(x)
             aux = aux + a
         x = nn.RMSNorm(dtype=cfg.dtype, name="ln_f")(x)
         return embed.attend(x).astype(jnp.float32), aux

@@ -1,0 +1,104 @@
+"""Dropless expert-parallel MoE: ragged dispatch and combine (``--dispatch ragged``).
+
+The capacity path (model.MoE) pads every (expert, source) pair to a fixed number of slots and drops the tokens
+over it. Here every routed token reaches its expert, as in MaxText's sparse path and axlearn:
+
+1. route (top-k, no capacity) and sort the T*k (token, choice) rows by expert: ``A = T*k`` rows, expert-major;
+   ``group_sizes[e]`` rows for expert e;
+2. all_gather the group sizes over the expert axis (jax.lax: E int32 per rank): ``sizes[s, e]`` (source rank s, expert e), so every rank
+   can compute every offset of both exchanges without another collective;
+3. dispatch: one ragged_all_to_all, ``E/n`` slices per destination (one per local expert), landing in the
+   expert rank's buffer local-expert-major, source-minor (each local expert's rows contiguous);
+4. the local experts with ``jax.lax.ragged_dot`` (rows past the groups stay zero);
+5. combine: the ragged_all_to_all back, rows landing where they left the source's sorted buffer; unsort and
+   weight by the gates.
+
+The receive buffer holds ``n*A`` rows (every token of every source could pick this rank's experts), so no
+token is ever dropped. ``ragged_all_to_all`` is the Comm's (zipccl_jax's when it has one, else the exact
+ragged exchange of ``zipccl_jax._ragged``, which runs on CPU too).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def exclusive_cumsum(x, axis=-1):
+    return jnp.cumsum(x, axis=axis) - x
+
+
+def ragged_plan(sizes, me, n: int, e_local: int):
+    """Offsets and sizes of the dispatch and of the combine, from ``sizes`` (n src, E) of every rank.
+
+    Slice ``d*e_local + j`` of a sender goes to rank d, local expert j. Rank d lays its receive buffer out as
+    local expert j major, source s minor: ``pos[d, j, s]``.
+    """
+    e = sizes.shape[1]
+    per_dst = sizes.reshape(n, n, e_local)  # (src, dst, local expert)
+    pos = exclusive_cumsum(per_dst.transpose(1, 2, 0).reshape(n, e_local * n), axis=1).reshape(n, e_local, n)
+    start = exclusive_cumsum(sizes, axis=1)  # (src, E): where expert e's rows start in src's sorted buffer
+    mine = sizes[me]  # (E,)
+    to_me = per_dst[:, me, :]  # (src, local expert): rows each source sends me
+    dispatch = dict(input_offsets=start[me], send_sizes=mine,
+                    output_offsets=pos[:, :, me].reshape(e),  # pos[d, j, me] at d*e_local + j
+                    recv_sizes=to_me.reshape(e))
+    combine = dict(input_offsets=pos[me].T.reshape(e),  # pos[me, j, s] at s*e_local + j
+                   send_sizes=to_me.reshape(e),
+                   output_offsets=start.reshape(n, n, e_local)[:, me, :].reshape(e),
+                   recv_sizes=mine)
+    local_groups = jnp.sum(to_me, axis=0)  # (local expert,)
+    return dispatch, combine, local_groups
+
+
+class DroplessMoE(nn.Module):
+    """Same parameters as model.MoE (router, w_in, w_out); tokens sorted by expert, ragged exchanges."""
+    cfg: object
+    expert_shards: int = 1
+    expert_axis: str | None = None
+    ragged_all_to_all: Callable | None = None  # comm.ragged_all_to_all inside shard_map
+
+    @nn.compact
+    def __call__(self, x):
+        from .model import route
+
+        cfg = self.cfg
+        b, s, d = x.shape
+        t, e, n, k = b * s, cfg.num_experts, self.expert_shards, cfg.top_k
+        e_local = e // n
+        a = t * k
+        xt = x.reshape(t, d)
+        site = "/".join(self.scope.path)
+        logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, name="router")(xt.astype(jnp.float32))
+        idx, _, _, gate, aux, _ = route(logits, k, capacity=a)  # capacity t*k: nothing is dropped
+        init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1)
+        w_in = self.param("w_in", init, (e_local, d, cfg.d_ff)).astype(cfg.dtype)
+        w_out = self.param("w_out", init, (e_local, cfg.d_ff, d)).astype(cfg.dtype)
+
+        expert = idx.reshape(a)  # row r = token r // k, choice r % k
+        order = jnp.argsort(expert, stable=True)
+        group_sizes = jnp.bincount(expert, length=e).astype(jnp.int32)
+        rows = xt[order // k]  # (A, D) sorted by expert
+        if n > 1:
+            # E int32 per rank: not float data, so plain jax.lax (4*E*(n-1) bytes sent per device)
+            sizes = jax.lax.all_gather(group_sizes, self.expert_axis)  # (n, E)
+            me = jax.lax.axis_index(self.expert_axis)
+            dispatch, combine, groups = ragged_plan(sizes, me, n, e_local)
+            buf = jnp.zeros((n * a, d), rows.dtype)
+            h = self.ragged_all_to_all(rows, buf, **dispatch, axis_name=self.expert_axis,
+                                       name=f"{site}/dispatch")
+        else:
+            h, groups = rows, group_sizes
+        # out_sharding: under the trainer's explicit mesh (host init) ragged_dot cannot infer it
+        h = nn.gelu(jax.lax.ragged_dot(h, w_in, groups, out_sharding=jax.typeof(h).sharding))
+        y = jax.lax.ragged_dot(h, w_out, groups, out_sharding=jax.typeof(h).sharding)
+        if n > 1:
+            y = self.ragged_all_to_all(y, jnp.zeros((a, d), y.dtype), **combine, axis_name=self.expert_axis,
+                                       name=f"{site}/combine")
+        unsort = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32), unique_indices=True)
+        picked = y[unsort].reshape(t, k, d)
+        out = jnp.einsum("tk,tkd->td", gate.astype(cfg.dtype), picked)
+        self.sow("intermediates", "dropped", jnp.zeros((), jnp.float32))
+        return out.reshape(b, s, d), aux
