@@ -9,6 +9,8 @@ Every comparison is on bit patterns (random bits: NaN payloads, -0, subnormals, 
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from zipccl_jax import _ragged
+
+HERE = Path(__file__).resolve().parent
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 AXIS = "x"
@@ -105,6 +109,11 @@ def run_sharded(fn, *per_rank, mesh=None, **smap_kw):
 
 def exact(*args, **kw):
   return _ragged.exchange(*args, axis_name=AXIS, **kw)
+
+
+def variants():
+  """The implementations checked across processes (tests/ragged_mp_worker.py), by name."""
+  return {"exact": exact}
 
 
 def assert_bits_equal(got, want, what=""):
@@ -306,3 +315,21 @@ def test_grad_is_the_documented_transpose(spd):
   n_rows = case[0].shape[1]
   assert_bits_equal(got[:, :n_rows], op_ct, "operand cotangent")
   assert_bits_equal(got[:, n_rows:], out_ct, "output cotangent")
+
+
+def test_across_processes():
+  """2 processes x 2 devices (jax.distributed, gloo): every variant matches the model bit for bit."""
+  from mp_launch import launch
+  results = launch(HERE / "ragged_mp_worker.py", 2, 2, timeout=300)
+  report = []
+  for r in results:
+    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    if r.returncode != 0 or not lines:
+      report.append(f"rank {r.rank}: returncode {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+      continue
+    res = json.loads(lines[-1][len("RESULT "):])
+    assert res["devices"] == 4 and res["checks"]
+    bad = [k for k, v in res["checks"].items() if not v]
+    if bad:
+      report.append(f"rank {r.rank}: failed checks {bad}")
+  assert not report, "\n".join(report)
