@@ -39,7 +39,7 @@ import numpy as np
 from jax import lax
 
 __all__ = ["exchange", "exchange_linear", "check_operands", "axis_size", "transposed_offsets",
-           "keep_unreceived"]
+           "keep_unreceived", "offsets_dtype", "index_scope"]
 
 _INT32_LIMIT = 2**31 - 1
 _UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
@@ -117,13 +117,12 @@ def exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_si
   names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
   operand, output, *sizes = _vary_together(names, operand, output, input_offsets, send_sizes,
                                            output_offsets, recv_sizes)
-  wide = (any(np.dtype(x.dtype).itemsize > 4 for x in sizes)
-          or n * bound + spd * max(N, M) + max(N, M) > _INT32_LIMIT)
-  index_dtype = np.int64 if wide else np.int32
+  index_dtype = offsets_dtype(n * bound + spd * max(N, M) + max(N, M),
+                              *(_INT32_LIMIT + 1 for x in sizes if np.dtype(x.dtype).itemsize > 4))
   groups = None if axis_index_groups is None else tuple(tuple(g) for g in axis_index_groups)
 
   def native(op, out, *offsets_and_sizes):
-    with _index_scope(index_dtype):  # XLA wants the four index operands of one type
+    with index_scope(index_dtype):  # XLA wants the four index operands of one type
       idx = [x.astype(index_dtype) for x in offsets_and_sizes]
       return lax.ragged_all_to_all(op, out, *idx, axis_name=axis_name, axis_index_groups=groups)
 
@@ -141,7 +140,7 @@ def _emulate(operand, output, input_offsets, send_sizes, output_offsets, recv_si
   """The CPU path of :func:`exchange` (see the module docstring)."""
   N, M = operand.shape[0], output.shape[0]
   a2a = lambda x: lax.all_to_all(x, axis_name, 0, 0, tiled=True, axis_index_groups=groups)
-  with _index_scope(index_dtype):
+  with index_scope(index_dtype):
     src = _slice_rows(input_offsets, send_sizes, N, n, spd, bound, index_dtype)
     send = _to_bits(operand).at[src].get(mode="fill", fill_value=0)  # (n, bound, *row)
     recv = a2a(send)
@@ -190,9 +189,17 @@ def _vary_together(axes, *xs):
   return out
 
 
-def _index_scope(index_dtype):
-  """64-bit integers need x64 enabled while they are traced (the index math only)."""
+def offsets_dtype(*limits: int):
+  """int32, or int64 if one of `limits` (largest offset or size to represent) exceeds it."""
+  return np.dtype(np.int64 if max(limits) > _INT32_LIMIT else np.int32)
+
+
+def index_scope(index_dtype):
+  """Where 64-bit offsets are traced: jax only keeps int64 with x64 enabled, so the offset
+  arithmetic runs inside this context (a no-op for int32)."""
   return jax.enable_x64(True) if np.dtype(index_dtype).itemsize == 8 else contextlib.nullcontext()
+
+
 
 
 def _to_bits(x):
@@ -232,16 +239,16 @@ def transposed_offsets(input_offsets, send_sizes, output_offsets, recv_sizes, *,
   return a2a(output_offsets), recv_sizes, a2a(input_offsets), send_sizes
 
 
-def keep_unreceived(ct, output_offsets_here, recv_sizes, *, n: int):
+def keep_unreceived(ct, output_offsets_here, recv_sizes):
   """`ct` (M, ...) with the rows the exchange wrote replaced by zeros (the cotangent of `output`).
 
   ``output_offsets_here`` is ``all_to_all(output_offsets)``, where the received slices landed.
   """
   M = ct.shape[0]
   k = recv_sizes.shape[0]
-  wide = np.dtype(output_offsets_here.dtype).itemsize > 4 or 2 * M * (k // n) > _INT32_LIMIT
-  index_dtype = np.int64 if wide else np.int32
-  with _index_scope(index_dtype):
+  wide = np.dtype(output_offsets_here.dtype).itemsize > 4
+  index_dtype = offsets_dtype(2 * M * k, _INT32_LIMIT + 1 if wide else 0)
+  with index_scope(index_dtype):
     dst = _slice_rows(output_offsets_here, recv_sizes, M, 1, k, M, index_dtype)
     written = jnp.zeros((M,), jnp.bool_).at[dst.reshape(-1)].set(True, mode="drop")
   bits = _to_bits(ct)
@@ -285,8 +292,7 @@ def _exchange_linear_bwd(axis_name, axis_index_groups, max_send_rows, res, ct):
   zeros = jnp.zeros((rows.shape[0],) + ct.shape[1:], ct.dtype)
   operand_ct = exchange(ct, zeros, *back, axis_name=axis_name,
                         axis_index_groups=axis_index_groups, max_send_rows=max_send_rows)
-  n = axis_size(axis_name, axis_index_groups)
-  output_ct = keep_unreceived(ct, back[0], recv_sizes, n=n)
+  output_ct = keep_unreceived(ct, back[0], recv_sizes)
   return operand_ct, output_ct, None, None, None, None
 
 
