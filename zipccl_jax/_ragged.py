@@ -39,7 +39,8 @@ import numpy as np
 from jax import lax
 
 __all__ = ["exchange", "exchange_linear", "check_operands", "axis_size", "transposed_offsets",
-           "keep_unreceived", "offsets_dtype", "index_scope"]
+           "keep_unreceived", "offsets_dtype", "index_scope", "rows_bound", "layout_dtype",
+           "pack_bits", "place_bits", "to_bits", "from_bits", "vary_together"]
 
 _INT32_LIMIT = 2**31 - 1
 _UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
@@ -108,17 +109,11 @@ def exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_si
   n = axis_size(axis_name, axis_index_groups)
   spd = check_operands(api, operand, output, input_offsets, send_sizes, output_offsets,
                        recv_sizes, n)
-  N, M = operand.shape[0], output.shape[0]
-  bound = min(M, spd * N)
-  if max_send_rows is not None:
-    if int(max_send_rows) < 0:
-      raise ValueError(f"{api}: max_send_rows must be >= 0, got {max_send_rows}")
-    bound = min(bound, int(max_send_rows))
+  bound = rows_bound(operand, output, spd, max_send_rows, api)
   names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  operand, output, *sizes = _vary_together(names, operand, output, input_offsets, send_sizes,
-                                           output_offsets, recv_sizes)
-  index_dtype = offsets_dtype(n * bound + spd * max(N, M) + max(N, M),
-                              *(_INT32_LIMIT + 1 for x in sizes if np.dtype(x.dtype).itemsize > 4))
+  operand, output, *sizes = vary_together(names, operand, output, input_offsets, send_sizes,
+                                          output_offsets, recv_sizes)
+  index_dtype = layout_dtype(operand, output, sizes, n, spd, bound)
   groups = None if axis_index_groups is None else tuple(tuple(g) for g in axis_index_groups)
 
   def native(op, out, *offsets_and_sizes):
@@ -126,29 +121,58 @@ def exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_si
       idx = [x.astype(index_dtype) for x in offsets_and_sizes]
       return lax.ragged_all_to_all(op, out, *idx, axis_name=axis_name, axis_index_groups=groups)
 
-  def emulated(op, out, *offsets_and_sizes):
+  def emulated(op, out, input_offsets, send_sizes, output_offsets, recv_sizes):
     if bound == 0:
       return out
-    return _emulate(op, out, *offsets_and_sizes, axis_name=axis_name, groups=groups, n=n,
-                    spd=spd, bound=bound, index_dtype=index_dtype)
+    a2a = lambda x: lax.all_to_all(x, axis_name, 0, 0, tiled=True, axis_index_groups=groups)
+    layout = dict(n=n, spd=spd, bound=bound, index_dtype=index_dtype)
+    recv = a2a(pack_bits(op, input_offsets, send_sizes, **layout))
+    with index_scope(index_dtype):
+      offsets_here = a2a(output_offsets.astype(index_dtype))
+    return from_bits(place_bits(to_bits(out), recv, offsets_here, recv_sizes, **layout),
+                      out.dtype)
 
   return lax.platform_dependent(operand, output, *sizes, cpu=emulated, default=native)
 
 
-def _emulate(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
-             axis_name, groups, n: int, spd: int, bound: int, index_dtype):
-  """The CPU path of :func:`exchange` (see the module docstring)."""
+def rows_bound(operand, output, spd: int, max_send_rows=None, api: str = "") -> int:
+  """Rows one rank can send one destination in a call jax.lax defines: ``min(M, spd * N)``
+  (the destination's slices do not overlap in its M rows), or the caller's tighter bound."""
+  bound = min(output.shape[0], spd * operand.shape[0])
+  if max_send_rows is not None:
+    if int(max_send_rows) < 0:
+      raise ValueError(f"{api}: max_send_rows must be >= 0, got {max_send_rows}")
+    bound = min(bound, int(max_send_rows))
+  return bound
+
+
+def layout_dtype(operand, output, sizes, n: int, spd: int, bound: int):
+  """The index dtype of a packed layout: int64 once a row index or running sum can pass 2**31
+  or the caller's offsets are 64-bit."""
   N, M = operand.shape[0], output.shape[0]
-  a2a = lambda x: lax.all_to_all(x, axis_name, 0, 0, tiled=True, axis_index_groups=groups)
+  wide = any(np.dtype(x.dtype).itemsize > 4 for x in sizes)
+  return offsets_dtype(n * bound + spd * max(N, M) + max(N, M), _INT32_LIMIT + 1 if wide else 0)
+
+
+def pack_bits(operand, input_offsets, send_sizes, *, n: int, spd: int, bound: int, index_dtype):
+  """(n, bound, *row) bit patterns: block d holds the slices for rank d back to back, zeros after."""
   with index_scope(index_dtype):
-    src = _slice_rows(input_offsets, send_sizes, N, n, spd, bound, index_dtype)
-    send = _to_bits(operand).at[src].get(mode="fill", fill_value=0)  # (n, bound, *row)
-    recv = a2a(send)
-    offsets_here = a2a(output_offsets.astype(index_dtype))
+    src = _slice_rows(input_offsets, send_sizes, operand.shape[0], n, spd, bound, index_dtype)
+    return to_bits(operand).at[src].get(mode="fill", fill_value=0)
+
+
+def place_bits(output_bits, packed_bits, offsets_here, recv_sizes, *, n: int, spd: int, bound: int,
+               index_dtype):
+  """`output_bits` (M, *row) with block s of `packed_bits` (n, bound, *row) written at its slices.
+
+  Block s holds sender s's slices for this rank back to back; slice j (``recv_sizes[s*spd+j]``
+  rows) lands at ``offsets_here[s*spd+j]`` (``all_to_all(output_offsets)``).
+  """
+  M = output_bits.shape[0]
+  with index_scope(index_dtype):
     dst = _slice_rows(offsets_here, recv_sizes, M, n, spd, bound, index_dtype)
-    rows = recv.reshape((n * bound,) + recv.shape[2:])
-    bits = _to_bits(output).at[dst.reshape(-1)].set(rows, mode="drop")
-    return _from_bits(bits, output.dtype)
+    rows = packed_bits.reshape((n * bound,) + packed_bits.shape[2:])
+    return output_bits.at[dst.reshape(-1)].set(rows, mode="drop")
 
 
 def _slice_rows(offsets, sizes, limit: int, n: int, spd: int, bound: int, index_dtype):
@@ -175,7 +199,7 @@ def _slice_rows(offsets, sizes, limit: int, n: int, spd: int, bound: int, index_
   return jnp.where(live & pick(fits), row, jnp.asarray(limit, index_dtype))
 
 
-def _vary_together(axes, *xs):
+def vary_together(axes, *xs):
   """`xs` pcast to varying over `axes` and over every axis one of them varies over, so both
   platform branches (the result has `output`'s type on GPU) agree; only under check_vma."""
   from jax._src import config as _config
@@ -202,7 +226,7 @@ def index_scope(index_dtype):
 
 
 
-def _to_bits(x):
+def to_bits(x):
   """Bit pattern of `x` as unsigned integers (complex: (..., 2) of real and imaginary parts)."""
   if jnp.issubdtype(x.dtype, jnp.complexfloating):
     x = jnp.stack([lax.real(x), lax.imag(x)], axis=-1)
@@ -211,7 +235,7 @@ def _to_bits(x):
   return x
 
 
-def _from_bits(bits, dtype):
+def from_bits(bits, dtype):
   dt = np.dtype(dtype)
   if jnp.issubdtype(dt, jnp.complexfloating):
     part = np.dtype(np.float32 if dt == np.complex64 else np.float64)
@@ -251,9 +275,9 @@ def keep_unreceived(ct, output_offsets_here, recv_sizes):
   with index_scope(index_dtype):
     dst = _slice_rows(output_offsets_here, recv_sizes, M, 1, k, M, index_dtype)
     written = jnp.zeros((M,), jnp.bool_).at[dst.reshape(-1)].set(True, mode="drop")
-  bits = _to_bits(ct)
+  bits = to_bits(ct)
   written = written.reshape((M,) + (1,) * (bits.ndim - 1))
-  return _from_bits(jnp.where(written, jnp.zeros_like(bits), bits), ct.dtype)
+  return from_bits(jnp.where(written, jnp.zeros_like(bits), bits), ct.dtype)
 
 
 def exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
@@ -264,7 +288,7 @@ def exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, 
   are made varying first, outside the custom rule, so autodiff transposes those casts itself.
   """
   names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  args = _vary_together(names, operand, output, input_offsets, send_sizes, output_offsets,
+  args = vary_together(names, operand, output, input_offsets, send_sizes, output_offsets,
                         recv_sizes)
   return _exchange_linear(*args, axis_name, axis_index_groups, max_send_rows)
 
