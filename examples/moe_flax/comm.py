@@ -143,7 +143,9 @@ class Comm:
         site = self._site("ragged_all_to_all", name)
         args = (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
         if self.backend == "zipccl" and hasattr(_zipccl, "ragged_all_to_all"):
-            return _zipccl.ragged_all_to_all(*args, axis_name=axis_name, **self._kw(site, capacity))
+            kw = self._kw(site, capacity)
+            kw.pop("transport", None)  # its frames always take the ragged transport
+            return _zipccl.ragged_all_to_all(*args, axis_name=axis_name, **kw)
         from zipccl_jax import _ragged
         if self.backend == "lax":
             rows = min(operand.shape[0], output.shape[0])
