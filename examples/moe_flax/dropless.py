@@ -62,20 +62,17 @@ class DroplessMoE(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        from .model import route
+        from .model import route, router_and_experts
 
         cfg = self.cfg
         b, s, d = x.shape
-        t, e, n, k = b * s, cfg.num_experts, self.expert_shards, cfg.top_k
-        e_local = e // n
-        a = t * k
-        xt = x.reshape(t, d)
-        site = "/".join(self.scope.path)
-        logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, name="router")(xt.astype(jnp.float32))
+        n, k = self.expert_shards, cfg.top_k
+        e_local = cfg.num_experts // n
+        a = b * s * k  # (token, choice) rows
+        xt = x.reshape(b * s, d)
+        logits, w_in, w_out = router_and_experts(self, xt, e_local)
         idx, _, _, gate, aux, _ = route(logits, k, capacity=a)  # capacity t*k: nothing is dropped
-        init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1)
-        w_in = self.param("w_in", init, (e_local, d, cfg.d_ff)).astype(cfg.dtype)
-        w_out = self.param("w_out", init, (e_local, cfg.d_ff, d)).astype(cfg.dtype)
+        e, t, site = cfg.num_experts, b * s, "/".join(self.scope.path)
 
         expert = idx.reshape(a)  # row r = token r // k, choice r % k
         order = jnp.argsort(expert, stable=True)

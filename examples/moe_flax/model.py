@@ -96,6 +96,18 @@ def route(logits, top_k: int, capacity: int):
     return idx, pos, keep, gate, aux, dropped
 
 
+def router_and_experts(module: nn.Module, xt, e_local: int):
+    """The MoE parameters, created in `module` (router, and w_in / w_out of its local experts): the router
+    logits (T, E) fp32 of the tokens `xt` (T, D) and the expert weights in the compute dtype."""
+    cfg = module.cfg
+    d = xt.shape[-1]
+    logits = nn.Dense(cfg.num_experts, use_bias=False, dtype=jnp.float32, name="router")(xt.astype(jnp.float32))
+    init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1)
+    w_in = module.param("w_in", init, (e_local, d, cfg.d_ff)).astype(cfg.dtype)
+    w_out = module.param("w_out", init, (e_local, cfg.d_ff, d)).astype(cfg.dtype)
+    return logits, w_in, w_out
+
+
 class MoE(nn.Module):
     cfg: Config
     expert_shards: int = 1
@@ -111,11 +123,8 @@ class MoE(nn.Module):
         capacity = max(1, math.ceil(cfg.capacity_factor * t * k / e))
         xt = x.reshape(t, d)
         site = "/".join(self.scope.path)
-        logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, name="router")(xt.astype(jnp.float32))
+        logits, w_in, w_out = router_and_experts(self, xt, e_local)
         idx, pos, keep, gate, aux, dropped = route(logits, k, capacity)
-        init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1)
-        w_in = self.param("w_in", init, (e_local, d, cfg.d_ff)).astype(cfg.dtype)
-        w_out = self.param("w_out", init, (e_local, cfg.d_ff, d)).astype(cfg.dtype)
 
         # dispatch buffer (E, C, D): slot (e, c) holds the token routed there, empty slots are zeros
         slot = jnp.where(keep, idx * capacity + pos, e * capacity)  # (T, k); dropped -> out of range
