@@ -34,8 +34,8 @@ def main() -> int:
   mesh = jax.make_mesh((n,), (AXIS,))
   sharding = NamedSharding(mesh, P(AXIS))
   checks = {}
-  for seed, dtype in ((0, BF16), (1, np.float32)):
-    case = random_case(seed, n=n, spd=2, rows=10, dtype=dtype)
+  for seed, dtype, payload in ((0, BF16, "gaussian"), (1, np.float32, "gaussian"), (2, BF16, "bits")):
+    case = random_case(seed, n=n, spd=2, rows=10, dtype=dtype, payload=payload)
     want = np.stack(model_ragged_all_to_all(*[list(x) for x in case]))
     args = [jax.make_array_from_callback(x.shape, sharding, lambda idx, x=x: x[idx]) for x in case]
     for name, fn in variants().items():

@@ -17,6 +17,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 SPEC_ONLY = {
     "BLOCK_ELEMS": 65536, "STREAM_ELEMS": 2048, "STREAM_DIR_ENTRY_BYTES": 4, "NUM_SYMBOLS": 257,
     "MODE_RAW": 0, "MODE_CONST": 1, "MODE_HUFF": 2,
+    # header field offsets and the per-block bytes (FORMAT.md)
+    "FRAME_BYTES_OFFSET": 16, "FRAME_BYTES_WIDTH": 8, "PER_BLOCK_BYTES": 12,
 }
 
 

@@ -792,7 +792,7 @@ def test_python_mirror_of_the_roundtrip_harness_builds_the_same_elements(tmp_pat
   exe = tmp_path / "rt"
   codec_dir = ROOT / "xla_ffi" / "codec"
   subprocess.run(["g++", "-std=c++17", "-O0", "-DROUNDTRIP_FUZZER_DUMP", "-I", str(codec_dir),
-                  str(FUZZ / "roundtrip_fuzzer.cc"), str(codec_dir / "codec_cpu.cc"), str(main), "-o", str(exe)],
+                  str(FUZZ / "roundtrip_fuzzer.cc"), str(codec_dir / "cpu_driver.cc"), str(main), "-o", str(exe)],
                  check=True, timeout=300)
   rng = np.random.default_rng(6)
   blobs = [p.read_bytes() for p in _fuzz_files("roundtrip")]
@@ -953,7 +953,7 @@ def test_python_threads_run_the_jitted_codec_concurrently():
 @pytest.mark.skipif(shutil.which("g++") is None or shutil.which("nm") is None, reason="needs g++ and nm")
 def test_codec_and_handlers_hold_no_writable_globals(tmp_path):
   """The codec driver and the FFI handlers compile to objects with no writable data (no shared state)."""
-  sources = [ROOT / "xla_ffi" / "codec" / "codec_cpu.cc", ROOT / "xla_ffi" / "codec_cpu.cc"]
+  sources = [ROOT / "xla_ffi" / "codec" / "cpu_driver.cc", ROOT / "xla_ffi" / "handlers_cpu.cc"]
   inc = ["-I", str(ROOT / "xla_ffi"), "-isystem", jax.ffi.include_dir()]
   for src in sources:
     obj = tmp_path / (src.parent.name + "_" + src.stem + ".o")

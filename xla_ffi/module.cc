@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "codec/codec_cpu.h"
+#include "codec/cpu_driver.h"
 #include "codec/format.h"
 #include "handlers.h"
 #include "runtime_stats.h"
@@ -107,6 +107,9 @@ NB_MODULE(_zipccl, m) {
     d["DTYPE_BF16"] = int(zipccl::kBF16);
     d["DTYPE_F16"] = int(zipccl::kF16);
     d["DTYPE_F32"] = int(zipccl::kF32);
+    d["REJECTED_FILL_BF16"] = zipccl::kRejectedFillBF16;
+    d["REJECTED_FILL_F16"] = zipccl::kRejectedFillF16;
+    d["REJECTED_FILL_F32"] = zipccl::kRejectedFillF32;
     return d;
   });
   m.def("status_messages", []() {

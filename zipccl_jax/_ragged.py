@@ -30,7 +30,6 @@ or written. Row indices are int64 whenever a row count, offset or running sum ca
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 
 import jax
@@ -38,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["exchange", "exchange_linear", "check_operands", "axis_size", "transposed_offsets",
+__all__ = ["exchange", "check_operands", "axis_size", "transposed_offsets",
            "keep_unreceived", "offsets_dtype", "index_scope", "rows_bound", "layout_dtype",
            "pack_bits", "place_bits", "to_bits", "from_bits", "vary_together"]
 
@@ -278,46 +277,3 @@ def keep_unreceived(ct, output_offsets_here, recv_sizes):
   bits = to_bits(ct)
   written = written.reshape((M,) + (1,) * (bits.ndim - 1))
   return from_bits(jnp.where(written, jnp.zeros_like(bits), bits), ct.dtype)
-
-
-def exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-                    axis_name, axis_index_groups=None, max_send_rows=None):
-  """:func:`exchange` with jax.lax.ragged_all_to_all's reverse-mode derivative (raw both ways).
-
-  Linear in ``operand`` and ``output``; the offsets and sizes get no cotangent. The arguments
-  are made varying first, outside the custom rule, so autodiff transposes those casts itself.
-  """
-  names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  args = vary_together(names, operand, output, input_offsets, send_sizes, output_offsets,
-                        recv_sizes)
-  return _exchange_linear(*args, axis_name, axis_index_groups, max_send_rows)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-                     axis_name, axis_index_groups=None, max_send_rows=None):
-  return exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-                  axis_name=axis_name, axis_index_groups=axis_index_groups,
-                  max_send_rows=max_send_rows)
-
-
-def _exchange_linear_fwd(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-                         axis_name, axis_index_groups, max_send_rows):
-  y = _exchange_linear(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-                       axis_name, axis_index_groups, max_send_rows)
-  rows = jnp.zeros((operand.shape[0], 0), jnp.int8)  # carries N (residuals must be arrays)
-  return y, (rows, input_offsets, send_sizes, output_offsets, recv_sizes)
-
-
-def _exchange_linear_bwd(axis_name, axis_index_groups, max_send_rows, res, ct):
-  rows, input_offsets, send_sizes, output_offsets, recv_sizes = res
-  back = transposed_offsets(input_offsets, send_sizes, output_offsets, recv_sizes,
-                            axis_name=axis_name, axis_index_groups=axis_index_groups)
-  zeros = jnp.zeros((rows.shape[0],) + ct.shape[1:], ct.dtype)
-  operand_ct = exchange(ct, zeros, *back, axis_name=axis_name,
-                        axis_index_groups=axis_index_groups, max_send_rows=max_send_rows)
-  output_ct = keep_unreceived(ct, back[0], recv_sizes)
-  return operand_ct, output_ct, None, None, None, None
-
-
-_exchange_linear.defvjp(_exchange_linear_fwd, _exchange_linear_bwd)

@@ -26,6 +26,17 @@ FLAG_CHECKSUM = 0x01
 BLOCK_FLAG_LOW16 = 0x01
 CHECKSUM_SEED = 0
 MODE_RAW, MODE_CONST, MODE_HUFF = 0, 1, 2
+# The header's u64 little-endian `frame_bytes` field occupies bytes [FRAME_BYTES_OFFSET,
+# FRAME_BYTES_OFFSET + FRAME_BYTES_WIDTH); an overflowed frame stores its needed size there.
+FRAME_BYTES_OFFSET = 16
+FRAME_BYTES_WIDTH = 8
+# Bytes each 65536-element block adds to a frame beyond its data: directory entry + block header.
+PER_BLOCK_BYTES = DIR_ENTRY_BYTES + BLOCK_HEADER_BYTES
+# The bits of the quiet NaN that fills a rejected frame's output row (decode with a status
+# result), per dtype; the same on CPU and CUDA.
+REJECTED_FILL_BF16 = 0x7FC0
+REJECTED_FILL_F16 = 0x7E00
+REJECTED_FILL_F32 = 0x7FC00000
 
 DTYPE_BF16, DTYPE_F16, DTYPE_F32 = 1, 2, 3
 DTYPE_CODES = {
@@ -34,6 +45,11 @@ DTYPE_CODES = {
     np.dtype(np.float32): DTYPE_F32,
 }
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)
+REJECTED_FILL_BITS = {
+    np.dtype(ml_dtypes.bfloat16): REJECTED_FILL_BF16,
+    np.dtype(np.float16): REJECTED_FILL_F16,
+    np.dtype(np.float32): REJECTED_FILL_F32,
+}
 SUPPORTED_NAMES = "bfloat16, float16, float32"
 
 
@@ -66,4 +82,4 @@ def max_encoded_bytes(n_elems: int, dtype) -> int:
     raise ValueError(f"zipccl_jax: n_elems must be >= 0, got {n}")
   width = np.dtype(dtype).itemsize
   dtype_code(dtype)
-  return FRAME_HEADER_BYTES + num_blocks(n) * (DIR_ENTRY_BYTES + BLOCK_HEADER_BYTES) + n * width
+  return FRAME_HEADER_BYTES + num_blocks(n) * PER_BLOCK_BYTES + n * width

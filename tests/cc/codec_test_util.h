@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "xla_ffi/codec/codec_cpu.h"
+#include "xla_ffi/codec/cpu_driver.h"
 #include "xla_ffi/codec/format.h"
 
 namespace zipccl_test {

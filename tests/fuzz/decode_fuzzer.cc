@@ -22,7 +22,7 @@
 #include <memory>
 #include <vector>
 
-#include "codec_cpu.h"
+#include "cpu_driver.h"
 #include "format.h"
 
 namespace {

@@ -74,6 +74,17 @@ ZIPCCL_HD int ElemBytes(uint8_t dtype) {
   return dtype == kF32 ? 4 : (dtype == kBF16 || dtype == kF16) ? 2 : 0;
 }
 
+// What a decoder writes to every element of a rejected frame (a status result
+// says why): a quiet NaN of the dtype, so corruption cannot pass silently into
+// training. The CPU handler and the CUDA poison kernel write the same bits.
+constexpr uint32_t kRejectedFillBF16 = 0x7FC0u;
+constexpr uint32_t kRejectedFillF16 = 0x7E00u;
+constexpr uint32_t kRejectedFillF32 = 0x7FC00000u;
+
+ZIPCCL_HD uint32_t RejectedFillBits(uint8_t dtype) {
+  return dtype == kF32 ? kRejectedFillF32 : dtype == kBF16 ? kRejectedFillBF16 : kRejectedFillF16;
+}
+
 ZIPCCL_HD uint64_t NumBlocks(uint64_t n_elems) {
   return (n_elems + uint64_t(kBlockElems) - 1) >> kBlockLog2;
 }

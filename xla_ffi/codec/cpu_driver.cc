@@ -1,4 +1,4 @@
-#include "codec_cpu.h"
+#include "cpu_driver.h"
 
 #include <cstring>
 #include <initializer_list>

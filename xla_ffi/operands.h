@@ -10,7 +10,7 @@
 #include "codec/format.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace zipccl::ffi_frames {
+namespace zipccl::ffi_operands {
 
 namespace ffi = ::xla::ffi;
 
@@ -158,10 +158,4 @@ inline ffi::Error CheckDecodeStatus(const ffi::RemainingRets& extra, uint64_t fr
   return ffi::Error::Success();
 }
 
-// The quiet-NaN bit pattern a rejected frame's elements get (the CUDA poison
-// kernel's): 0x7FC0 bfloat16, 0x7E00 float16, 0x7FC00000 float32.
-inline uint32_t RejectedFillBits(uint8_t dtype) {
-  return dtype == kF32 ? 0x7FC00000u : dtype == kBF16 ? 0x7FC0u : 0x7E00u;
-}
-
-}  // namespace zipccl::ffi_frames
+}  // namespace zipccl::ffi_operands

@@ -11,8 +11,9 @@ Every collective of the models and of the FSDP helpers goes through a :class:`Co
 ``backend="lax"`` calls plain ``jax.lax`` (an uncompressed baseline whose reductions follow XLA's order) and
 must be asked for explicitly: the examples never fall back to it on their own.
 
-Byte accounting follows zipccl_jax's model (bytes one device sends per call: all_to_all and reduce-scatter
-``S (n-1)/n``, all_gather ``S (n-1)``, all-reduce ``2 S (n-1)/n`` for an operand of ``S`` bytes).
+Byte accounting, for both backends, is zipccl_jax's one model, ``zipccl_jax.accounting.sent_bytes`` (bytes one
+device sends per call: all_to_all and reduce-scatter ``S (n-1)/n``, all_gather ``S (n-1)``, all-reduce
+``2 S (n-1)/n`` for an operand of ``S`` bytes).
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ import jax
 
 try:
     import zipccl_jax as _zipccl
+    from zipccl_jax.accounting import sent_bytes as _sent_bytes
     _ZIPCCL_ERROR: Exception | None = None
 except Exception as e:  # noqa: BLE001  (reported when the zipccl backend is requested)
-    _zipccl, _ZIPCCL_ERROR = None, e
+    _zipccl, _sent_bytes, _ZIPCCL_ERROR = None, None, e
 
 OPS = ("all_to_all", "all_gather", "psum_scatter", "psum")
 MODES = {"on": True, "auto": "auto", "off": False}
@@ -34,20 +36,6 @@ MODES = {"on": True, "auto": "auto", "off": False}
 def _axis_size(axis_name) -> int:
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     return math.prod(jax.lax.axis_size(a) for a in names)
-
-
-def _sent_bytes(op: str, operand_bytes: int, n: int) -> int:
-    if n <= 1:
-        return 0
-    if op in ("all_to_all", "psum_scatter"):
-        return operand_bytes * (n - 1) // n
-    if op == "all_gather":
-        return operand_bytes * (n - 1)
-    if op == "psum":
-        return 2 * operand_bytes * (n - 1) // n
-    if op == "ragged_all_to_all":  # sizes are data: rows of the smaller buffer, (n-1)/n of them leaving
-        return operand_bytes * (n - 1) // n
-    raise ValueError(op)
 
 
 def zipccl_available() -> bool:
@@ -137,20 +125,19 @@ class Comm:
 
     def ragged_all_to_all(self, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
                           axis_name, name=None, capacity=None):
-        """jax.lax.ragged_all_to_all's semantics. Without a zipccl_jax.ragged_all_to_all (and with the lax
-        backend) it is zipccl_jax's exact ragged exchange: XLA's ragged-all-to-all on GPU/TPU, an exact
-        emulation on CPU (XLA:CPU has none), raw bytes either way."""
+        """jax.lax.ragged_all_to_all's semantics. The lax backend runs zipccl_jax's raw path
+        (compress=False): jax.lax.ragged_all_to_all on GPU/TPU, an exact emulation on CPU, which has none."""
         site = self._site("ragged_all_to_all", name)
         args = (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
-        if self.backend == "zipccl" and hasattr(_zipccl, "ragged_all_to_all"):
-            kw = self._kw(site, capacity)
-            kw.pop("transport", None)  # its frames always take the ragged transport
-            return _zipccl.ragged_all_to_all(*args, axis_name=axis_name, **kw)
-        from zipccl_jax import _ragged
         if self.backend == "lax":
-            rows = min(operand.shape[0], output.shape[0])
-            self._lax("ragged_all_to_all", operand[:rows], axis_name, site, mult=2)  # + its transpose
-        return _ragged.exchange_linear(*args, axis_name)
+            if _zipccl is None or not hasattr(_zipccl, "ragged_all_to_all"):
+                return jax.lax.ragged_all_to_all(*args, axis_name=axis_name)
+            rows = min(operand.shape[0], output.shape[0])  # sizes are data: zipccl_jax's balanced model
+            self._lax("all_to_all", operand[:rows], axis_name, site, mult=2)  # + its transpose in jax.grad
+            return _zipccl.ragged_all_to_all(*args, axis_name=axis_name, compress=False)
+        kw = self._kw(site, capacity)
+        kw.pop("transport", None)  # its frames always take the ragged transport
+        return _zipccl.ragged_all_to_all(*args, axis_name=axis_name, **kw)
 
     # -- statistics ----------------------------------------------------------------------------------
     def site_table(self) -> list[dict]:
