@@ -2,7 +2,8 @@
 
 - its expert-parallel, FSDP-sharded gradients equal those of the unsharded model (same check as
   tests/test_examples.py, with the ragged dispatch on both sides);
-- compressed and ``--no-compress`` runs give bit-identical losses and parameters, and no token is dropped.
+- compressed and ``--no-compress`` runs give bit-identical losses and parameters, no token is dropped, and
+  the collective table lists the ragged dispatch / combine call sites and their transposes.
 """
 from __future__ import annotations
 
@@ -44,3 +45,9 @@ def test_ragged_dispatch_bit_identical_without_compression(ragged_pair):
         assert r["dropped_fraction"] == [0.0] * STEPS  # dropless
     assert compressed["loss_bits"] == raw["loss_bits"]
     assert compressed["params_sha256"] == raw["params_sha256"]
+    # the collective table shows the ragged call sites, forward and transposed, coded in the compressed run
+    for r, coded in ((compressed, True), (raw, False)):
+        ragged = {s["name"]: s for s in r["call_sites"] if s["op"] == "ragged_all_to_all"}
+        want = {f"block{i}/moe/{w}{b}" for i in range(2) for w in ("dispatch", "combine") for b in ("", "/bwd")}
+        assert set(ragged) == want, sorted(ragged)
+        assert all(s["compressed"] is coded and s["fallbacks"] == 0 for s in ragged.values()), ragged

@@ -5,8 +5,8 @@ over it. Here every routed token reaches its expert, as in MaxText's sparse path
 
 1. route (top-k, no capacity) and sort the T*k (token, choice) rows by expert: ``A = T*k`` rows, expert-major;
    ``group_sizes[e]`` rows for expert e;
-2. all_gather the group sizes over the expert axis (jax.lax: E int32 per rank): ``sizes[s, e]`` (source rank s, expert e), so every rank
-   can compute every offset of both exchanges without another collective;
+2. all_gather the group sizes over the expert axis (jax.lax: E int32 per rank): ``sizes[s, e]`` (source
+   rank s, expert e), so every rank can compute every offset of both exchanges without another collective;
 3. dispatch: one ragged_all_to_all, ``E/n`` slices per destination (one per local expert), landing in the
    expert rank's buffer local-expert-major, source-minor (each local expert's rows contiguous);
 4. the local experts with ``jax.lax.ragged_dot`` (rows past the groups stay zero);
@@ -14,8 +14,9 @@ over it. Here every routed token reaches its expert, as in MaxText's sparse path
    weight by the gates.
 
 The receive buffer holds ``n*A`` rows (every token of every source could pick this rank's experts), so no
-token is ever dropped. ``ragged_all_to_all`` is the Comm's (zipccl_jax's when it has one, else the exact
-ragged exchange of ``zipccl_jax._ragged``, which runs on CPU too).
+token is ever dropped. ``ragged_all_to_all`` is the Comm's: ``zipccl_jax.ragged_all_to_all`` (jax.lax's
+semantics; compressed frames, or raw with ``--no-compress``; on CPU, which has no ragged-all-to-all, an exact
+emulation).
 """
 from __future__ import annotations
 
