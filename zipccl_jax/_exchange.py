@@ -29,8 +29,8 @@ The same frames go through ``jax.lax.ragged_all_to_all``, so only each frame's `
 (an overflowed frame sends its 32-byte header only), after a tiny int32 exchange of the sizes.
 XLA:CPU does not implement ragged-all-to-all: there `zipccl_jax._ragged.exchange` runs an exact
 emulation (the frames move padded to ``C`` bytes), so the ragged transport executes, and is
-tested, on CPU too. Frame offsets are int64 once ``n * C`` can pass 2**31. A device-invariant gather (psum's second phase,
-``all_gather(to="invarying")``) stays padded.
+tested, on CPU too. Frame offsets are int64 once ``n * C`` can pass 2**31. A device-invariant
+gather (psum's second phase, ``all_gather(to="invarying")``) stays padded.
 
 Overflow (uniform fallback)
 ---------------------------

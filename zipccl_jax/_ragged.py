@@ -37,9 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from zipccl_jax._shard import axes_of, vary_together
+
 __all__ = ["exchange", "check_operands", "axis_size", "transposed_offsets",
            "keep_unreceived", "offsets_dtype", "index_scope", "rows_bound", "layout_dtype",
-           "pack_bits", "place_bits", "to_bits", "from_bits", "vary_together"]
+           "pack_bits", "place_bits", "to_bits", "from_bits"]
 
 _INT32_LIMIT = 2**31 - 1
 _UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
@@ -50,8 +52,7 @@ def axis_size(axis_name, axis_index_groups=None) -> int:
   """Ranks taking part in one exchange: the group size, or the (product of the) axis size(s)."""
   if axis_index_groups is not None:
     return len(axis_index_groups[0])
-  names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  return math.prod(lax.axis_size(a) for a in names)
+  return math.prod(lax.axis_size(a) for a in axes_of(axis_name))
 
 
 def check_operands(api: str, operand, output, input_offsets, send_sizes, output_offsets,
@@ -109,9 +110,8 @@ def exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_si
   spd = check_operands(api, operand, output, input_offsets, send_sizes, output_offsets,
                        recv_sizes, n)
   bound = rows_bound(operand, output, spd, max_send_rows, api)
-  names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  operand, output, *sizes = vary_together(names, operand, output, input_offsets, send_sizes,
-                                          output_offsets, recv_sizes)
+  operand, output, *sizes = vary_together(axes_of(axis_name), operand, output, input_offsets,
+                                          send_sizes, output_offsets, recv_sizes)
   index_dtype = layout_dtype(operand, output, sizes, n, spd, bound)
   groups = None if axis_index_groups is None else tuple(tuple(g) for g in axis_index_groups)
 
@@ -154,7 +154,7 @@ def layout_dtype(operand, output, sizes, n: int, spd: int, bound: int):
 
 
 def pack_bits(operand, input_offsets, send_sizes, *, n: int, spd: int, bound: int, index_dtype):
-  """(n, bound, *row) bit patterns: block d holds the slices for rank d back to back, zeros after."""
+  """(n, bound, *row) bit patterns: block d holds the slices for rank d back to back, then zeros."""
   with index_scope(index_dtype):
     src = _slice_rows(input_offsets, send_sizes, operand.shape[0], n, spd, bound, index_dtype)
     return to_bits(operand).at[src].get(mode="fill", fill_value=0)
@@ -196,20 +196,6 @@ def _slice_rows(offsets, sizes, limit: int, n: int, spd: int, bound: int, index_
   pick = lambda a: jnp.take_along_axis(a, j, axis=1)
   row = pick(off) + (t - pick(start))
   return jnp.where(live & pick(fits), row, jnp.asarray(limit, index_dtype))
-
-
-def vary_together(axes, *xs):
-  """`xs` pcast to varying over `axes` and over every axis one of them varies over, so both
-  platform branches (the result has `output`'s type on GPU) agree; only under check_vma."""
-  from jax._src import config as _config
-  if not _config._check_vma.value:
-    return xs
-  union = set(axes).union(*(jax.typeof(x).mat.varying for x in xs))
-  out = []
-  for x in xs:
-    missing = tuple(sorted(union - set(jax.typeof(x).mat.varying), key=str))
-    out.append(lax.pcast(x, missing, to="varying") if missing else x)
-  return out
 
 
 def offsets_dtype(*limits: int):

@@ -40,7 +40,7 @@ from jax import lax
 
 from zipccl_jax import _exchange, _ragged, accounting, strategy
 from zipccl_jax import format as fmt
-from zipccl_jax._shard import axes_of, axis_size, call_site, check_no_groups
+from zipccl_jax._shard import axes_of, axis_size, call_site, check_no_groups, vary_together
 from zipccl_jax.capacity import split_capacity
 from zipccl_jax.observation import record_frames
 
@@ -126,7 +126,7 @@ def _ragged_call(operand, output, idx, *, axis_name, compress, capacity, backwar
                     role=role, site=site, axis_name=axis_name, transport="ragged")
   accounting.record(site, _OP, operand, n, p, *_modeled_bytes(operand, output, n, m, p))
   call = _Call(axis_name, n, spd, bound, p.capacity if p.compress else 0, site, backward)
-  args = _ragged.vary_together(axes_of(axis_name), operand, output, *idx)
+  args = vary_together(axes_of(axis_name), operand, output, *idx)
   return _bind(call, *args)
 
 
@@ -142,7 +142,7 @@ def _modeled_bytes(operand, output, n: int, m: int, plan):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _bind(call: _Call, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes):
-  """`_impl`, differentiated through `_ragged_all_to_all_transpose_rule` (linear in operand, output)."""
+  """`_impl`, differentiated by `_ragged_all_to_all_transpose_rule` (linear in operand, output)."""
   return _impl(call, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
 
 
