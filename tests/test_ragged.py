@@ -150,8 +150,12 @@ def assert_bits_equal(got, want, what=""):
   assert bad.size == 0, f"{what}: {len(bad)} elements differ bitwise, first at {bad[:3].tolist()}"
 
 
+def model(*case):
+  return np.stack(model_ragged_all_to_all(*[list(a) for a in case]))
+
+
 def check_case(case, **kw):
-  want = np.stack(model_ragged_all_to_all(*[list(a) for a in case]))
+  want = model(*case)
   got = run_sharded(lambda *a: exact(*a, **kw), *case)
   assert_bits_equal(got, want)
 
@@ -282,6 +286,28 @@ def test_trace_time_errors():
     _trace(f32(4, 2), f32(4, 3), i32(8), i32(8), i32(8), i32(8))
   with pytest.raises(ValueError, match="recv_sizes must be rank 1"):
     _trace(f32(4, 2), f32(4, 2), i32(8), i32(8), i32(8), i32(8, 1))
+
+
+def test_concrete_slices_outside_the_buffers_raise():
+  """Offsets and sizes known at trace time (closed-over constants) are checked against the buffers."""
+  operand, output, io, ss, oo, rs = random_case(11, spd=1, rows=6)
+  def call(io_, ss_, oo_):  # NumPy constants, the same on every rank
+    return run_sharded(lambda a, b, r: exact(a, b, io_, ss_, oo_, r), operand, output, rs)
+  ok_io, ok_ss, ok_oo = io[0], ss[0], oo[0]  # rank 0's, valid, used as constants on every rank
+  with pytest.raises(ValueError, match=r"slice 3 \(input_offsets\[3\] = 5, send_sizes\[3\] = 2\) does not "
+                                       r"fit in operand's 6 rows"):
+    call(np.where(np.arange(8) == 3, 5, ok_io), np.where(np.arange(8) == 3, 2, ok_ss), ok_oo)
+  with pytest.raises(ValueError, match=r"output_offsets\[0\] = -1"):
+    call(ok_io, ok_ss, np.where(np.arange(8) == 0, -1, ok_oo))
+  with pytest.raises(ValueError, match=r"send_sizes\[7\] = -2"):
+    call(ok_io, np.where(np.arange(8) == 7, -2, ok_ss), ok_oo)
+  # valid constants: every rank sends its row 0 to every rank, which stores it at the sender's index
+  io0, ss1 = np.zeros(8, np.int32), np.ones(8, np.int32)
+  oo = np.repeat(np.arange(8, dtype=np.int32)[:, None], 8, axis=1)
+  for name, fn in variants().items():
+    got = run_sharded(lambda a, b, o, r, fn=fn: fn(a, b, io0, ss1, o, r), operand, output, oo, np.ones_like(oo))
+    want = model(operand, output, np.zeros_like(oo), np.ones_like(oo), oo, np.ones_like(oo))
+    assert_bits_equal(got, want, name)
 
 
 # --------------------------------------------------------------------------------------------------------- #

@@ -81,7 +81,24 @@ def check_operands(api: str, operand, output, input_offsets, send_sizes, output_
   if k % n:
     raise ValueError(f"{api}: the length of the offsets and sizes ({k}) must be a multiple of "
                      f"the number of ranks taking part ({n})")
+  _check_concrete_slices(api, "input_offsets", input_offsets, "send_sizes", send_sizes,
+                         operand.shape[0], "operand")
+  _check_concrete_slices(api, "output_offsets", output_offsets, "send_sizes", send_sizes,
+                         output.shape[0], "output")  # the receiver's buffer has M rows too
   return k // n
+
+
+def _check_concrete_slices(api, off_arg, offsets, size_arg, sizes, rows: int, buf: str):
+  """Offsets and sizes known at trace time (NumPy constants, not traced values) must give slices
+  inside `buf`."""
+  if isinstance(offsets, jax.core.Tracer) or isinstance(sizes, jax.core.Tracer):
+    return
+  off, size = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
+  bad = np.flatnonzero((size < 0) | (off < 0) | (off + size > rows))
+  if bad.size:
+    i = int(bad[0])
+    raise ValueError(f"{api}: slice {i} ({off_arg}[{i}] = {off[i]}, {size_arg}[{i}] = {size[i]}) "
+                     f"does not fit in {buf}'s {rows} rows")
 
 
 def exchange(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,

@@ -117,9 +117,10 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
 def _ragged_call(operand, output, idx, *, axis_name, compress, capacity, backward, site, role):
   """Plans and records one call, then runs it through the differentiable `_bind`."""
   operand, output = jnp.asarray(operand), jnp.asarray(output)
-  idx = tuple(jnp.asarray(x) for x in idx)
+  idx = tuple(x if hasattr(x, "dtype") else np.asarray(x) for x in idx)  # constants stay checkable
   n = axis_size(axis_name, _OP)
   spd = _ragged.check_operands(_API, operand, output, *idx, n)
+  idx = tuple(jnp.asarray(x) for x in idx)
   bound = _ragged.rows_bound(operand, output, spd)
   m = bound * math.prod(operand.shape[1:])
   p = strategy.plan(_OP, operand.dtype, m, axis_size=n, compress=compress, capacity=capacity,
