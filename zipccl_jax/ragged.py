@@ -23,7 +23,8 @@ cover) is that exact exchange too, so results never depend on the decision.
 
 Statistics: a ragged call site's ``raw_bytes`` and ``wire_bytes`` are models (the sizes are
 data): a balanced exchange of the smaller buffer's rows, ``(n-1)/n`` of them leaving, raw and at
-the capacity's ratio.
+the capacity's ratio plus a frame header per peer. The cost model of ``compress="auto"`` sees
+frames of ``bound`` rows (op ``ragged_all_to_all``, an all-to-all phase, ragged transport).
 """
 
 from __future__ import annotations
