@@ -84,6 +84,8 @@ void FillRejected(uint8_t* row, uint64_t n, uint64_t w, uint8_t dtype) {
   const uint32_t bits = zipccl::RejectedFillBits(dtype);
   if (w == 4) {
     for (uint64_t e = 0; e < n; ++e) std::memcpy(row + e * 4, &bits, 4);
+  } else if (w == 1) {
+    std::memset(row, int(bits), n);
   } else {
     const uint16_t b16 = uint16_t(bits);
     for (uint64_t e = 0; e < n; ++e) std::memcpy(row + e * 2, &b16, 2);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from zipccl_jax import format as fmt
@@ -17,15 +18,27 @@ __all__ = ["EXPECTED_RATIO", "CODED_DTYPES", "padded_capacity", "resolve_capacit
            "split_capacity"]
 
 CODED_DTYPES = fmt.SUPPORTED_DTYPES
-_BF16, _F16, _F32 = CODED_DTYPES
+_BF16, _F16, _F32 = CODED_DTYPES[:3]
+
+
+def _f8(name: str) -> np.dtype:
+  return np.dtype(getattr(ml_dtypes, name))
 
 # Expected coded size as a fraction of the raw bytes, with a margin (see
 # padded_capacity). "activation": forward activations and parameters
 # (near-Gaussian); "gradient": gradients and cotangents (heavier tails), used by
 # psum_scatter, psum and every backward collective.
+# One-byte floats: max over 64K-element chunks of shared/corpus and tests/data cast with
+# per-tensor amax scaling (e4m3fn 0.864, e5m2 0.736, e4m3 0.861, e3m4 0.928, e8m0fnu 0.362;
+# the fnuz variants as their fn siblings), rounded up; gradients get 0.02 more.
+_F8_ACTIVATION = {"float8_e4m3fn": 0.87, "float8_e5m2": 0.74, "float8_e4m3fnuz": 0.87,
+                  "float8_e5m2fnuz": 0.74, "float8_e4m3b11fnuz": 0.87, "float8_e4m3": 0.87,
+                  "float8_e3m4": 0.93, "float8_e8m0fnu": 0.40}
 EXPECTED_RATIO = {
-    "activation": {_BF16: 0.70, _F16: 0.86, _F32: 0.85},
-    "gradient": {_BF16: 0.74, _F16: 0.88, _F32: 0.86},
+    "activation": {_BF16: 0.70, _F16: 0.86, _F32: 0.85,
+                   **{_f8(k): r for k, r in _F8_ACTIVATION.items()}},
+    "gradient": {_BF16: 0.74, _F16: 0.88, _F32: 0.86,
+                 **{_f8(k): min(1.0, r + 0.02) for k, r in _F8_ACTIVATION.items()}},
 }
 # Slack per 65536-element block, in bytes, beyond the ratio: covers the frame header and the
 # per-block tables (fmt.PER_BLOCK_BYTES = 12 of them) of small chunks.
@@ -54,7 +67,11 @@ def padded_capacity(n_elems: int, dtype, *, ratio: float | None = None,
                 grads <= 0.704 (lm_head 0.740)
   float16       Gaussian 0.845-0.857                   0.86     0.88
   float32       Gaussian 0.832, corpus <= 0.841        0.85     0.86
+  float8_e4m3fn corpus (amax-scaled) <= 0.864          0.87     0.89
+  float8_e5m2   corpus (amax-scaled) <= 0.736          0.74     0.76
   ============  =====================================  =======  ========
+
+  The other float8 variants follow ``_F8_ACTIVATION``.
 
   ``kind="gradient"`` is used by ``psum_scatter``, ``psum`` and all backward
   collectives. The ``64 * blocks`` term covers the header and per-block
@@ -70,7 +87,7 @@ def padded_capacity(n_elems: int, dtype, *, ratio: float | None = None,
   dt = np.dtype(dtype)
   if dt not in CODED_DTYPES:
     raise TypeError(f"zipccl_jax: padded_capacity: dtype {dt.name} is not coded; "
-                    "supported: bfloat16, float16, float32")
+                    f"supported: {fmt.SUPPORTED_NAMES}")
   if kind not in EXPECTED_RATIO:
     raise ValueError(f"zipccl_jax: kind must be one of {sorted(EXPECTED_RATIO)}, got {kind!r}")
   r = EXPECTED_RATIO[kind][dt] if ratio is None else float(ratio)

@@ -109,7 +109,8 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False, ski
   """Codes each row `x[f]` as its own frame, in one FFI call.
 
   Args:
-    x: array of shape `(F, *s)` and dtype bfloat16, float16 or float32.
+    x: array of shape `(F, *s)` and a coded dtype (`format.SUPPORTED_NAMES`:
+      bfloat16, float16, float32 and the one-byte float8 dtypes).
     capacity: bytes reserved per frame; default `max_encoded_bytes(prod(s), dtype)`,
       which always fits. A smaller capacity may overflow: see `encode`.
     checksum: append an XXH32 checksum to every frame (verified on decode).
@@ -180,7 +181,8 @@ def decode_frames(payload, *, shape: Sequence[int], dtype, skip=None, return_sta
     first, then the lowest bad block); `status_message(code)` gives its text and
     `status_messages()` lists all codes. A rejected frame's whole output row is
     a quiet NaN (bits `REJECTED_FILL_BITS[dtype]`: 0x7FC0 bfloat16, 0x7E00
-    float16, 0x7FC00000 float32), never partially decoded data; the other rows
+    float16, 0x7FC00000 float32, 0x7F float8_e4m3fn, 0x7E float8_e5m2), never
+    partially decoded data; the other rows
     are unaffected. This is what the CUDA decoder does (a GPU cannot raise
     without a host sync), and the CPU decoder gives the same bits and codes.
 
@@ -226,7 +228,8 @@ def encode(x, *, checksum: bool = False, capacity: int | None = None):
   """Losslessly compresses `x` into one frame.
 
   Args:
-    x: array of any shape with dtype bfloat16, float16 or float32 (others raise
+    x: array of any shape with dtype bfloat16, float16, float32 or a float8
+      dtype (`format.SUPPORTED_NAMES`; float8 is coded byte by byte; others raise
       TypeError). Elements are coded in row-major order.
     checksum: store an XXH32 checksum of the frame; decode verifies it.
     capacity: length of the returned payload in bytes. Defaults to

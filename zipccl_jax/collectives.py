@@ -14,8 +14,8 @@ wire and quiet signalling NaNs).
 
 Keyword options shared by all five:
 
-* ``compress``: ``True`` codes every bfloat16/float16/float32 message (other
-  dtypes raise ``TypeError``); ``False`` always sends raw; ``"auto"`` (default)
+* ``compress``: ``True`` codes every bfloat16/float16/float32/float8 message
+  (``format.SUPPORTED_NAMES``; other dtypes raise ``TypeError``); ``False`` always sends raw; ``"auto"`` (default)
   asks the cost model of :mod:`zipccl_jax.strategy` at trace time (raw for
   dtypes the codec does not cover, for an axis of size 1, when the capacity
   would not save bytes, and whenever the estimated compressed time does not
@@ -411,7 +411,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
                  compress="auto", capacity=None, transport="auto", name=None):
   """Compressed :func:`jax.lax.psum_scatter` with a fixed float32 reduction order.
 
-  Must be called inside ``jax.shard_map``. For bfloat16/float16/float32
+  Must be called inside ``jax.shard_map``. For bfloat16/float16/float32/float8
   inputs, rank ``i`` returns chunk ``i`` of the sum over ranks, computed as::
 
     out = round_to_dtype(((f32(x_0[i]) + f32(x_1[i])) + ...) + f32(x_{n-1}[i]))

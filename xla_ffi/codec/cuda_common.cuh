@@ -164,15 +164,24 @@ ZIPCCL_HD void StoreElem(uint8_t* p, uint32_t v) {
 }
 
 // Loads the kElemsPerThread elements [first, first + 8) of a block of m
-// elements at xb (16-byte vector loads when aligned and complete). Returns how
-// many exist.
+// elements at xb (16-byte vector loads, or two words for one-byte elements,
+// when aligned and complete). Returns how many exist.
 template <typename T>
 ZIPCCL_HD int LoadElems8(const uint8_t* xb, uint64_t m, uint64_t first, uint32_t* v) {
   if (first >= m) return 0;
   const uint64_t left = m - first;
   const int cnt = left < uint64_t(kElemsPerThread) ? int(left) : kElemsPerThread;
   const uint8_t* p = xb + first * sizeof(T);
-  if (cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+  if (sizeof(T) == 1 && cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+    // One-byte elements: two aligned words (a warp reads 256 contiguous bytes).
+    const uint32_t lo = LoadAligned32(p), hi = LoadAligned32(p + 4);
+    for (int j = 0; j < 4; ++j) {
+      v[j] = (lo >> (8 * j)) & 0xFFu;
+      v[4 + j] = (hi >> (8 * j)) & 0xFFu;
+    }
+    return cnt;
+  }
+  if (sizeof(T) > 1 && cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
     uint32_t w[8];
     Load16B(p, w);
     if (sizeof(T) == 4) {

@@ -135,7 +135,7 @@ struct DecodeBlockKernel {
           else if (bb != kBlockHeaderBytes + m * w) st = kErrBlockSize;
         } else if (mode == kModeConst) {
           if (flags) st = kErrBlockMode;
-          else if (w == 2 && (value >> 16)) st = kErrReserved;
+          else if (uint64_t(value) >> (8 * w)) st = kErrReserved;  // bits above the element
           else if (bb != kBlockHeaderBytes) st = kErrBlockSize;
         } else if (mode == kModeHuff) {
           if (flags & kBlockFlagsReserved) st = kErrReserved;
@@ -272,7 +272,9 @@ struct DecodeBlockKernel {
             break;
           }
           const uint8_t* q = sraw + uint64_t(ri) * raw_w;
-          if (sizeof(T) == 2) {
+          if (sizeof(T) == 1) {
+            v[j] = Merge8(s);  // one-byte floats: no raw bytes (raw_w is 0)
+          } else if (sizeof(T) == 2) {
             v[j] = Merge16(s, q[0]);
           } else if (low16) {
             v[j] = Merge16(s, q[0]) << 16;
@@ -283,7 +285,11 @@ struct DecodeBlockKernel {
         }
         if (!merge_bad) {
           uint8_t* o = out + first * sizeof(T);
-          if (cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(o) & 15) == 0) {
+          if (sizeof(T) == 1 && cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(o) & 7) == 0) {
+            StoreAligned32(o, v[0] | (v[1] << 8) | (v[2] << 16) | (v[3] << 24));
+            StoreAligned32(o + 4, v[4] | (v[5] << 8) | (v[6] << 16) | (v[7] << 24));
+          } else if (sizeof(T) > 1 && cnt == kElemsPerThread &&
+                     (reinterpret_cast<uintptr_t>(o) & 15) == 0) {
             uint32_t wv[8];
             if (sizeof(T) == 4) {
               for (int j = 0; j < 8; ++j) wv[j] = v[j];

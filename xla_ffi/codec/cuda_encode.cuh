@@ -41,7 +41,7 @@ struct HistKernel {
       int prev = -1;
       uint32_t run = 0;
       for (int j = 0; j < cnt; ++j) {
-        const int s = sizeof(T) == 2 ? Symbol16(v[j]) : Symbol32(v[j]);
+        const int s = SymbolOf<T>(v[j]);
         diff |= v[j] ^ first;
         low |= v[j];
         if (s == prev) {
@@ -176,7 +176,7 @@ struct WriteKernel {
       uint32_t code[kElemsPerThread];
       uint32_t my_bits = 0, my_nz = 0;
       for (int j = 0; j < cnt; ++j) {
-        const int s = sizeof(T) == 2 ? Symbol16(v[j]) : Symbol32(v[j]);
+        const int s = SymbolOf<T>(v[j]);
         code[j] = sm.enc[s];
         my_bits += code[j] >> 16;
         my_nz += v[j] != 0;
@@ -210,8 +210,8 @@ struct WriteKernel {
         if (uint32_t(hi)) AtomicOrShared(w + 2, uint32_t(hi));
         if (uint32_t(hi >> 32)) AtomicOrShared(w + 3, uint32_t(hi >> 32));
       }
-      // Raw bytes of the non-zero elements, in element order.
-      {
+      // Raw bytes of the non-zero elements, in element order (none for one-byte floats).
+      if (sizeof(T) > 1) {
         uint8_t* r = reinterpret_cast<uint8_t*>(sm.raw) + (raw_q & 3) + (excl >> 16) * raw_w;
         for (int j = 0; j < cnt; ++j) {
           if (!v[j]) continue;

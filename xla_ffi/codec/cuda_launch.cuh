@@ -18,21 +18,25 @@ namespace zipccl::cuda {
 //                     uint64_t temp_bytes);
 // and remembers the first error itself.
 
+// Calls f(T{}) with T the unsigned integer of the dtype's element width, the
+// type the per-block kernels are instantiated for.
+template <class F>
+void WithElemType(uint8_t dtype, F&& f) {
+  switch (ElemBytes(dtype)) {
+    case 1: f(uint8_t{}); break;
+    case 4: f(uint32_t{}); break;
+    default: f(uint16_t{}); break;
+  }
+}
+
 template <class Launcher>
 void RunEncode(Launcher& l, const EncodeParams& p, const EncodeLayout& L, uint8_t* scratch) {
   if (p.frames == 0) return;
   if (p.total) {
-    const bool f32 = ElemBytes(p.dtype) == 4;
-    if (f32)
-      l.template Launch<HistKernel<uint32_t>>(p.total, p);
-    else
-      l.template Launch<HistKernel<uint16_t>>(p.total, p);
+    WithElemType(p.dtype, [&](auto t) { l.template Launch<HistKernel<decltype(t)>>(p.total, p); });
     l.template Launch<PlanKernel>(CeilDiv(p.total + 1, kItemThreads), p);
     l.ExclusiveSum(p.sizes, p.offsets, p.total + 1, scratch + L.cub_off, L.cub_bytes);
-    if (f32)
-      l.template Launch<WriteKernel<uint32_t>>(p.total, p);
-    else
-      l.template Launch<WriteKernel<uint16_t>>(p.total, p);
+    WithElemType(p.dtype, [&](auto t) { l.template Launch<WriteKernel<decltype(t)>>(p.total, p); });
   }
   l.template Launch<FinishEncodeKernel>(CeilDiv(p.frames, kItemThreads), p);
   l.template Launch<ZeroTailKernel>(p.frames * ZeroTailKernel::kTilesPerFrame, p);
@@ -43,16 +47,12 @@ void RunDecode(Launcher& l, const DecodeParams& p, const DecodeLayout& L, uint8_
   if (p.frames == 0) return;
   l.template Launch<FrameCheckKernel>(CeilDiv(p.frames, kItemThreads), p);
   if (p.total) {
-    const bool f32 = ElemBytes(p.dtype) == 4;
     l.template Launch<DirKernel>(CeilDiv(p.total + 1, kItemThreads), p);
     l.ExclusiveSum(p.sizes, p.offsets, p.total + 1, scratch + L.cub_off, L.cub_bytes);
-    if (f32) {
-      l.template Launch<DecodeBlockKernel<uint32_t>>(p.total, p);
-      l.template Launch<PoisonKernel<uint32_t>>(p.total, p);
-    } else {
-      l.template Launch<DecodeBlockKernel<uint16_t>>(p.total, p);
-      l.template Launch<PoisonKernel<uint16_t>>(p.total, p);
-    }
+    WithElemType(p.dtype, [&](auto t) {
+      l.template Launch<DecodeBlockKernel<decltype(t)>>(p.total, p);
+      l.template Launch<PoisonKernel<decltype(t)>>(p.total, p);
+    });
   }
   if (p.status) l.template Launch<StatusKernel>(CeilDiv(p.frames, kItemThreads), p);
 }
