@@ -3,7 +3,8 @@
 - its expert-parallel, FSDP-sharded gradients equal those of the unsharded model (same check as
   tests/test_examples.py, with the ragged dispatch on both sides);
 - compressed and ``--no-compress`` runs give bit-identical losses and parameters, no token is dropped, and
-  the collective table lists the ragged dispatch / combine call sites and their transposes.
+  the collective table lists the ragged dispatch / combine call sites and their transposes;
+- the same with ``--dispatch-dtype float8_e4m3fn`` (FP8 dispatch, per-token scales beside the payload).
 """
 from __future__ import annotations
 
@@ -51,3 +52,24 @@ def test_ragged_dispatch_bit_identical_without_compression(ragged_pair):
         want = {f"block{i}/moe/{w}{b}" for i in range(2) for w in ("dispatch", "combine") for b in ("", "/bwd")}
         assert set(ragged) == want, sorted(ragged)
         assert all(s["compressed"] is coded and s["fallbacks"] == 0 for s in ragged.values()), ragged
+
+
+@pytest.fixture(scope="module")
+def fp8_pair(tmp_path_factory):
+    extra = ("--dispatch", "ragged", "--dispatch-dtype", "float8_e4m3fn")
+    return (_run("moe_flax", tmp_path_factory, *extra), _run("moe_flax", tmp_path_factory, *extra, "--no-compress"))
+
+
+def test_fp8_dispatch_bit_identical_without_compression(fp8_pair, ragged_pair):
+    """FP8 dispatch (per-token scales beside the payload, combine in bf16): compressed == --no-compress, and
+    it is a different run from the bf16 dispatch (the quantisation is real)."""
+    compressed, raw = fp8_pair
+    assert compressed["config"]["dispatch_dtype"] == "float8_e4m3fn"
+    assert compressed["loss_bits"] == raw["loss_bits"]
+    assert compressed["params_sha256"] == raw["params_sha256"]
+    assert compressed["losses"][-1] < compressed["losses"][0]
+    assert compressed["loss_bits"] != ragged_pair[0]["loss_bits"]
+    sites = {s["name"]: s for s in compressed["call_sites"]}
+    # the FP8 dispatch sends 1 + 4/D bytes per element instead of 2 (D = 64)
+    assert sites["block0/moe/dispatch"]["raw_bytes"] * 128 == sites["block0/moe/combine"]["raw_bytes"] * 68
+    assert sites["block0/moe/dispatch"]["dtype"] == "float8_e4m3fn" and sites["block0/moe/combine"]["dtype"] == "bfloat16"

@@ -64,10 +64,10 @@ def random_bits(rng, shape, dtype):
 def gaussian_rows(rng, shape, dtype, *, nan_rows=2):
   """Compressible rows (N(0, 0.02)), with a few rows of NaNs with payloads, -0 and subnormals."""
   x = (rng.standard_normal(shape) * 0.02).astype(dtype)
-  u = {2: np.uint16, 4: np.uint32}[np.dtype(dtype).itemsize]
+  u = {1: np.uint8, 2: np.uint16, 4: np.uint32}[np.dtype(dtype).itemsize]
   flat = x.reshape(shape[0], shape[1], -1).view(u)
-  special = {2: [0x7F81, 0xFFC3, 0x8000, 0x0001], 4: [0x7F800001, 0xFFC00123, 0x80000000, 1]}[
-      np.dtype(dtype).itemsize]
+  special = {1: [0x7F, 0xFF, 0x80, 0x01], 2: [0x7F81, 0xFFC3, 0x8000, 0x0001],
+             4: [0x7F800001, 0xFFC00123, 0x80000000, 1]}[np.dtype(dtype).itemsize]
   for r in range(shape[0]):
     for q in rng.choice(shape[1], size=min(nan_rows, shape[1]), replace=False):
       flat[r, q, :] = np.resize(np.array(special, u), flat.shape[2])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
@@ -69,6 +70,16 @@ def test_compressed_bit_exact_coded_and_fallback(spd):
     assert_bits_equal(got, model(case), f"{payload}, spd={spd}")
     assert st.op == "ragged_all_to_all" and st.compressed and st.capacity > 0
     assert (st.calls, st.fallbacks) == (8, fallbacks), (payload, st)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_rows_coded_bit_exact(dtype):
+  """FP8 rows (the symbol is the whole byte) go coded, NaN bytes included."""
+  dt = np.dtype(getattr(ml_dtypes, dtype))
+  case = random_case(45, spd=2, rows=24, row_shape=(256,), dtype=dt, payload="gaussian")
+  got, st = run_with_stats(lambda *a: zrag(*a, compress=True, name="f8"), *case, site="f8")
+  assert_bits_equal(got, model(case), dtype)
+  assert st.compressed and st.dtype == dtype and st.fallbacks == 0, st
 
 
 def test_held_out_data_two_slices_empty_full_and_nan():

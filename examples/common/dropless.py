@@ -13,6 +13,10 @@ over it. Here every routed token reaches its expert, as in MaxText's sparse path
 5. combine: the ragged_all_to_all back, rows landing where they left the source's sorted buffer; unsort and
    weight by the gates.
 
+With ``--dispatch-dtype float8_e4m3fn`` (or ``float8_e5m2``) the dispatch moves FP8 rows, each with its
+float32 scale's 4 bytes appended (``quantize_rows``), as DeepSeek-V3-style training does; the combine and
+every gradient stay in the compute dtype.
+
 The receive buffer holds ``n*A`` rows (every token of every source could pick this rank's experts), so no
 token is ever dropped. ``ragged_all_to_all`` is the Comm's: ``zipccl_jax.ragged_all_to_all`` (jax.lax's
 semantics; compressed frames, or raw with ``--no-compress``; on CPU, which has no ragged-all-to-all, an exact
@@ -54,6 +58,53 @@ def ragged_plan(sizes, me, n: int, e_local: int):
     return dispatch, combine, local_groups
 
 
+# largest finite value of each FP8 dispatch format (the per-token scale maps a row's amax onto it)
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+
+def quantize_rows(rows, dtype):
+    """(A, D) -> (A, D + 4) FP8: each row divided by its scale ``amax / FP8_MAX``, rounded to `dtype`, then
+    the scale's float32 bytes (the scale travels beside its row, in the same frame)."""
+    dt = jnp.dtype(dtype)
+    r = rows.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(r), axis=1, keepdims=True)
+    scale = jnp.where(amax > 0, amax / FP8_MAX[dt.name], 1.0)
+    scale_bytes = jax.lax.bitcast_convert_type(scale, dt).reshape(rows.shape[0], 4)
+    return jnp.concatenate([(r / scale).astype(dt), scale_bytes], axis=1)
+
+
+def dequantize_rows(h, d: int, dtype):
+    """(M, D + 4) FP8 rows with their scales -> (M, D) `dtype` (rows never written: zeros)."""
+    scale = jax.lax.bitcast_convert_type(h[:, d:], jnp.float32)  # (M,)
+    return (h[:, :d].astype(jnp.float32) * scale[:, None]).astype(dtype)
+
+
+def fp8_dispatch(ragged_all_to_all, rows, out_rows: int, dispatch: dict, combine: dict, *, dtype, axis_name,
+                 name: str):
+    """The dispatch in FP8 (per-token scales beside the payload); its gradient goes back in the rows' dtype
+    through the combine layout (straight through the quantiser, as FP8 training recipes do)."""
+    keys = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
+
+    @jax.custom_vjp
+    def send(rows, *idx):
+        q = quantize_rows(rows, dtype)
+        h = ragged_all_to_all(q, jnp.zeros((out_rows, q.shape[1]), q.dtype), **dict(zip(keys, idx[:4])),
+                              axis_name=axis_name, name=name)
+        return dequantize_rows(h, rows.shape[1], rows.dtype)
+
+    def send_fwd(rows, *idx):
+        return send(rows, *idx), (jnp.zeros((rows.shape[0], 0), rows.dtype), idx)
+
+    def send_bwd(res, ct):
+        rows0, idx = res
+        back = ragged_all_to_all(ct, jnp.zeros((rows0.shape[0], ct.shape[1]), ct.dtype),
+                                 **dict(zip(keys, idx[4:])), axis_name=axis_name, name=name + "/bwd")
+        return (back,) + (None,) * 8
+
+    send.defvjp(send_fwd, send_bwd)
+    return send(rows, *(dispatch[k] for k in keys), *(combine[k] for k in keys))
+
+
 class DroplessMoE(nn.Module):
     """Same parameters as model.MoE (router, w_in, w_out); tokens sorted by expert, ragged exchanges."""
     cfg: object
@@ -84,9 +135,12 @@ class DroplessMoE(nn.Module):
             sizes = jax.lax.all_gather(group_sizes, self.expert_axis)  # (n, E)
             me = jax.lax.axis_index(self.expert_axis)
             dispatch, combine, groups = ragged_plan(sizes, me, n, e_local)
-            buf = jnp.zeros((n * a, d), rows.dtype)
-            h = self.ragged_all_to_all(rows, buf, **dispatch, axis_name=self.expert_axis,
-                                       name=f"{site}/dispatch")
+            if cfg.dispatch_dtype:
+                h = fp8_dispatch(self.ragged_all_to_all, rows, n * a, dispatch, combine, dtype=cfg.dispatch_dtype,
+                                 axis_name=self.expert_axis, name=f"{site}/dispatch")
+            else:
+                h = self.ragged_all_to_all(rows, jnp.zeros((n * a, d), rows.dtype), **dispatch,
+                                           axis_name=self.expert_axis, name=f"{site}/dispatch")
         else:
             h, groups = rows, group_sizes
         # out_sharding: under the trainer's explicit mesh (host init) ragged_dot cannot infer it

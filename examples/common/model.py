@@ -32,6 +32,7 @@ class Config:
     moe_every: int = 1  # every n-th layer is MoE (the last of each group of n)
     dtype: Any = jnp.bfloat16  # activation / communication dtype
     dispatch: str = "capacity"  # "capacity": model.MoE; "ragged": dropless.DroplessMoE
+    dispatch_dtype: str | None = None  # ragged dispatch only: "float8_e4m3fn" / "float8_e5m2" (None: dtype)
 
     def is_moe(self, layer: int) -> bool:
         return self.num_experts > 0 and (layer + 1) % self.moe_every == 0
