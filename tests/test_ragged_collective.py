@@ -231,3 +231,22 @@ def test_ragged_transport_int64_offsets(monkeypatch):
   for operands in calls:  # operand, output, then the four offsets and sizes
     for name in operands.split(", ")[2:]:
       assert re.search(rf"\n\s*{re.escape(name)} = s64\[", cuda), (name, operands)
+
+
+@pytest.mark.parametrize("axis", ["b", ("a", "b")], ids=["one_axis_of_2x4", "both_axes"])
+def test_two_dimensional_mesh(axis):
+  """On a 2x4 mesh: over 'b' (4 ranks; operands also vary over 'a', each 'a' row its own exchange) and over
+  ('a', 'b') (8 ranks, row-major)."""
+  mesh = jax.make_mesh((2, 4), ("a", "b"))
+  n = 4 if axis == "b" else 8
+  groups = [random_case(100 + g, n=n, spd=2, rows=16, out_rows=260, row_shape=(64,), payload="gaussian")
+            for g in range(8 // n)]
+  per_rank = [np.concatenate([c[i] for c in groups]) for i in range(6)]  # rank order = row-major (a, b)
+  spec = P(("a", "b"))
+  args = [jax.device_put(x, NamedSharding(mesh, spec)) for x in per_rank]
+  f = jax.jit(jax.shard_map(lambda *xs: zj.ragged_all_to_all(*(x[0] for x in xs), axis_name=axis,
+                                                             compress=True)[None],
+                            mesh=mesh, in_specs=spec, out_specs=spec))
+  got = np.asarray(f(*args))
+  want = np.concatenate([model(c) for c in groups])
+  assert_bits_equal(got, want, str(axis))
