@@ -81,19 +81,30 @@ def _install_signal_exit() -> None:
     _SIGNALS_INSTALLED = True
 
 
+def _preflight() -> None:
+    """Raise NetNSError unless this process can create namespaces and shape links (Linux, root, iproute2)."""
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        raise NetNSError("network namespaces need Linux")
+    if os.geteuid() != 0:
+        raise NetNSError(
+            "creating a network namespace needs root (ip netns add). Run this benchmark as root, "
+            "or pass --no-netns for an unshaped run on the host loopback.")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise NetNSError(f"'{tool}' not found on PATH (set up with: bash benchmarks/setup.sh)")
+
+
+def _tbf(rate_gbit: float) -> list[str]:
+    """tc arguments of the token bucket every shaped link uses (rate in Gbit/s)."""
+    mbit = max(1, int(round(rate_gbit * 1000)))
+    return ["tbf", "rate", f"{mbit}mbit", "burst", TBF_BURST, "latency", TBF_LATENCY]
+
+
 class NetNS:
     """A private network namespace whose loopback can be rate-limited with tc tbf."""
 
     def __init__(self, prefix: str = "zccl_bench"):
-        if os.name != "posix" or not hasattr(os, "geteuid"):
-            raise NetNSError("network namespaces need Linux")
-        if os.geteuid() != 0:
-            raise NetNSError(
-                "creating a network namespace needs root (ip netns add). Run this benchmark as root, "
-                "or pass --no-netns for an unshaped run on the host loopback.")
-        for tool in ("ip", "tc"):
-            if shutil.which(tool) is None:
-                raise NetNSError(f"'{tool}' not found on PATH (Debian: apt-get install iproute2)")
+        _preflight()
         self.name = f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
         self._alive = False
         _install_signal_exit()
@@ -127,9 +138,8 @@ class NetNS:
             if "tbf" in qd:
                 self._check(["tc", "qdisc", "del", "dev", "lo", "root"], "remove shaping")
         else:
-            mbit = max(1, int(round(rate_gbit * 1000)))
-            self._check(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", f"{mbit}mbit",
-                         "burst", TBF_BURST, "latency", TBF_LATENCY], f"shape lo to {mbit} Mbit/s")
+            self._check(["tc", "qdisc", "replace", "dev", "lo", "root", *_tbf(rate_gbit)],
+                        f"shape lo to {rate_gbit:g} Gbit/s")
         self.rate_gbit = rate_gbit
 
     def qdisc(self) -> str:
@@ -153,6 +163,131 @@ class NetNS:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Addresses of the fabric's hosts. They exist only inside the namespaces a Fabric creates (each run makes its
+# own, so concurrent runs cannot collide), never on the machine's own interfaces.
+FABRIC_SUBNET = "10.213.0"
+
+
+class Fabric:
+    """H private namespaces ("hosts") joined by a switch, each host's link rate-limited with tc tbf both ways.
+
+    A switch namespace holds a Linux bridge; host i reaches it through a veth pair (``eth0`` in the host,
+    ``p<i>`` on the bridge) and has the address ``FABRIC_SUBNET.<i+1>/24``. Shaping puts a tbf on both ends of
+    every pair (the host's egress and the switch's egress towards the host), so each host has a full-duplex
+    link of the given rate. Traffic inside a host (a process talking to itself, as XLA:CPU's gloo does between
+    the devices of one process) stays on that namespace's own loopback and is never shaped: only traffic
+    between hosts crosses the rate-limited link, which one shaped loopback cannot separate (its intra- and
+    inter-process flows share addresses). All namespaces are deleted however the run ends.
+    """
+
+    def __init__(self, n_hosts: int, prefix: str = "zccl"):
+        if not 1 <= n_hosts <= 250:
+            raise ValueError(f"n_hosts must be in [1, 250], got {n_hosts}")
+        _preflight()
+        base = f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
+        self.switch = f"{base}_sw"
+        self.hosts = [f"{base}_h{i}" for i in range(n_hosts)]
+        self._made: list[str] = []
+        self.rate_gbit: float | None = None
+        _install_signal_exit()
+        atexit.register(self.close)
+        try:
+            for name in [self.switch] + self.hosts:
+                self._ip(["netns", "add", name], f"create namespace {name}")
+                self._made.append(name)
+            self._ip(["-n", self.switch, "link", "add", "br0", "type", "bridge"], "create the bridge")
+            self._ip(["-n", self.switch, "link", "set", "br0", "up"], "bring the bridge up")
+            for i, host in enumerate(self.hosts):
+                self._ip(["link", "add", "eth0", "netns", host, "type", "veth", "peer", "name", f"p{i}",
+                          "netns", self.switch], f"create the veth pair of host {i}")
+                self._ip(["-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up"], f"attach host {i}")
+                self._ip(["-n", host, "link", "set", "lo", "up"], f"bring host {i}'s loopback up")
+                self._ip(["-n", host, "addr", "add", f"{self.address(i)}/24", "dev", "eth0"], f"address host {i}")
+                self._ip(["-n", host, "link", "set", "eth0", "up"], f"bring host {i}'s link up")
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _ip(args: Sequence[str], what: str) -> None:
+        r = _run(["ip", *args])
+        if r.returncode != 0:
+            raise NetNSError(f"could not {what}: ip {' '.join(args)}: {(r.stderr or r.stdout).strip()}")
+
+    @staticmethod
+    def address(i: int) -> str:
+        return f"{FABRIC_SUBNET}.{i + 1}"
+
+    def exec_prefix(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.hosts[i]]
+
+    def _links(self):
+        """(namespace, device) of both ends of every host's link."""
+        for i, host in enumerate(self.hosts):
+            yield host, "eth0"
+            yield self.switch, f"p{i}"
+
+    def set_rate(self, rate_gbit: float | None) -> None:
+        """Shape every host's link to rate_gbit Gbit/s each way (None: remove shaping)."""
+        for ns, dev in self._links():
+            if rate_gbit is None:
+                if "tbf" in _run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout:
+                    self._tc(ns, ["qdisc", "del", "dev", dev, "root"], f"unshape {dev}")
+            else:
+                self._tc(ns, ["qdisc", "replace", "dev", dev, "root", *_tbf(rate_gbit)], f"shape {dev}")
+        self.rate_gbit = rate_gbit
+
+    @staticmethod
+    def _tc(ns: str, args: Sequence[str], what: str) -> None:
+        r = _run(["tc", "-n", ns, *args])
+        if r.returncode != 0:
+            raise NetNSError(f"netns {ns}: could not {what}: tc {' '.join(args)}: {(r.stderr or r.stdout).strip()}")
+
+    def qdisc(self) -> str:
+        return "\n".join(f"{ns}/{dev}: " + _run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout.strip()
+                         for ns, dev in self._links())
+
+    def close(self) -> None:
+        while self._made:  # deleting a namespace destroys the veth ends inside it
+            name = self._made.pop()
+            r = _run(["ip", "netns", "del", name])
+            if r.returncode != 0:
+                print(f"warning: could not delete network namespace {name}: {r.stderr.strip()}"
+                      f" (run: ip netns del {name})", file=sys.stderr)
+        try:
+            atexit.unregister(self.close)
+        except Exception:
+            pass
+
+    def __enter__(self) -> "Fabric":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def bind_gloo(hostname: str) -> None:
+    """Make this worker's CPU backend run gloo on `hostname` (call after jax.distributed.initialize, before
+    the first device is touched).
+
+    jax creates its gloo collectives without a hostname, so gloo binds the address the machine's hostname
+    resolves to (127.0.0.1 here), which the other hosts of a Fabric cannot reach. The CPU client factory is
+    registered again with the same arguments jax uses (jax._src.xla_bridge.make_cpu_client) plus `hostname`.
+    """
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("bind_gloo: call jax.distributed.initialize first")
+
+    def factory():
+        coll = _jax.make_gloo_tcp_collectives(distributed_client=client, hostname=hostname)
+        return xla_bridge.make_cpu_client(collectives=coll)
+
+    xla_bridge.register_backend_factory("cpu", factory, priority=0, fail_quietly=False)
 
 
 def free_port() -> int:
@@ -184,16 +319,28 @@ def find_tcmalloc() -> str | None:
     return None
 
 
-def resolve_allocator(choice: str) -> tuple[str, str | None]:
-    """('tcmalloc', path) or ('glibc', None) for --allocator `choice`; 'tcmalloc' fails if it is missing."""
+GLIBC_WARNING = ("workers ran under glibc malloc, not tcmalloc: XLA:CPU's per-execution arenas are page-faulted "
+                 "back in on every call, which inflates step times and biases comparisons by arena size")
+
+
+def resolve_allocator(choice: str, *, measuring: bool = True) -> tuple[str, str | None]:
+    """('tcmalloc', path) or ('glibc', None) for --allocator `choice`.
+
+    'tcmalloc' fails if it is missing; so does 'auto' when `measuring` (a shaped run whose figures count):
+    glibc would make them depend on arena sizes (see above). Smoke runs (`measuring=False`) fall back to glibc
+    with a loud warning; an explicit 'glibc' is honoured (the records say so).
+    """
     if choice not in ALLOCATORS:
         raise SystemExit(f"--allocator must be one of {ALLOCATORS}, got {choice!r}")
     path = find_tcmalloc() if choice != "glibc" else None
     if choice == "tcmalloc" and path is None:
-        raise SystemExit(f"--allocator tcmalloc: libtcmalloc_minimal.so.4 not found (install: {TCMALLOC_INSTALL})")
+        raise SystemExit(f"--allocator tcmalloc: libtcmalloc_minimal.so.4 not found (set up with: "
+                         f"bash benchmarks/setup.sh, or {TCMALLOC_INSTALL})")
     if choice == "auto" and path is None:
-        print(f"note: tcmalloc not found, workers use glibc malloc, whose per-step page faults inflate every step "
-              f"time ({TCMALLOC_INSTALL})", file=sys.stderr)
+        if measuring:
+            raise SystemExit(f"error: tcmalloc not found. {GLIBC_WARNING}. Set up with: bash benchmarks/setup.sh "
+                             f"(or {TCMALLOC_INSTALL}), or pass --allocator glibc to measure anyway (recorded).")
+        print(f"{'!' * 100}\nWARNING: {GLIBC_WARNING} ({TCMALLOC_INSTALL})\n{'!' * 100}", file=sys.stderr)
     return ("tcmalloc", path) if path else ("glibc", None)
 
 
@@ -227,8 +374,9 @@ class WorkerFailed(RuntimeError):
 class Workers:
     """N child processes, each in its own session, with log files and a hard deadline."""
 
-    def __init__(self, argvs: Sequence[Sequence[str]], *, netns: NetNS | None, logdir: Path,
+    def __init__(self, argvs: Sequence[Sequence[str]], *, netns: NetNS | Fabric | None, logdir: Path,
                  env: dict[str, str], timeout_s: float, cwd: str | None = None):
+        """`netns`: a NetNS runs every worker in it; a Fabric runs worker i in host i."""
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
         self.logdir = Path(logdir)
@@ -236,9 +384,10 @@ class Workers:
         self.logs: list[Path] = []
         _install_signal_exit()
         atexit.register(self.kill)
-        prefix = netns.exec_prefix() if netns is not None else []
         try:
             for i, argv in enumerate(argvs):
+                prefix = ([] if netns is None else netns.exec_prefix(i) if isinstance(netns, Fabric)
+                          else netns.exec_prefix())
                 log = self.logdir / f"worker{i}.log"
                 self.logs.append(log)
                 with open(log, "wb") as fh:
@@ -375,6 +524,34 @@ print(got[0] / dt / 1e6)
         return float(r.stdout.strip()) if r.returncode == 0 else None
     except (subprocess.TimeoutExpired, ValueError):
         return None
+
+
+def measure_fabric_MBps(fabric: Fabric, src: int = 0, dst: int = 1, nbytes: int = 16 << 20,
+                        timeout_s: float = 30.0) -> float | None:
+    """TCP throughput from host `src` to host `dst` of a Fabric (MB/s): a receiver in `dst`, a sender in `src`."""
+    recv = ("import socket, sys\n"
+            "s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1); print(s.getsockname()[1], flush=True)\n"
+            "c, _ = s.accept()\n"
+            "while c.recv(1 << 20): pass\n"
+            "c.sendall(b'k')\n")
+    send = ("import socket, sys, time\n"
+            "n = int(sys.argv[3]); s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n"
+            "buf = b'\\0' * (1 << 20); t0 = time.perf_counter(); sent = 0\n"
+            "while sent < n:\n    s.sendall(buf); sent += len(buf)\n"
+            "s.shutdown(socket.SHUT_WR); s.recv(1); print(sent / (time.perf_counter() - t0) / 1e6)\n")
+    rx = subprocess.Popen(fabric.exec_prefix(dst) + [sys.executable, "-c", recv, fabric.address(dst)],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        port = rx.stdout.readline().strip()
+        r = subprocess.run(fabric.exec_prefix(src) + [sys.executable, "-c", send, fabric.address(dst), port,
+                                                      str(nbytes)], capture_output=True, text=True, timeout=timeout_s)
+        return float(r.stdout.strip()) if r.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError):
+        return None
+    finally:
+        if rx.poll() is None:
+            os.killpg(rx.pid, signal.SIGKILL)
+        rx.wait(timeout=5)
 
 
 def make_tempdir(prefix: str) -> Path:

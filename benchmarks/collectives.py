@@ -521,7 +521,7 @@ def launch(args) -> list[dict]:
             ns.set_rate(rates[0])
         port = WORKER_PORT if ns is not None else _netns.free_port()
         ctl = _netns.ControlDir(tmp / "ctl")
-        allocator, preload = _netns.resolve_allocator(args.allocator)
+        allocator, preload = _netns.resolve_allocator(args.allocator, measuring=not args.no_netns)
         env = _netns.worker_env(preload=preload)
         if importlib.util.find_spec("zipccl_jax") is None:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -597,38 +597,58 @@ def parse_args(argv=None):
                    help="no namespace, no shaping: workers use the host loopback (for smoke tests, no root)")
     p.add_argument("--keep-logs", action="store_true", help="keep worker logs after a successful run")
     p.add_argument("--allocator", default="auto", choices=_netns.ALLOCATORS,
-                   help="malloc of the workers: tcmalloc (auto: if installed) or glibc (see _netns.py)")
+                   help="malloc of the workers: tcmalloc (auto: required for shaped runs) or glibc (see _netns.py)")
+    p.add_argument("--mesh", default=None, metavar="HxL",
+                   help="two-level run: H processes ('hosts', one network namespace each, only traffic between "
+                        "them shaped) x L CPU devices, collectives over ('host', 'local'); see _twolevel.py")
     # worker-side
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ctl", help=argparse.SUPPRESS)
     p.add_argument("--phase-timeout", type=float, default=900.0, help=argparse.SUPPRESS)
+    p.add_argument("--coordinator", help=argparse.SUPPRESS)
+    p.add_argument("--gloo-host", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.mesh:
+        import _twolevel
+        if args.plot:
+            raise SystemExit("--plot is not available with --mesh")
     if args.worker:
         try:
-            worker_main(args)
+            _twolevel.worker_mesh(args) if args.mesh else worker_main(args)
         except BaseException:
             traceback.print_exc()
             sys.stdout.flush()
             os._exit(1)  # do not hang in jax.distributed's atexit shutdown when peers are gone
         return 0
     t0 = time.time()
+    if args.mesh:
+        records = _twolevel.launch_mesh(args)
+        print(_twolevel.summary_table(records))
+        print(f"(median and spread (IQR) over {args.reps} interleaved repetitions, slowest process; /flat_comp, "
+              f"/best: ratio of medians; {time.time() - t0:.0f} s)")
+        _write(args, records, plot_fn=None)
+        return 0
     records = launch(args)
     print(summary_table(records))
     print(f"(wire: raw/compressed wire bytes; c/lax, c/best: compressed time over jax.lax and over the best raw "
           f"path; cal.: calibrated capacity; codec%: encode+decode alone over compressed time; {args.nproc} "
           f"processes; {time.time() - t0:.0f} s)")
+    _write(args, records, plot_fn=plot)
+    return 0
+
+
+def _write(args, records: list[dict], plot_fn) -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(records, indent=1))
     if args.plot:
-        plot(records, args.plot)
-    return 0
+        plot_fn(records, args.plot)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@ whose loopback is shaped with ``tc tbf`` (see ``benchmarks/_netns.py``), once pe
 * ``lax``           plain jax.lax collectives (``--backend lax``), for reference.
 
 The step time of a run is the median of its per-step times after the first (the example compiles ahead of
-time; the first step is excluded anyway). Each variant runs ``--rounds`` times, in alternating order, and the
-median over rounds is reported: the machine is shared, so single runs are noisy.
+time; the first step is excluded anyway). The variants run interleaved: round r runs every variant once, in
+alternating order (ABBA...), and each variant is reported as the median over rounds with its spread (the
+interquartile range of the per-round medians, ``_stats.py``). The speedup is the ratio of the medians, with the
+spread of the per-round ratios (round r's uncompressed over round r's compressed: they ran back to back). Every
+run records the machine load (1/5/15-minute load averages): the machine is shared, so single runs are noisy.
 
     python benchmarks/train_step.py --rates 1,unshaped --json results/train_step.json
     python benchmarks/train_step.py --variants compressed,uncompressed,lax   # also plain jax.lax
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -36,6 +38,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import _netns  # noqa: E402
+import _stats  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "moe_flax" / "train.py"
 VARIANTS = {"compressed": [], "uncompressed": ["--no-compress"], "lax": ["--backend", "lax"]}
@@ -67,7 +70,7 @@ def run_variant(ns, args, variant: str, tmp: Path, tag: str) -> dict:
     # the first step, and the example's --calibrate-steps (run under zipccl_jax.observe), are not timed
     steady = res.get("step_times_s", [])[1 + int(res.get("calibration_steps") or 0):]
     res["median_step_s"] = statistics.median(steady) if steady else res["step_time_s"]
-    res["loadavg_1min"] = os.getloadavg()[0]  # the machine is shared: record how busy it was
+    res["load"] = _stats.machine_load()  # the machine is shared: record how busy it was
     return res
 
 
@@ -92,7 +95,7 @@ def main(argv=None) -> int:
                    help="malloc of the workers: tcmalloc (auto: if installed) or glibc (see _netns.py)")
     args = p.parse_args(argv)
     args.example_args = example_args
-    args.allocator, args.preload = _netns.resolve_allocator(args.allocator)
+    args.allocator, args.preload = _netns.resolve_allocator(args.allocator, measuring=not args.no_netns)
     rates = _netns.parse_rates(args.rates)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -122,17 +125,20 @@ def main(argv=None) -> int:
                     print(f"{_netns.rate_label(rate):>9} {v:<13} step {res['median_step_s'] * 1e3:8.1f} ms "
                           f"(first {res['first_step_s']:.1f} s) loss {res['losses'][-1]:.4f} "
                           f"wire/raw {res['wire_bytes'] / max(1, res['raw_bytes']):.3f} "
-                          f"load {os.getloadavg()[0]:.1f}", flush=True)
+                          f"load {res['load']['loadavg_1min']:.1f}", flush=True)
             for v in variants:
                 first = runs[v][0]
+                per_round = [r["median_step_s"] for r in runs[v]]
                 records.append({
                     "rate_gbit": rate, "variant": v,
-                    "step_time_s": statistics.median(r["median_step_s"] for r in runs[v]),
+                    "step_time_s": statistics.median(per_round), "spread_s": _stats.spread(per_round),
+                    "round_step_s": per_round,
                     "run_step_times_s": [r.get("step_times_s") for r in runs[v]],
                     # CPU time of process 0's threads per step: the codec's cost without the other ranks' load
                     "run_step_cpu_s": [r.get("step_cpu_s") for r in runs[v]],
                     "hlo_sent_bytes_per_device_step": first.get("hlo_sent_bytes_per_device_step"),
-                    "loadavg_1min": [r["loadavg_1min"] for r in runs[v]],
+                    "load": [r["load"] for r in runs[v]],
+                    "loadavg_1min": [r["load"]["loadavg_1min"] for r in runs[v]],
                     "losses_identical_across_rounds": all(r["loss_bits"] == first["loss_bits"] for r in runs[v]),
                     "losses": first["losses"], "loss_bits": first["loss_bits"], "raw_bytes": first["raw_bytes"],
                     "wire_bytes": first["wire_bytes"], "fallbacks": first.get("fallbacks"),
@@ -141,6 +147,7 @@ def main(argv=None) -> int:
                     "processes": first["processes"], "config": first["config"],
                     "example_args": args.example_args or DEFAULT_MODEL, "steps": args.steps,
                     "allocator": args.allocator,
+                    **({"allocator_warning": _netns.GLIBC_WARNING} if args.allocator != "tcmalloc" else {}),
                 })
         ok = True
     except _netns.WorkerFailed as e:
@@ -157,13 +164,18 @@ def main(argv=None) -> int:
         row = {"rate_gbit": rate}
         if "compressed" in by and "uncompressed" in by:
             c, u = by["compressed"], by["uncompressed"]
-            row["speedup_vs_uncompressed"] = u["step_time_s"] / c["step_time_s"]
+            pr = _stats.paired_ratio(u["round_step_s"], c["round_step_s"])
+            row["speedup_vs_uncompressed"] = pr["ratio"]
+            row["speedup_spread"] = pr["ratio_spread"]
+            row["speedup_per_round"] = [a / b for a, b in zip(u["round_step_s"], c["round_step_s"])]
             row["losses_bit_identical"] = c["loss_bits"] == u["loss_bits"]
             row["params_identical"] = c.get("params_sha256") == u.get("params_sha256")
         if "compressed" in by and "lax" in by:
             row["speedup_vs_lax"] = by["lax"]["step_time_s"] / by["compressed"]["step_time_s"]
         if "compressed" in by and by["compressed"]["wire_bytes"]:
             row["wire_ratio"] = by["compressed"]["raw_bytes"] / by["compressed"]["wire_bytes"]
+        loads = [x for r in by.values() for x in r["loadavg_1min"]]
+        row["loadavg_1min_range"] = [min(loads), max(loads)]
         summary.append(row)
         print(f"{_netns.rate_label(rate):>9}: " + ", ".join(
             f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "rate_gbit"))

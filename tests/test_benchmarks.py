@@ -15,6 +15,8 @@ BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import _netns  # noqa: E402
+import _stats  # noqa: E402
+import _twolevel  # noqa: E402
 
 REQUIRED = ("collective", "payload", "dtype", "rate_gbit", "raw_s", "compressed_s", "auto_s", "wire_bytes_raw",
             "wire_bytes_compressed")
@@ -42,7 +44,10 @@ def test_allocator_choice(monkeypatch):
     monkeypatch.setattr(_netns, "find_tcmalloc", lambda: None)
     with pytest.raises(SystemExit, match="apt-get install -y libtcmalloc-minimal4"):
         _netns.resolve_allocator("tcmalloc")
-    assert _netns.resolve_allocator("auto") == ("glibc", None)
+    # a measuring (shaped) run refuses glibc unless asked for it; a smoke run falls back with a warning
+    with pytest.raises(SystemExit, match="--allocator glibc to measure anyway"):
+        _netns.resolve_allocator("auto")
+    assert _netns.resolve_allocator("auto", measuring=False) == ("glibc", None)
     monkeypatch.setattr(_netns, "find_tcmalloc", lambda: "/lib/libtcmalloc_minimal.so.4")
     assert _netns.resolve_allocator("auto") == ("tcmalloc", "/lib/libtcmalloc_minimal.so.4")
     monkeypatch.setenv("LD_PRELOAD", "/lib/other.so")
@@ -68,6 +73,41 @@ def test_netns_shapes_and_is_deleted():
         ns.set_rate(None)
         assert "tbf" not in ns.qdisc()
     assert ns.name not in listed()
+
+
+def test_stats_median_spread_and_paired_ratio():
+    s = _stats.summary([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (s["median_s"], s["spread_s"], s["min_s"], s["max_s"], s["n"]) == (3.0, 2.0, 1.0, 5.0, 5)
+    assert _stats.spread([7.0]) == 0.0
+    r = _stats.paired_ratio([2.0, 4.0, 6.0], [1.0, 4.0, 2.0])
+    assert r["ratio"] == 2.0 and (r["ratio_p25"], r["ratio_p75"]) == (1.5, 2.5) and r["ratio_spread"] == 1.0
+    with pytest.raises(ValueError, match="equally long"):
+        _stats.paired_ratio([1.0], [1.0, 2.0])
+    assert _stats.machine_load()["cpu_count"] >= 1
+
+
+def test_parse_mesh():
+    assert _twolevel.parse_mesh("2x4") == (2, 4)
+    for bad in ("2", "0x4", "2x", "ax4"):
+        with pytest.raises(ValueError, match="--mesh"):
+            _twolevel.parse_mesh(bad)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="network namespaces need root")
+def test_fabric_shapes_only_traffic_between_hosts():
+    """Host-to-host TCP follows the tbf rate; a host talking to itself (its loopback) is not shaped."""
+    listed = lambda: subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout  # noqa: E731
+    with _netns.Fabric(2, prefix="zccl_test") as fab:
+        assert all(n in listed() for n in fab.hosts + [fab.switch])
+        fab.set_rate(0.1)  # 100 Mbit/s = 12.5 MB/s each way
+        assert fab.qdisc().count("tbf") == 4
+        between = _netns.measure_fabric_MBps(fab, 0, 1, nbytes=4 << 20)
+        inside = _netns.measure_fabric_MBps(fab, 0, 0, nbytes=4 << 20)
+        assert between is not None and 5 < between < 14, between
+        assert inside is not None and inside > 3 * between, (inside, between)
+        fab.set_rate(None)
+        assert "tbf" not in fab.qdisc()
+    assert not any(n in listed() for n in fab.hosts + [fab.switch])
 
 
 def _run_bench(tmp_path: Path, *extra: str) -> list[dict]:
@@ -111,6 +151,32 @@ def test_collectives_benchmark_smoke(tmp_path):
             assert r["wire_bytes_compressed"] < r["wire_bytes_raw"], r
 
 
+MESH_FIELDS = ("mesh", "axes", "collective", "algorithm", "compress", "plan", "median_s", "spread_s",
+               "bit_identical", "rep_times_s", "loadavg_1min", "allocator", "over_best")
+
+
+def test_collectives_benchmark_mesh_smoke(tmp_path):
+    """--mesh 2x4: 2 processes x 4 devices, one record per variant, every zipccl result bit-identical."""
+    out = tmp_path / "mesh.json"
+    cmd = [sys.executable, str(BENCH / "collectives.py"), "--mesh", "2x4", "--no-netns", "--rates", "unshaped",
+           "--max-elems", "16384", "--reps", "2", "--warmup", "1", "--timeout", "240", "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    records = json.loads(out.read_text())
+    assert {(x["collective"], x["payload"]) for x in records} == {
+        tuple(c.split(":")) for c in _twolevel.DEFAULT_CASES}
+    for x in records:
+        assert all(k in x for k in MESH_FIELDS), x.keys()
+        assert x["mesh"] == "2x4" and x["axes"] == ["host", "local"]
+        assert x["median_s"] > 0 and x["spread_s"] >= 0 and len(x["rep_times_s"]) == 2
+        assert x["algorithm"] in ("flat", "hierarchical") and x["compress"] in (True, False, "auto")
+        if x["reference"] is not None:
+            assert x["bit_identical"] is True, x
+        if x["compress"] == "auto":
+            assert x["plan"], x
+    assert any(x["variant"] == "flat_compressed" for x in records)
+
+
 def test_train_step_benchmark_smoke(tmp_path):
     out = tmp_path / "train.json"
     cmd = [sys.executable, str(BENCH / "train_step.py"), "--no-netns", "--rates", "unshaped", "--nproc", "2",
@@ -125,8 +191,10 @@ def test_train_step_benchmark_smoke(tmp_path):
     assert all(x["step_time_s"] > 0 and x["processes"] == 2 for x in runs.values())
     assert all(x["allocator"] in ("tcmalloc", "glibc") for x in runs.values())
     assert runs["compressed"]["wire_bytes"] < runs["uncompressed"]["wire_bytes"]
+    assert all(x["spread_s"] >= 0 and x["load"][0]["loadavg_1min"] >= 0 for x in runs.values())
     (row,) = res["summary"]
     assert row["losses_bit_identical"] is True and row["params_identical"] is True
+    assert row["speedup_spread"] >= 0 and len(row["speedup_per_round"]) == 1
 
 
 def test_codec_zeros_benchmark_smoke(tmp_path):

@@ -24,9 +24,13 @@ from zipccl_jax.observation import allgather_json
 from zipccl_jax.profile import (CodecModel, LinkModel, Profile, axis_key, get_profile, np_dtype,
                                 platform_key, set_profile)
 
-__all__ = ["calibrate"]
+__all__ = ["calibrate", "fit_bounded"]
 
 _MIN_FIT_TIME_S = 1e-6  # net times below this (after the null program's) are not resolved: floor them
+# What a fit may return (bytes/s and seconds): a 1 MB/s link or codec is broken, a 10 TB/s one is a
+# measurement lost in noise, and a per-call latency over 0.1 s is a stall. Outside: "unmeasurable".
+BANDWIDTH_BOUNDS_BPS = (1e6, 1e13)
+LATENCY_BOUNDS_S = (0.0, 0.1)
 
 
 def _fit(xs: Iterable[float], ts: Iterable[float]) -> tuple[float, float]:
@@ -50,8 +54,42 @@ def _fit(xs: Iterable[float], ts: Iterable[float]) -> tuple[float, float]:
   return float(icpt), float(1.0 / slope)
 
 
-def _time_all(jobs: list, reps: int, warmup: int, barrier=None) -> dict[str, float]:
-  """Median seconds per job ``(name, fn, args)``; jobs are interleaved rep by rep.
+def fit_bounded(xs, ts, noise_s: float = 0.0) -> tuple[LinkModel | None, str]:
+  """A robust ``t = latency + x / bandwidth`` fit, or ``(None, reason)`` when it is unmeasurable.
+
+  `ts` are median net times (s) at sizes `xs` (bytes); `noise_s` the spread of those medians (the
+  largest interquartile range of the repetitions). When the time difference between the largest
+  and smallest size is within the noise (a loaded host, a link too fast to resolve), the size
+  dependence is not measured: the model is the throughput bound ``bandwidth = x_max / t(x_max)``
+  (all time counted as transfer: a lower bound, never an extrapolation from noise), latency 0.
+  A result outside BANDWIDTH_BOUNDS_BPS or LATENCY_BOUNDS_S is reported unmeasurable.
+  """
+  xs = np.asarray(list(xs), np.float64)
+  ts = np.maximum(np.asarray(list(ts), np.float64), _MIN_FIT_TIME_S)
+  if xs.size < 2 or np.ptp(xs) == 0:
+    raise ValueError("zipccl_jax: calibration needs at least two different sizes")
+  hi, lo = int(np.argmax(xs)), int(np.argmin(xs))
+  note = "fit"
+  if ts[hi] - ts[lo] > 2 * noise_s + _MIN_FIT_TIME_S:
+    lat, bw = _fit(xs, ts)
+  else:
+    lat, bw, note = 0.0, float(xs[hi] / ts[hi]), "throughput bound (size dependence within noise)"
+  if not (BANDWIDTH_BOUNDS_BPS[0] <= bw <= BANDWIDTH_BOUNDS_BPS[1]):
+    return None, f"unmeasurable: bandwidth {bw:.3g} B/s outside {BANDWIDTH_BOUNDS_BPS} ({note})"
+  if not (LATENCY_BOUNDS_S[0] <= lat <= LATENCY_BOUNDS_S[1]):
+    return None, f"unmeasurable: latency {lat:.3g} s outside {LATENCY_BOUNDS_S} ({note})"
+  return LinkModel(lat, bw), note
+
+
+def _in_bounds(c: CodecModel) -> bool:
+  lo, hi = BANDWIDTH_BOUNDS_BPS
+  return (all(lo <= b <= hi for b in (c.encode_Bps, c.decode_Bps))
+          and all(LATENCY_BOUNDS_S[0] <= o <= LATENCY_BOUNDS_S[1]
+                  for o in (c.encode_overhead_s, c.decode_overhead_s)))
+
+
+def _time_all(jobs: list, reps: int, warmup: int, barrier=None) -> dict[str, list]:
+  """Seconds of every repetition per job ``(name, fn, args)``; jobs are interleaved rep by rep.
 
   ``barrier()`` (untimed) runs before every timed call, so that processes start
   together, as they do inside a real collective step.
@@ -67,7 +105,7 @@ def _time_all(jobs: list, reps: int, warmup: int, barrier=None) -> dict[str, flo
       t0 = time.perf_counter()
       jax.block_until_ready(f(*args))
       ts[name].append(time.perf_counter() - t0)
-  return {k: float(statistics.median(v)) for k, v in ts.items()}
+  return ts
 
 
 class _Harness:
@@ -131,11 +169,12 @@ def _link_job(h: _Harness, coll: str, size: int):
   raise ValueError(f"zipccl_jax.calibrate: unknown collective {coll!r}")
 
 
-def _link_jobs(h: _Harness, collectives, link_bytes, jobs: list, sizes: dict) -> None:
+def _link_jobs(h: _Harness, collectives, link_bytes, jobs: list, sizes: dict,
+               prefix: str = "link") -> None:
   for coll in collectives:
     for size in link_bytes:
       f, x, sent = _link_job(h, coll, size)
-      name = f"link/{coll}/{size}"
+      name = f"{prefix}/{coll}/{size}"
       jobs.append((name, f, (x,)))
       sizes[name] = float(sent)
 
@@ -181,39 +220,59 @@ def _codec_jobs(h: _Harness, dtypes, codec_bytes, sample_np, jobs: list, sizes: 
   return ratio_obs
 
 
+def _iqr(v) -> float:
+  q75, q25 = np.percentile(np.asarray(v, np.float64), [75, 25])
+  return float(q75 - q25)
+
+
 def _agree(timings: dict, ratio_obs: dict):
-  """Every process uses the slowest process's time for every measurement: (times, gathered)."""
+  """Every process uses the slowest process's median (and the largest spread, the interquartile
+  range of the repetitions) for every measurement: (medians, spreads, gathered)."""
   names = sorted(timings)
-  allv = allgather_json({"t": [timings[k] for k in names], "r": ratio_obs, "names": names})
+  allv = allgather_json({"t": [float(statistics.median(timings[k])) for k in names],
+                         "q": [_iqr(timings[k]) for k in names], "r": ratio_obs, "names": names})
   if any(v["names"] != names for v in allv):
     raise RuntimeError("zipccl_jax.calibrate: processes measured different things")
-  return {k: max(v["t"][i] for v in allv) for i, k in enumerate(names)}, allv
+  return ({k: max(v["t"][i] for v in allv) for i, k in enumerate(names)},
+          {k: max(v["q"][i] for v in allv) for i, k in enumerate(names)}, allv)
 
 
-def _fit_links(prof: Profile, akey: str, collectives, link_bytes, sizes: dict, net) -> None:
+def _fit_links(prof: Profile, akey: str, collectives, link_bytes, sizes: dict, net, noise,
+               notes: dict, prefix: str = "link") -> None:
+  """Link models of `akey` per collective; the first measurable one is also its "*" (and, if the
+  profile has none, the "*" axis's). Unmeasurable fits leave the profile's entry as it was."""
   tab = dict(prof.links.get(akey, {}))
-  for i, coll in enumerate(collectives):
-    ks = [f"link/{coll}/{size}" for size in link_bytes]
-    lat, bw = _fit([sizes[k] for k in ks], [net(k) for k in ks])
-    tab[coll] = LinkModel(lat, bw)
-    if i == 0:
-      tab["*"] = LinkModel(lat, bw)
-  prof.links[akey] = tab
-  if "*" not in prof.links:
+  first = None
+  for coll in collectives:
+    ks = [f"{prefix}/{coll}/{size}" for size in link_bytes]
+    lk, note = fit_bounded([sizes[k] for k in ks], [net(k) for k in ks], max(noise[k] for k in ks))
+    notes[f"link[{akey}]/{coll}"] = note
+    if lk is not None:
+      tab[coll] = lk
+      first = first or lk
+  if first is not None:
+    tab["*"] = first
+  if tab:
+    prof.links[akey] = tab
+  if "*" not in prof.links and "*" in tab:
     prof.links["*"] = {"*": tab["*"]}
 
 
-def _fit_codec(prof: Profile, plat: str, dtypes, codec_bytes, sizes: dict, net, role: str,
-               ratios) -> None:
-  """Codec models per dtype; `ratios` (gathered sample ratios, or None) -> expected_ratio."""
+def _fit_codec(prof: Profile, plat: str, dtypes, codec_bytes, sizes: dict, net, noise, notes,
+               role: str, ratios) -> None:
+  """Codec models per dtype (an unmeasurable side keeps the profile's model of that dtype);
+  `ratios` (gathered sample ratios, or None) -> expected_ratio."""
   ctab = dict(prof.codec.get(plat, {}))
   for dname in dtypes:
     dname = np_dtype(dname).name
-    ke = [f"enc/{dname}/{size}" for size in codec_bytes]
-    kd = [f"dec/{dname}/{size}" for size in codec_bytes]
-    eo, ebw = _fit([sizes[k] for k in ke], [net(k) for k in ke])
-    do, dbw = _fit([sizes[k] for k in kd], [net(k) for k in kd])
-    ctab[dname] = CodecModel(ebw, dbw, eo, do)
+    side = {}
+    for what in ("enc", "dec"):
+      ks = [f"{what}/{dname}/{size}" for size in codec_bytes]
+      side[what], notes[f"codec/{what}/{dname}"] = fit_bounded(
+          [sizes[k] for k in ks], [net(k) for k in ks], max(noise[k] for k in ks))
+    if side["enc"] is not None and side["dec"] is not None:
+      e, d = side["enc"], side["dec"]
+      ctab[dname] = CodecModel(e.bandwidth_Bps, d.bandwidth_Bps, e.latency_s, d.latency_s)
     if ratios is not None:
       rs = [v["r"][dname] for v in ratios if dname in v["r"]]
       if rs:
@@ -236,7 +295,8 @@ def _in_situ(prof: Profile, h: _Harness, dname: str, raw_sent: int, role: str, s
   site = "zipccl_jax.calibrate/in_situ"
   f = h.smap(lambda v: all_to_all(v, axis_name, 0, 0, tiled=True, compress=True, capacity=cap,
                                   transport="padded", name=site))
-  t_local = _time_all([("c", f, (h.put(rows),))], reps, warmup, barrier)["c"]
+  ts = _time_all([("c", f, (h.put(rows),))], reps, warmup, barrier)["c"]
+  t_local = float(statistics.median(ts))
   strategy.forget_decision(site)
   accounting.forget_site(site)
   t_c = max(v["t"] for v in allgather_json({"t": t_local})) - base
@@ -246,11 +306,15 @@ def _in_situ(prof: Profile, h: _Harness, dname: str, raw_sent: int, role: str, s
   cm, _ = prof.codec_model(dt, plat)
   k_iso = cm.encode_time(raw_b) + cm.decode_time(raw_b)
   factor = float(min(16.0, max(0.25, k_meas / k_iso))) if k_iso > 0 else 1.0
-  prof.codec[plat] = {d: CodecModel(c.encode_Bps / factor, c.decode_Bps / factor,
-                                    c.encode_overhead_s * factor, c.decode_overhead_s * factor)
-                      for d, c in prof.codec.get(plat, {}).items()}
+  scaled = {d: CodecModel(c.encode_Bps / factor, c.decode_Bps / factor,
+                          c.encode_overhead_s * factor, c.decode_overhead_s * factor)
+            for d, c in prof.codec.get(plat, {}).items()}
+  applied = all(_in_bounds(c) for c in scaled.values())  # else the isolated models stay
+  if applied:
+    prof.codec[plat] = scaled
   return {"dtype": dt.name, "chunk_elems": m, "capacity": cap, "compressed_a2a_s": t_c,
-          "codec_measured_s": k_meas, "codec_isolated_s": k_iso, "factor": factor}
+          "codec_measured_s": k_meas, "codec_isolated_s": k_iso, "factor": factor,
+          "applied": applied}
 
 
 def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = True,
@@ -258,7 +322,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
               link_bytes: tuple = (256 << 10, 4 << 20), codec_bytes: tuple = (64 << 10, 1 << 20),
               dtypes: Iterable[str] = ("bfloat16", "float32"), sample=None,
               role: str = "activation", in_situ: bool = True, reps: int = 7, warmup: int = 1,
-              save=None, activate: bool = True) -> Profile:
+              levels: bool = True, save=None, activate: bool = True) -> Profile:
   """Measures the link over ``axis_name`` of ``mesh`` and the codec; returns a Profile.
 
   Link: for each collective in ``collectives`` ("all_to_all", "all_gather",
@@ -291,6 +355,18 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   Choose ``link_bytes`` to span the messages of the program: the fit is linear,
   and small messages on shaped or congested links are not (bursts, windows).
 
+  Levels (``levels``, for a tuple of axes such as ``("host", "local")``): each axis's link is
+  measured too, by the same collectives over that axis alone (every device at once, so a
+  per-device rate under the load of its peers), interleaved with the rest; the profile then has
+  a link model per level, which is what lets :mod:`zipccl_jax.hierarchical` decompose
+  collectives over the tuple.
+
+  Robustness: every measurement is repeated ``reps`` times, interleaved, and the median is fitted
+  (:func:`fit_bounded`); a size dependence within the repetitions' spread gives a throughput
+  bound instead of a slope fitted to noise, and a fit outside ``BANDWIDTH_BOUNDS_BPS`` /
+  ``LATENCY_BOUNDS_S`` is left out of the profile (the previous or default model stays) and
+  named in ``meta["calibration"]["fits"]`` as unmeasurable.
+
   Multi-process: every process runs the same measurements at the same time
   (this is a collective), then all use the slowest process's time for every
   measurement, so every rank computes the same profile (equal
@@ -314,20 +390,28 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   sizes: dict[str, float] = {}     # name -> bytes (x of the fit)
   # Dispatch of an (almost) empty program, subtracted from every measurement.
   jobs.append(("null", h.smap(lambda v: v + jnp.uint8(1)), (h.put(np.zeros((1, 64), np.uint8)),)))
+  axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  level_h = [_Harness(mesh, a) for a in axes] if link and levels and len(axes) > 1 else []
   if link:
     _link_jobs(h, collectives, link_bytes, jobs, sizes)
+    for lh in level_h:
+      _link_jobs(lh, collectives, link_bytes, jobs, sizes, prefix=f"link[{lh.akey}]")
   ratio_obs = _codec_jobs(h, dtypes, codec_bytes, sample_np, jobs, sizes) if codec else {}
   barrier = h.barrier()
-  t, allv = _agree(_time_all(jobs, reps, warmup, barrier), ratio_obs)
+  t, noise, allv = _agree(_time_all(jobs, reps, warmup, barrier), ratio_obs)
   base = t["null"]
 
   def net(k):
     return max(0.0, t[k] - base)
 
+  notes: dict[str, str] = {}
   if link:
-    _fit_links(prof, h.akey, collectives, link_bytes, sizes, net)
+    _fit_links(prof, h.akey, collectives, link_bytes, sizes, net, noise, notes)
+    for lh in level_h:
+      _fit_links(prof, lh.akey, collectives, link_bytes, sizes, net, noise, notes,
+                 prefix=f"link[{lh.akey}]")
   if codec:
-    _fit_codec(prof, h.plat, dtypes, codec_bytes, sizes, net, role,
+    _fit_codec(prof, h.plat, dtypes, codec_bytes, sizes, net, noise, notes, role,
                allv if sample_np is not None else None)
   in_situ_info = None
   if codec and link and in_situ and h.n > 1 and "all_to_all" in collectives:
@@ -338,7 +422,9 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   prof.meta["calibration"] = {
       "mesh": {str(k): int(v) for k, v in mesh.shape.items()}, "axis": h.akey, "axis_size": h.n,
       "processes": int(jax.process_count()), "devices": h.ndev, "platform": h.plat,
-      "reps": reps, "dispatch_s": base,
+      "reps": reps, "dispatch_s": base, "fits": notes,
+      "levels": [lh.akey for lh in level_h],
+      "spread_s": {k: noise[k] for k in sorted(t) if k != "null"},
       "net_s": {k: net(k) for k in sorted(t) if k != "null"},
       "bytes": {k: sizes[k] for k in sorted(t) if k in sizes}, "in_situ": in_situ_info}
   prof.validate()

@@ -1,16 +1,14 @@
 """Lossless compressed collectives: drop-in replacements for ``jax.lax``.
 
-``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum`` and ``ppermute``
-take the same positional arguments as their ``jax.lax`` namesakes and must be
-called inside ``jax.shard_map`` (under ``jit`` or not). Each one encodes its
-chunks with the zipccl codec, runs the ``jax.lax`` collective on the uint8
-payload, and decodes on the receiving side. Data-movement collectives return
-results bit-identical to ``jax.lax``; reductions return the documented
-fixed-order float32 reduction (see `psum_scatter`). Whenever a float message
-goes raw (``compress=False``, ``"auto"`` deciding raw, or the overflow
-fallback) its bit pattern moves as a uint16/uint32 view, so NaN payloads
-survive too (XLA:CPU's own 16-bit float collectives widen to float32 on the
-wire and quiet signalling NaNs).
+``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum`` and ``ppermute`` take the same
+positional arguments as their ``jax.lax`` namesakes and must be called inside ``jax.shard_map``
+(under ``jit`` or not). Each one encodes its chunks with the zipccl codec, runs the ``jax.lax``
+collective on the uint8 payload, and decodes on the receiving side. Data-movement collectives
+return results bit-identical to ``jax.lax``; reductions return the documented fixed-order float32
+reduction (see `psum_scatter`). Whenever a float message goes raw (``compress=False``, ``"auto"``
+deciding raw, or the overflow fallback) its bit pattern moves as a uint16/uint32 view, so NaN
+payloads survive too (XLA:CPU's own 16-bit float collectives widen to float32 on the wire and
+quiet signalling NaNs).
 
 Keyword options shared by all five:
 
@@ -34,8 +32,8 @@ Keyword options shared by all five:
   ``lax.platform_dependent``), ``"padded"`` or ``"ragged"``.
 * ``name``: call-site name for :func:`stats` (default: ``op@file:line``).
 
-What crosses the wire, the own-row skipping, the ragged transport and the
-uniform overflow fallback are the protocol of :mod:`zipccl_jax._exchange`.
+What crosses the wire, the own-row skipping, the ragged transport and the uniform overflow
+fallback are the protocol of :mod:`zipccl_jax._exchange`.
 
 Autodiff
 --------
@@ -66,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from zipccl_jax import _exchange, accounting, strategy
+from zipccl_jax import _exchange, accounting, hierarchical, strategy
 from zipccl_jax._shard import (axes_of, axis_size, call_site, canonical_axis, check_no_groups,
                                check_perm, check_split, check_vma_on, itemsize, tree_apply, vary)
 from zipccl_jax.capacity import CODED_DTYPES, split_capacity
@@ -117,6 +115,8 @@ def _collective(recipe: _Recipe, x, axis_name, args, *, compress, capacity, tran
     x = jnp.asarray(x)
     n = axis_size(axis_name, recipe.op)
     params, m, raw_reason = recipe.params(x, n, axis_name, args)
+    if (lp := hierarchical.plan(recipe.op, x, axis_name, params, compress, fwd_cap, site, role)):
+      return hierarchical.run(lp, x, params, globals(), capacity=fwd_cap, transport=transport)
     p = strategy.plan(recipe.op, x.dtype, m, axis_size=n, compress=compress, capacity=fwd_cap,
                       role=role, site=site, axis_name=axis_name, transport=transport,
                       raw_reason=raw_reason)

@@ -112,7 +112,7 @@ from zipccl_jax.capacity import (BLOCK_SLACK_BYTES, CODED_DTYPES, padded_capacit
 from zipccl_jax.profile import (Profile, axis_key, current_platform, get_profile, np_dtype,
                                 platform_key)
 
-__all__ = ["Decision", "Plan", "plan", "decide", "explain", "decisions", "reset_decisions",
+__all__ = ["Decision", "Plan", "plan", "decide", "explain", "decisions", "reset_decisions", "log_decision",
            "crossover_bandwidth", "observed_capacity"]
 
 _LOG = logging.getLogger("zipccl_jax.strategy")
@@ -171,6 +171,14 @@ def decisions() -> dict[str, Decision]:
 def reset_decisions() -> None:
   with _DECISIONS_LOCK:
     _DECISIONS.clear()
+
+
+def log_decision(d: Decision) -> None:
+  """Records a decision made outside :func:`decide` (a two-level call's algorithm, hierarchical.py)."""
+  with _DECISIONS_LOCK:
+    _DECISIONS[d.site] = d
+  if _LOG.isEnabledFor(logging.DEBUG):
+    _LOG.debug("%s", d.summary())
 
 
 def forget_decision(site: str) -> None:

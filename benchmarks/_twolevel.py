@@ -1,0 +1,372 @@
+"""``collectives.py --mesh HxL``: collectives over a two-level mesh, H processes ("hosts") x L CPU devices.
+
+Each process runs in its own network namespace of a ``_netns.Fabric``: traffic between the L devices of one
+process (XLA:CPU moves it through gloo over TCP too) stays on that host's unshaped loopback, and only traffic
+between processes crosses the tbf-shaped link. The mesh is ``("host", "local") = (H, L)``, host = process.
+
+Per case (collective x payload) and rate, every variant of the collective over ``("host", "local")`` is timed
+``--reps`` times after ``--warmup``, interleaved (one repetition of every variant, then the next), with a
+barrier before each; a repetition counts its slowest process. One JSON record per (case, rate, variant):
+``mesh``, ``axes``, ``collective``, ``algorithm`` ("flat" or "hierarchical"), ``compress`` (True, False,
+"auto"), ``plan`` (what "auto" chose, per call site), ``median_s``, ``spread_s`` (interquartile range),
+``rep_times_s``, ``bit_identical`` (against ``reference``: jax.lax on the bit patterns for data movement; for
+psum_scatter the same algorithm with compress=False, since each algorithm documents its own summation order),
+the link probe, the machine load and the allocator.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import _netns
+import _stats
+
+AXES = ("host", "local")
+# The default cases of a two-level run: one payload per collective (`--cases` picks others from CASES).
+DEFAULT_CASES = ("all_to_all:moe_dispatch", "all_gather:params_moe_experts", "psum_scatter:grads_moe_experts")
+PORT = 12355  # inside fresh private namespaces every port is free
+
+
+def parse_mesh(spec: str) -> tuple[int, int]:
+    """'2x4' -> (2, 4): hosts (processes) x local devices per process."""
+    try:
+        h, l = (int(t) for t in spec.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--mesh must look like HxL (e.g. 2x4), got {spec!r}") from None
+    if h < 1 or l < 1:
+        raise ValueError(f"--mesh needs H >= 1 and L >= 1, got {spec!r}")
+    return h, l
+
+
+# ----------------------------------------------------------------------------------------------- variants
+def _uint_like(dtype):
+    import jax.numpy as jnp
+    return {2: jnp.uint16, 4: jnp.uint32}[jnp.dtype(dtype).itemsize]
+
+
+def _call(coll: str):
+    """f(module, v, **kw): the collective over AXES with the benchmark's fixed layout arguments."""
+    if coll == "all_to_all":
+        return lambda m, v, **kw: m.all_to_all(v, AXES, 0, 0, tiled=True, **kw)
+    if coll == "all_gather":
+        return lambda m, v, **kw: m.all_gather(v, AXES, axis=0, tiled=True, **kw)
+    if coll == "psum_scatter":
+        return lambda m, v, **kw: m.psum_scatter(v, AXES, scatter_dimension=0, tiled=True, **kw)
+    raise ValueError(coll)
+
+
+# What "auto" runs, by the algorithm it chose: the variant tracing the same program (same phases, modes,
+# capacities and transport), so the two medians differ by noise only. A flat choice is flat_auto's program.
+_SAME_PROGRAM = {"hierarchical(host:r,local:r)": "hierarchical_raw",
+                 "hierarchical(host:c,local:r)": "hierarchical_compressed",
+                 "hierarchical(host:c,local:c)": "hierarchical_all_compressed"}
+
+
+def variants(coll: str, zc, site: str) -> dict[str, dict]:
+    """name -> {'algorithm', 'compress', 'reference', 'body'} for one collective over AXES (call site `site`).
+
+    ``lax_bits`` is jax.lax on the bit patterns (XLA:CPU widens BF16 collectives to F32 on the wire, so lax on
+    BF16 itself is no fair baseline); for psum_scatter it is an all_to_all of the bits plus a local float32
+    sum, and no reference (its sum order is not the library's).
+    """
+    import jax.numpy as jnp
+    from jax import lax
+
+    call = _call(coll)
+
+    def lax_bits(v):
+        u = lax.bitcast_convert_type(v, _uint_like(v.dtype))
+        if coll != "psum_scatter":
+            return lax.bitcast_convert_type(call(lax, u), v.dtype)
+        n = lax.psum(1, AXES)
+        r = lax.bitcast_convert_type(lax.all_to_all(u.reshape(n, -1), AXES, 0, 0, tiled=True), v.dtype)
+        return jnp.sum(r.astype(jnp.float32), axis=0).astype(v.dtype)
+
+    data_ref = "lax_bits" if coll != "psum_scatter" else None
+    out = {"lax_bits": {"algorithm": "flat", "compress": False, "reference": None, "body": lax_bits}}
+    use = getattr(zc, "use_algorithm", None)  # zipccl_jax.hierarchical (two-level collectives)
+    pinned = (lambda alg, levels=None: use(alg, levels)) if use else (lambda *a: contextlib.nullcontext())
+
+    def body(mode, alg, levels=None):
+        def f(v):
+            with pinned(alg, levels):  # the algorithm is chosen at trace time, inside the body
+                return call(zc, v, compress=mode, name=site)
+        return f
+
+    for name, mode in (("flat_raw", False), ("flat_compressed", True), ("flat_auto", "auto")):
+        out[name] = {"algorithm": "flat", "compress": mode, "reference": data_ref or "flat_raw",
+                     "body": body(mode, "flat")}
+    out["flat_raw"]["reference"] = data_ref
+    if use is None:
+        return out
+    for name, levels in (("hierarchical_raw", {"host": False, "local": False}),
+                         ("hierarchical_compressed", {"host": True, "local": False}),
+                         ("hierarchical_all_compressed", {"host": True, "local": True})):
+        out[name] = {"algorithm": "hierarchical", "compress": levels, "body": body(True, "hierarchical", levels),
+                     "reference": data_ref or ("hierarchical_raw" if name != "hierarchical_raw" else None)}
+    # "auto": compress="auto" and the algorithm from the cost model (reference set once it has chosen)
+    out["auto"] = {"algorithm": "auto", "compress": "auto", "reference": data_ref, "body": body("auto", "auto")}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- worker
+def _mesh_and_sharding(h: int, l: int):
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    devs = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    grid = np.array(devs, dtype=object).reshape(h, l)
+    for i in range(h):  # the "host" axis must be the process axis, or the shaped link splits nothing
+        assert {d.process_index for d in grid[i]} == {i}, f"row {i} of the mesh spans processes: {grid[i]}"
+    mesh = Mesh(grid, AXES)
+    return mesh, NamedSharding(mesh, P(AXES))
+
+
+def _local_payload(case, rank: int, h: int, l: int, args):
+    """This process's share of the global operand: its L devices' payloads, concatenated along axis 0."""
+    import numpy as np
+    from collectives import load_payload
+
+    n = h * l
+    return np.concatenate([load_payload(case, rank * l + j, n, args.corpus, args.max_elems) for j in range(l)])
+
+
+def worker_mesh(args) -> None:
+    import jax
+    import numpy as np
+
+    h, l = parse_mesh(args.mesh)
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", l)
+    jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=h, process_id=args.rank,
+                               initialization_timeout=120)
+    _netns.bind_gloo(args.gloo_host)
+    from jax.experimental import multihost_utils
+
+    import collectives as bench
+    import zipccl_jax as zc
+    zs = importlib.import_module("zipccl_jax.strategy")
+
+    rank = args.rank
+    mesh, shard = _mesh_and_sharding(h, l)
+    ctl = _netns.ControlDir(Path(args.ctl))
+
+    def sm(body):
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P(AXES), out_specs=jax.P(AXES)))
+
+    def log(*a):
+        if rank == 0:
+            print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+    def anywhere(flag: bool) -> bool:
+        return bool(multihost_utils.process_allgather(np.array([flag])).any())
+
+    bar_fn = sm(lambda v: jax.lax.psum(v, AXES))
+    bar_in = jax.make_array_from_process_local_data(shard, np.ones((l,), np.float32))
+    bar_fn(bar_in).block_until_ready()
+
+    def barrier():
+        bar_fn(bar_in).block_until_ready()
+
+    if args.cases:  # substrings, as in the flat run
+        cases = [c for c in bench.CASES if any(s in f"{c[0]}:{c[1]}" for s in args.cases.split(","))]
+    else:
+        cases = [c for c in bench.CASES if f"{c[0]}:{c[1]}" in DEFAULT_CASES]
+    prepared = []
+    for case in cases:
+        coll = case[0]
+        gx = jax.make_array_from_process_local_data(shard, _local_payload(case, rank, h, l, args))
+        vs = variants(coll, zc, f"{coll}:{case[1]}")
+        for v in vs.values():
+            v["fn"] = sm(v["body"])
+        prepared.append((case, gx, vs))
+        log(f"prepared {coll}:{case[1]} global {gx.shape} {gx.dtype} variants {sorted(vs)}")
+
+    k = 0
+    while True:
+        go = ctl.wait_go(k, timeout_s=args.phase_timeout)
+        if go is None:
+            break
+        prof, calib_error = _calibrate(zc, mesh, log)
+        records = []
+        for case, gx, vs in prepared:
+            records += _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log)
+        if rank == 0:
+            (Path(args.ctl) / f"results_{k}.json").write_text(json.dumps(records))
+        barrier()
+        ctl.done(k, rank)
+        k += 1
+    jax.distributed.shutdown()
+
+
+def _calibrate(zc, mesh, log):
+    """A profile measured at this rate over AXES and, where the library measures levels, over each axis
+    (for compress="auto"); (None, reason) when it fails."""
+    try:
+        prof = zc.calibrate(mesh, AXES, profile=zc.Profile(), activate=False)
+        return prof, None
+    except Exception as e:  # noqa: BLE001 - recorded in every record, auto then runs on the default profile
+        log("calibrate failed:", type(e).__name__, e)
+        return None, f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log) -> list[dict]:
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    coll, payload, tensor, dtype, _ = case
+    plans = {}
+    for name, v in vs.items():  # "auto" variants decide again under this rate's profile
+        if v["compress"] == "auto":
+            zs.reset_decisions()
+            with zc.use_profile(prof if prof is not None else zc.get_profile()):
+                v["fn"] = sm(v["body"])
+                v["fn"].lower(gx).compile()
+            ds = zc.decisions()
+            plans[name] = [d.summary() for d in ds.values()]
+            levels = [d for s_, d in ds.items() if s_.endswith(" [levels]")]
+            if name == "auto":  # the algorithm the model chose decides the reference
+                v["chosen"] = levels[0].algorithm if levels else "flat"
+                v["same_as"] = "flat_auto" if v["chosen"] == "flat" else _SAME_PROGRAM.get(v["chosen"])
+                if coll == "psum_scatter":
+                    v["reference"] = "flat_raw" if v["chosen"] == "flat" else "hierarchical_raw"
+    outs = {name: np.asarray(v["fn"](gx).addressable_data(0)).view(np.uint8) for name, v in vs.items()}
+    identical = {name: (None if v["reference"] is None else
+                        not anywhere(not np.array_equal(outs[name], outs[v["reference"]])))
+                 for name, v in vs.items()}
+    times = {name: [] for name in vs}
+    for rep in range(args.warmup + args.reps):
+        for name, v in vs.items():  # interleaved: drift hits every variant alike
+            barrier()
+            t0 = time.perf_counter()
+            v["fn"](gx).block_until_ready()
+            if rep >= args.warmup:
+                times[name].append(time.perf_counter() - t0)
+    names = sorted(vs)
+    allt = multihost_utils.process_allgather(np.array([times[n] for n in names]))  # (procs, variants, reps)
+    slowest = allt.max(axis=0)
+    load = _stats.machine_load()
+    records = []
+    for i, name in enumerate(names):
+        reps = [float(t) for t in slowest[i]]
+        v = vs[name]
+        records.append({
+            "mesh": args.mesh, "axes": list(AXES), "collective": coll, "payload": payload, "dtype": dtype,
+            "tensor": tensor if args.corpus else "synthetic_gaussian", "global_shape": list(gx.shape),
+            "rate_gbit": go["rate_gbit"], "link_MBps": go.get("link_MBps"), "variant": name,
+            "algorithm": v.get("chosen", "flat" if v["algorithm"] == "auto" else v["algorithm"]).split("(")[0],
+            "compress": any(v["compress"].values()) if isinstance(v["compress"], dict) else v["compress"],
+            "levels": v["compress"] if isinstance(v["compress"], dict) else None,
+            "plan": plans.get(name), "chosen": v.get("chosen"), "same_program_as": v.get("same_as"),
+            **_stats.summary(reps), "rep_times_s": reps, "bit_identical": identical[name],
+            "reference": v["reference"], "calibrate_error": calib_error if name in plans else None, **load,
+        })
+    log(f"{_netns.rate_label(go['rate_gbit']):>9} {coll}:{payload} " +
+        " ".join(f"{r['variant']}={r['median_s'] * 1e3:.1f}±{r['spread_s'] * 1e3:.1f}ms" for r in records))
+    return records
+
+
+# ----------------------------------------------------------------------------------------------- launcher
+def derive(records: list[dict]) -> None:
+    """Add per-record ratios against flat_compressed and the best variant of the same case and rate (the
+    best of the zipccl variants and lax_bits), paired repetition by repetition."""
+    groups: dict = {}
+    for r in records:
+        groups.setdefault((r["rate_gbit"], r["collective"], r["payload"]), []).append(r)
+    for rs in groups.values():
+        by = {r["variant"]: r for r in rs}
+        best = min(rs, key=lambda r: r["median_s"])
+        for r in rs:
+            r["best_variant"] = best["variant"]
+            r["over_best"] = _stats.paired_ratio(r["rep_times_s"], best["rep_times_s"])
+            if "flat_compressed" in by:
+                r["over_flat_compressed"] = _stats.paired_ratio(r["rep_times_s"], by["flat_compressed"]["rep_times_s"])
+            if r.get("same_program_as") in by:  # the run-to-run noise of one program, for scale
+                r["over_same_program"] = _stats.paired_ratio(r["rep_times_s"], by[r["same_program_as"]]["rep_times_s"])
+
+
+def summary_table(records: list[dict]) -> str:
+    lines = [f"{'rate':>9} {'collective:payload':<34} {'variant':<28} {'median ms':>10} {'spread':>8} "
+             f"{'/flat_comp':>10} {'/best':>7} bit-identical"]
+    for r in records:
+        fc = r.get("over_flat_compressed", {}).get("ratio")
+        lines.append(f"{_netns.rate_label(r['rate_gbit']):>9} {r['collective'] + ':' + r['payload']:<34} "
+                     f"{r['variant']:<28} {r['median_s'] * 1e3:>10.1f} {r['spread_s'] * 1e3:>8.1f} "
+                     f"{'-' if fc is None else format(fc, '.3f'):>10} {r['over_best']['ratio']:>7.3f} "
+                     f"{r['bit_identical']}" + (f" (runs {r['same_program_as']}'s program: "
+                                                 f"{r['over_same_program']['ratio']:.3f} of its median)"
+                                                 if "over_same_program" in r else ""))
+    return "\n".join(lines)
+
+
+def launch_mesh(args) -> list[dict]:
+    h, l = parse_mesh(args.mesh)
+    rates = _netns.parse_rates(args.rates)
+    if args.no_netns and any(r is not None for r in rates):
+        raise SystemExit("--no-netns runs on the unshaped host loopback; use --rates unshaped")
+    allocator, preload = _netns.resolve_allocator(args.allocator, measuring=not args.no_netns)
+    tmp = _netns.make_tempdir("zccl_mesh_")
+    fabric = workers = None
+    ok = False
+    try:
+        if not args.no_netns:
+            try:
+                fabric = _netns.Fabric(h)
+            except _netns.NetNSError as e:
+                raise SystemExit(f"error: {e}") from None
+            fabric.set_rate(rates[0])
+            hosts = [fabric.address(i) for i in range(h)]
+            port = PORT
+        else:
+            hosts, port = ["127.0.0.1"] * h, _netns.free_port()
+        ctl = _netns.ControlDir(tmp / "ctl")
+        env = _netns.worker_env(preload=preload)
+        common = ["--mesh", args.mesh, "--coordinator", f"{hosts[0]}:{port}", "--ctl", str(ctl.path),
+                  "--reps", str(args.reps), "--warmup", str(args.warmup), "--phase-timeout", str(args.timeout)]
+        common += ["--corpus", str(Path(args.corpus).resolve())] if args.corpus else []
+        common += ["--max-elems", str(args.max_elems)] if args.max_elems else []
+        common += ["--cases", args.cases] if args.cases else []
+        script = str(Path(__file__).resolve().parent / "collectives.py")
+        argvs = [[sys.executable, script, "--worker", "--rank", str(i), "--gloo-host", hosts[i]] + common
+                 for i in range(h)]
+        print(f"launching {h} processes x {l} devices "
+              f"({'fabric ' + fabric.switch if fabric else 'host loopback, no namespaces'}); logs in {tmp}",
+              flush=True)
+        workers = _netns.Workers(argvs, netns=fabric, logdir=tmp, env=env, timeout_s=args.timeout,
+                                 cwd=str(Path(script).parent.parent))
+        records: list[dict] = []
+        for k, rate in enumerate(rates):
+            if fabric is not None:
+                fabric.set_rate(rate)
+            mbps = (_netns.measure_fabric_MBps(fabric, nbytes=args.link_probe_mb << 20)
+                    if fabric is not None and h > 1 and args.link_probe_mb else None)
+            print(f"phase {k}: {_netns.rate_label(rate)}" + (f", host-to-host TCP {mbps:.0f} MB/s" if mbps else ""),
+                  flush=True)
+            ctl.go(k, {"rate_gbit": rate, "link_MBps": mbps})
+            ctl.wait_done(k, h, workers)
+            recs = json.loads((ctl.path / f"results_{k}.json").read_text())
+            for rec in recs:
+                rec["allocator"] = allocator
+                if allocator != "tcmalloc":
+                    rec["allocator_warning"] = _netns.GLIBC_WARNING
+            derive(recs)
+            records += recs
+        ctl.stop()
+        workers.wait()
+        ok = True
+        return records
+    except _netns.WorkerFailed as e:
+        raise SystemExit(f"error: {e}\n(worker logs kept in {tmp})") from None
+    finally:
+        if workers is not None:
+            workers.kill()
+        if fabric is not None:
+            fabric.close()
+        if ok and not args.keep_logs:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,252 @@
+"""Two-level collectives (zipccl_jax/hierarchical.py) on 8 virtual CPU devices, mesh ("host", "local") = (2, 4).
+
+Every variant (flat raw/compressed, hierarchical with each phase raw or compressed) is compared bit for bit:
+data movement against jax.lax on the bit patterns, psum_scatter against the order its algorithm documents.
+"""
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import zipccl_jax
+from zipccl_jax import hierarchical, strategy
+from zipccl_jax.profile import LinkModel, Profile
+
+H, L = 2, 4
+AXES = ("host", "local")
+pytestmark = pytest.mark.skipif(jax.device_count() < H * L, reason="needs 8 devices")
+
+VARIANTS = [("flat", None, False), ("flat", None, True)] + [
+    ("hierarchical", {"host": cs, "local": cf}, None) for cs, cf in itertools.product((False, True), repeat=2)]
+
+
+def _mesh():
+  return Mesh(np.array(jax.devices()[:H * L]).reshape(H, L), AXES)
+
+
+def _two_level_profile(host_Bps=3e7, local_Bps=3e9):
+  """A slow host level, a fast local one, and the flat tuple as slow as the host level."""
+  p = Profile()
+  p.links = {"host": {"*": LinkModel(1e-4, host_Bps)}, "local": {"*": LinkModel(1e-5, local_Bps)},
+             "host,local": {"*": LinkModel(2e-4, host_Bps)}}
+  return p
+
+
+def _payload(shape, dtype, seed=0):
+  """Gaussian values with NaN payloads, +-0, +-Inf and subnormals mixed in (bit patterns count)."""
+  rng = np.random.default_rng(seed)
+  x = (rng.standard_normal(shape, np.float32) * 0.02).astype(dtype)
+  u = x.reshape(-1).view(np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32)
+  specials = ([0x7FC1, 0xFFA3, 0x8000, 0x0000, 0x7F80, 0xFF80, 0x0001, 0x8003]
+              if u.dtype == np.uint16 else
+              [0x7FC00001, 0xFFA00003, 0x80000000, 0, 0x7F800000, 0xFF800000, 1, 0x80000005])
+  idx = rng.choice(u.size, size=min(u.size, 64), replace=False)
+  u[idx] = np.resize(np.array(specials, u.dtype), idx.size)
+  return x
+
+
+def _run(mesh, body, x, spec=P(AXES)):
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+  return np.asarray(f(jax.device_put(x, NamedSharding(mesh, spec))))
+
+
+def _bits(a):
+  return np.asarray(a).view(np.uint8)
+
+
+def _variant_body(op_fn, alg, levels, compress):
+  def body(v):
+    mode = compress if alg == "flat" else True
+    with hierarchical.use_algorithm(alg, levels):
+      return op_fn(v, mode)
+  return body
+
+
+def _uint(dtype):
+  return jnp.uint16 if np.dtype(dtype).itemsize == 2 else jnp.uint32
+
+
+@pytest.mark.parametrize("dtype,axis,tiled", [(ml_dtypes.bfloat16, 0, True), (np.float32, 1, True),
+                                              (ml_dtypes.bfloat16, 2, False)])
+def test_all_gather_every_variant_bit_identical(dtype, axis, tiled):
+  mesh = _mesh()
+  x = _payload((H * L * 8, 96), dtype)
+
+  def lax_bits(v):
+    u = jax.lax.bitcast_convert_type(v, _uint(v.dtype))
+    return jax.lax.bitcast_convert_type(jax.lax.all_gather(u, AXES, axis=axis, tiled=tiled), v.dtype)
+
+  ref = _bits(_run(mesh, lambda v: lax_bits(v)[None], x))
+  for alg, levels, compress in VARIANTS:
+    op = lambda v, c: zipccl_jax.all_gather(v, AXES, axis=axis, tiled=tiled, compress=c)[None]  # noqa: E731
+    got = _bits(_run(mesh, _variant_body(op, alg, levels, compress), x))
+    assert np.array_equal(got, ref), (alg, levels, compress)
+
+
+@pytest.mark.parametrize("dtype,split,concat,tiled", [(ml_dtypes.bfloat16, 0, 0, True), (np.float32, 0, 1, True),
+                                                      (ml_dtypes.bfloat16, 1, 0, True),
+                                                      (np.float32, 1, 2, False)])
+def test_all_to_all_every_variant_bit_identical(dtype, split, concat, tiled):
+  mesh = _mesh()
+  shape = [H * L * 2, 24, 40]
+  if not tiled:
+    shape[split] = H * L
+  x = _payload((H * L * shape[0],) + tuple(shape[1:]), dtype, seed=1)
+
+  def lax_bits(v):
+    u = jax.lax.bitcast_convert_type(v, _uint(v.dtype))
+    return jax.lax.bitcast_convert_type(jax.lax.all_to_all(u, AXES, split, concat, tiled=tiled), v.dtype)
+
+  def wrap(f):  # keep the leading (sharded) dimension: a per-device result of any shape
+    return lambda v: f(v)[None]
+
+  ref = _bits(_run(mesh, wrap(lax_bits), x))
+  for alg, levels, compress in VARIANTS:
+    op = lambda v, c: zipccl_jax.all_to_all(v, AXES, split, concat, tiled=tiled, compress=c)  # noqa: E731
+    got = _bits(_run(mesh, wrap(_variant_body(op, alg, levels, compress)), x))
+    assert np.array_equal(got, ref), (alg, levels, compress)
+
+
+def _ordered_sums(xs, dtype, hierarchical_order):
+  """The documented order: flat = one float32 sum over ranks 0..n-1, rounded once; hierarchical = per host
+  the float32 sum over local ranks, rounded to dtype, then the float32 sum over hosts, rounded once."""
+  f32 = [np.asarray(x, np.float32) for x in xs]
+  if not hierarchical_order:
+    acc = np.zeros_like(f32[0])
+    for v in f32:
+      acc = acc + v
+    return acc.astype(dtype)
+  acc = np.zeros_like(f32[0])
+  for h in range(H):
+    part = np.zeros_like(f32[0])
+    for l in range(L):
+      part = part + f32[h * L + l]
+    acc = acc + part.astype(dtype).astype(np.float32)
+  return acc.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype,dim,tiled", [(ml_dtypes.bfloat16, 0, True), (np.float32, 1, True),
+                                             (ml_dtypes.bfloat16, 1, False)])
+def test_psum_scatter_documented_order_per_algorithm(dtype, dim, tiled):
+  mesh = _mesh()
+  per = [H * L * 4, 48] if dim == 0 else [6, H * L * 8]
+  if not tiled:
+    per[dim] = H * L
+  rng = np.random.default_rng(3)
+  xs = [(rng.standard_normal(per, np.float32) * 0.02).astype(dtype) for _ in range(H * L)]
+  x = np.concatenate([v[None] for v in xs])  # (n, *per): device r holds xs[r]
+  spec = P(AXES)
+  want = {}
+  for hier in (False, True):
+    full = _ordered_sums(xs, dtype, hier)
+    if tiled:
+      want[hier] = np.stack(np.split(full, H * L, axis=dim))
+    else:
+      want[hier] = np.stack([np.take(full, r, axis=dim) for r in range(H * L)])
+  for alg, levels, compress in VARIANTS:
+    op = lambda v, c: zipccl_jax.psum_scatter(v[0], AXES, scatter_dimension=dim, tiled=tiled, compress=c)[None]  # noqa: E731
+    got = _run(mesh, _variant_body(op, alg, levels, compress), x, spec)
+    assert np.array_equal(_bits(got), _bits(want[alg == "hierarchical"])), (alg, levels, compress)
+
+
+def test_hierarchical_compressed_codes_only_the_slow_level():
+  """HLO: the slow phase (groups of H) moves uint8 frames, the fast one (groups of L) raw bit patterns."""
+  mesh = _mesh()
+  x = _payload((H * L * 4096,), ml_dtypes.bfloat16)
+
+  def body(v):
+    with hierarchical.use_algorithm("hierarchical", {"host": True, "local": False}):
+      return zipccl_jax.all_gather(v, AXES, tiled=True)[None]
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXES), out_specs=P(AXES)))
+  hlo = f.lower(jax.device_put(x, NamedSharding(mesh, P(AXES)))).compile().as_text()
+  colls = [c for c in zipccl_jax.hlo_collectives(hlo, num_devices=H * L)
+           if c["op"] == "all-gather" and not c["fallback"]]
+  by_group = {}
+  for c in colls:
+    by_group.setdefault(c["group_size"], set()).add(c["shape"].split("[")[0].lstrip("("))
+  assert "u8" in by_group[H] and by_group[L] == {"u16"}, colls
+
+
+def test_auto_picks_hierarchical_on_a_slow_host_link_and_explains_why():
+  mesh = _mesh()
+  x = _payload((H * L * 65536,), ml_dtypes.bfloat16)
+  strategy.reset_decisions()
+  with zipccl_jax.use_profile(_two_level_profile()):
+    out = _run(mesh, lambda v: zipccl_jax.all_gather(v, AXES, tiled=True, name="ag")[None], x)
+  ref = np.broadcast_to(x.reshape(1, -1), (H * L, x.size))
+  assert np.array_equal(_bits(out.reshape(H * L, -1)), _bits(ref))
+  ds = zipccl_jax.decisions()
+  lv = ds["ag [levels]"]
+  assert lv.algorithm.startswith("hierarchical(host:c"), lv
+  assert "flat raw" in lv.reason and "flat compressed" in lv.reason, lv.reason
+  assert "ag/host" in ds and ds["ag/host"].compress and "ag/local" in ds and not ds["ag/local"].compress
+  assert "ag [levels]" in zipccl_jax.explain()
+
+
+def test_auto_stays_flat_without_per_level_links():
+  """No link model for the levels: the call is the flat collective, as before (no [levels] decision)."""
+  mesh = _mesh()
+  x = _payload((H * L * 1024,), ml_dtypes.bfloat16)
+  strategy.reset_decisions()
+  _run(mesh, lambda v: zipccl_jax.all_gather(v, AXES, tiled=True, name="ag_flat")[None], x)
+  assert "ag_flat [levels]" not in zipccl_jax.decisions() and "ag_flat" in zipccl_jax.decisions()
+
+
+def test_grad_of_hierarchical_all_to_all_is_bit_identical_to_lax():
+  mesh = _mesh()
+  x = _payload((H * L * H * L * 2, 16), np.float32, seed=5)
+  w = _payload((H * L * H * L * 2, 16), np.float32, seed=6)
+  spec = P(AXES)
+
+  def loss(fn):
+    def f(v, w):
+      return jnp.sum(fn(v) * w)
+    return jax.jit(jax.shard_map(jax.grad(f), mesh=mesh, in_specs=(spec, spec), out_specs=spec))
+
+  def hier(v):
+    with hierarchical.use_algorithm("hierarchical", {"host": True, "local": False}):
+      return zipccl_jax.all_to_all(v, AXES, 0, 0, tiled=True)
+
+  put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+  got = np.asarray(loss(hier)(put(x), put(w)))
+  ref = np.asarray(loss(lambda v: jax.lax.all_to_all(v, AXES, 0, 0, tiled=True))(put(x), put(w)))
+  assert np.array_equal(_bits(got), _bits(ref))
+
+
+def test_use_algorithm_rejects_bad_arguments():
+  with pytest.raises(ValueError, match="algorithm must be"):
+    with hierarchical.use_algorithm("ring"):
+      pass
+  with pytest.raises(ValueError, match="compress must be None"):
+    with hierarchical.use_algorithm("flat", {"host": True}):
+      pass
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
+def test_fp8_data_movement_every_variant_bit_identical(dtype):
+  """One-byte floats take the same phases: compared on the uint8 view (NaN payloads included)."""
+  mesh = _mesh()
+  rng = np.random.default_rng(7)
+  x = (rng.standard_normal((H * L * H * L * 4, 32), np.float32) * 8).astype(dtype)
+  u = x.reshape(-1).view(np.uint8)
+  u[rng.choice(u.size, 64, replace=False)] = np.resize(np.array([0x7F, 0xFF, 0x80, 0x00, 0x01, 0x7E], np.uint8), 64)
+
+  def lax_bits(v, coll):
+    b = jax.lax.bitcast_convert_type(v, jnp.uint8)
+    r = (jax.lax.all_to_all(b, AXES, 0, 0, tiled=True) if coll == "a2a"
+         else jax.lax.all_gather(b, AXES, axis=0, tiled=True))
+    return jax.lax.bitcast_convert_type(r, v.dtype)[None]
+
+  for coll, op in (("a2a", lambda v, c: zipccl_jax.all_to_all(v, AXES, 0, 0, tiled=True, compress=c)[None]),
+                   ("ag", lambda v, c: zipccl_jax.all_gather(v, AXES, axis=0, tiled=True, compress=c)[None])):
+    ref = _bits(_run(mesh, lambda v: lax_bits(v, coll), x))
+    for alg, levels, compress in VARIANTS:
+      got = _bits(_run(mesh, _variant_body(op, alg, levels, compress), x))
+      assert np.array_equal(got, ref), (coll, dtype, alg, levels, compress)

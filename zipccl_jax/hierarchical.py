@@ -1,0 +1,301 @@
+"""Two-level collectives: a collective over ``(slow, fast)`` mesh axes as phases, one per level.
+
+Real clusters have two levels: devices inside a host talk over a fast link, hosts over a slow one.
+A collective over a tuple of two mesh axes such as ``("host", "local")`` can run *flat* (one
+``jax.lax`` collective over both axes) or *hierarchically*, as one collective per axis, in the
+order that moves the fewest bytes over the slow link, each phase raw or compressed:
+
+==============  ==============================================  ===============================
+collective      hierarchical phases (device ``(h, l)``)         bytes over the slow link
+==============  ==============================================  ===============================
+all_gather      1. all_gather over ``slow`` of the device's     the device's own shard, to
+                own shard; 2. all_gather over ``fast`` of the   ``H - 1`` peers (a flat ring
+                ``H`` shards                                    sends ``n - 1`` shards past a
+                                                                host boundary)
+psum_scatter    1. psum_scatter over ``fast`` (the host's       ``(H - 1)`` chunks of the
+                partial sums of the chunks of every device      result size, against
+                ``(h', l)``); 2. psum_scatter over ``slow``     ``(H - 1) L`` flat
+all_to_all      1. all_to_all over ``slow``: one message per    the same bytes as flat, in
+                remote host, the ``L`` rows for its devices;    ``H - 1`` aggregated messages,
+                2. all_to_all over ``fast`` (rows regrouped)    and only those are coded
+==============  ==============================================  ===============================
+
+Exactness. Data movement (all_gather, all_to_all) is bit-identical to ``jax.lax`` in every
+variant. psum_scatter's hierarchical order: inside the host, the float32 sum of the ``L`` local
+inputs in ascending ``fast`` rank, rounded once to the dtype; then the float32 sum of the ``H``
+host partials in ascending ``slow`` rank, rounded once (the flat order is one float32 sum over all
+``n`` ranks, rounded once, so the two algorithms may differ in the last bit). Within an algorithm,
+compression never changes a bit: every phase is a zipccl collective.
+
+When it applies. Inside :func:`zipccl_jax.all_gather` (``to="varying"``),
+:func:`~zipccl_jax.psum_scatter` and :func:`~zipccl_jax.all_to_all`, for an ``axis_name`` of two
+axes ``(slow, fast)`` whose link models are both in the active profile (``Profile.links[axis]``,
+what :func:`zipccl_jax.calibrate` measures per level for a tuple) with ``slow`` the slower, a
+float dtype, and a ``capacity`` that is None, a ratio or ``"observed"``. Then :func:`plan` costs
+every candidate with :func:`zipccl_jax.strategy.decide`'s model (flat on the tuple's own link;
+each phase on its axis's link) and runs the cheapest:
+
+* ``compress="auto"``: flat raw, flat compressed, and hierarchical with each phase raw or
+  compressed (compressed candidates must win by the profile's ``min_gain``);
+* ``compress=True``: flat compressed or hierarchical with both phases compressed;
+* ``compress=False``: flat raw or hierarchical raw.
+
+:func:`use_algorithm` pins the algorithm (and the per-level compression) at trace time. The
+choice is logged under ``"<site> [levels]"`` with every candidate's estimate
+(:func:`zipccl_jax.explain`); the phases log under ``"<site>/<axis>"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+
+from zipccl_jax import strategy
+from zipccl_jax._shard import axis_size
+from zipccl_jax.capacity import CODED_DTYPES
+from zipccl_jax.profile import axis_key, current_platform, get_profile
+
+__all__ = ["LevelPlan", "plan", "run", "use_algorithm", "levels_of"]
+
+OPS = ("all_gather", "psum_scatter", "all_to_all")
+_FORCED = threading.local()
+
+
+@contextlib.contextmanager
+def use_algorithm(algorithm: str = "auto", compress=None):
+  """Pins the algorithm of two-level collectives traced inside the block.
+
+  Args:
+    algorithm: ``"auto"`` (the cost model), ``"flat"`` or ``"hierarchical"`` (for a tuple of two
+      axes, the first one taken as the slow level when the profile does not say).
+    compress: None (the call's own ``compress``), or per level ``{axis: True | False}``
+      (hierarchical only), e.g. ``{"host": True, "local": False}``.
+
+  Example::
+
+    with zipccl_jax.use_algorithm("hierarchical", {"host": True, "local": False}):
+      f = jax.jit(jax.shard_map(lambda v: zipccl_jax.all_gather(v, ("host", "local")), ...))
+  """
+  if algorithm not in ("auto", "flat", "hierarchical"):
+    raise ValueError(f"use_algorithm: algorithm must be 'auto', 'flat' or 'hierarchical', "
+                     f"got {algorithm!r}")
+  if compress is not None and (algorithm != "hierarchical" or not isinstance(compress, dict)
+                               or not all(isinstance(v, bool) for v in compress.values())):
+    raise ValueError("use_algorithm: compress must be None, or with algorithm='hierarchical' a "
+                     f"dict {{axis: True | False}}, got {compress!r}")
+  prev = getattr(_FORCED, "value", None)
+  _FORCED.value = (algorithm, dict(compress) if compress else None)
+  try:
+    yield
+  finally:
+    _FORCED.value = prev
+
+
+def _two_axes(axis_name) -> bool:
+  return (isinstance(axis_name, (tuple, list)) and len(axis_name) == 2
+          and axis_name[0] != axis_name[1])
+
+
+def levels_of(axis_name, profile=None):
+  """``(slow, fast)`` if `axis_name` is two axes whose links the profile both knows, else None."""
+  if not _two_axes(axis_name):
+    return None
+  prof = profile if profile is not None else get_profile()
+  a, b = (str(v) for v in axis_name)
+  if a not in prof.links or b not in prof.links:
+    return None
+  bw = {ax: prof.link(ax, "*")[0].bandwidth_Bps for ax in (a, b)}
+  return (axis_name[0], axis_name[1]) if bw[a] < bw[b] else None
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelPlan:
+  """The algorithm of one two-level call and the estimates behind it (seconds per call)."""
+  op: str
+  site: str
+  slow: str
+  fast: str
+  sizes: tuple                   # (H, L): ranks along slow and fast
+  algorithm: str                 # "flat" or "hierarchical"
+  compress: dict                 # {axis: bool} per phase (hierarchical); {"flat": bool}
+  est_s: float
+  candidates: tuple              # ((name, estimate seconds), ...), in cost order
+  reason: str
+
+
+# op -> phases [(level, phase op, chunk elements as a function of (x elements, H, L))] in the
+# order they run; chunk = the elements of one coded frame of the phase (the zipccl collective's).
+_PHASES = {
+    "all_gather": (("slow", "all_gather", lambda m, H, L: m),
+                   ("fast", "all_gather", lambda m, H, L: H * m)),
+    "psum_scatter": (("fast", "psum_scatter", lambda m, H, L: m // L),
+                     ("slow", "psum_scatter", lambda m, H, L: m // (H * L))),
+    "all_to_all": (("slow", "all_to_all", lambda m, H, L: m // H),
+                   ("fast", "all_to_all", lambda m, H, L: m // L)),
+}
+_FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n,
+               "all_to_all": lambda m, n: m // n}
+
+
+def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
+  """{name: (estimate s, algorithm, {level: compress})} for the `allowed` compression patterns."""
+  H, L = sizes
+  prof, plat = get_profile(), current_platform()
+  est = {}
+
+  def both(o, chunk, axis, n):
+    d = strategy.decide(o, dt, chunk, axis_size=n, axis_name=axis, role=role, compress=True,
+                        profile=prof, platform=plat, log=False)
+    return {False: d.est_raw_s, True: d.est_compressed_s}
+
+  flat = both(op, _FLAT_CHUNK[op](m, H * L), axis_name, H * L)
+  phases = [(lvl, both(o, f(m, H, L), slow if lvl == "slow" else fast, H if lvl == "slow" else L))
+            for lvl, o, f in _PHASES[op]]
+  for c in (False, True):
+    if ("flat", c) in allowed:
+      est[f"flat {'compressed' if c else 'raw'}"] = (flat[c], "flat", {"flat": c})
+  for cs in (False, True):
+    for cf in (False, True):
+      if ("hier", cs, cf) in allowed:
+        t = sum(p[cs if lvl == "slow" else cf] for lvl, p in phases)
+        mode = {False: "raw", True: "compressed"}
+        name = f"hierarchical {slow}:{mode[cs]} {fast}:{mode[cf]}"
+        est[name] = (t, "hierarchical", {slow: cs, fast: cf})
+  return est
+
+
+def _allowed(compress, forced_alg, forced_levels, slow, fast):
+  if forced_levels is not None:
+    return {("hier", bool(forced_levels.get(slow, False)), bool(forced_levels.get(fast, False)))}
+  modes = (False, True) if compress == "auto" else (bool(compress),)
+  out = set()
+  if forced_alg != "hierarchical":
+    out |= {("flat", c) for c in modes}
+  if forced_alg != "flat":
+    if compress == "auto":
+      out |= {("hier", a, b) for a in (False, True) for b in (False, True)}
+    else:
+      out.add(("hier", bool(compress), bool(compress)))
+  return out
+
+
+def plan(op: str, x, axis_name, params, compress, capacity, site: str,
+         role: str) -> LevelPlan | None:
+  """The algorithm of one call over a two-level `axis_name`: a hierarchical LevelPlan, or None
+  for the flat path (which then decides raw or compressed itself, as without levels).
+
+  `params`: the op's canonical static arguments (as the collectives' recipes hold them).
+  """
+  forced_alg, forced_levels = getattr(_FORCED, "value", None) or ("auto", None)
+  dt = np.dtype(x.dtype)
+  if (op not in OPS or forced_alg == "flat" or dt not in CODED_DTYPES
+      or (op == "all_gather" and params[2] != "varying")
+      or isinstance(capacity, (int, np.integer, tuple, list)) and not isinstance(capacity, bool)):
+    return None
+  levels = levels_of(axis_name)
+  if levels is None:
+    if forced_alg != "hierarchical" or not _two_axes(axis_name):
+      return None
+    levels = (axis_name[0], axis_name[1])
+  slow, fast = levels
+  H, L = axis_size(slow, op), axis_size(fast, op)
+  x_elems = int(x.size)
+  if H < 2 or L < 2:
+    return None
+  allowed = _allowed(compress, forced_alg, forced_levels, slow, fast)
+  cands = _candidates(op, dt, int(x_elems), axis_name, slow, fast, (H, L), role, allowed)
+  g = get_profile().min_gain
+  score = {k: t * (1 + g if any(cs.values()) else 1) for k, (t, _, cs) in cands.items()}
+  order = sorted(cands, key=lambda k: (score[k], k))
+  best = order[0]
+  t, alg, cs = cands[best]
+  why = ("use_algorithm" if forced_alg != "auto" else f"model (compressed x (1+{g:g}))") + ": " + \
+      ", ".join(f"{k} {cands[k][0] * 1e3:.3f} ms" for k in order)
+  lp = LevelPlan(op, site, str(slow), str(fast), (H, L), alg, cs, float(t),
+                 tuple((k, float(cands[k][0])) for k in order), why)
+  _log(lp, dt, x_elems, role, compress)
+  return lp if alg == "hierarchical" else None
+
+
+def _log(lp: LevelPlan, dt, m: int, role: str, mode) -> None:
+  """Records the level choice under "<site> [levels]" (explain() shows it next to the phases)."""
+  raw_flat = dict(lp.candidates).get("flat raw", math.nan)
+  strategy.log_decision(strategy.Decision(
+      op=lp.op, site=f"{lp.site} [levels]", dtype=dt.name, chunk_elems=m,
+      axis_size=int(lp.sizes[0] * lp.sizes[1]), axis=axis_key((lp.slow, lp.fast)), role=role,
+      compress=any(lp.compress.values()), capacity=0, transport="-",
+      algorithm=lp.algorithm if lp.algorithm == "flat" else
+      "hierarchical(" + ",".join(f"{a}:{'c' if c else 'r'}" for a, c in lp.compress.items()) + ")",
+      est_raw_s=float(raw_flat), est_compressed_s=lp.est_s, raw_bytes=0, wire_bytes=0,
+      bandwidth_Bps=float(get_profile().link(lp.slow, "*")[0].bandwidth_Bps),
+      latency_s=float(get_profile().link(lp.slow, "*")[0].latency_s), capacity_source="-",
+      reason=f"{lp.algorithm}: {lp.reason}", profile=get_profile().fingerprint(), mode=str(mode)))
+
+
+# --------------------------------------------------------------------------- #
+# The phases (each `fns[op]` is the public zipccl collective, with its autodiff)
+# --------------------------------------------------------------------------- #
+
+def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str):
+  """Runs the hierarchical form of `lp.op` on one array `x` (the op's canonical `args`)."""
+  H, L = lp.sizes
+  capacity = "observed" if capacity is None else capacity
+
+  def phase(op, v, level, **kw):
+    axis = lp.slow if level == "slow" else lp.fast
+    c = lp.compress[axis]
+    return fns[op](v, axis, compress=c, capacity=capacity if c else None, transport=transport,
+                   name=f"{lp.site}/{axis}", **kw)
+
+  if lp.op == "all_gather":
+    return _all_gather(x, args, H, L, phase)
+  if lp.op == "psum_scatter":
+    return _psum_scatter(x, args, H, L, phase)
+  return _all_to_all(x, args, H, L, phase)
+
+
+def _all_gather(x, args, H, L, phase):
+  axis, tiled, _ = args
+  g = phase("all_gather", x, "slow", axis=0, tiled=False)          # (H, *x): (h', l) for every h'
+  g = phase("all_gather", g, "fast", axis=0, tiled=False)          # (L, H, *x): [l', h']
+  g = jnp.swapaxes(g, 0, 1).reshape((H * L,) + x.shape)            # rank order h * L + l
+  if not tiled:
+    return jnp.moveaxis(g, 0, axis)
+  g = jnp.moveaxis(g, 0, axis)                                     # (..., n, x.shape[axis], ...)
+  return g.reshape(x.shape[:axis] + (H * L * x.shape[axis],) + x.shape[axis + 1:])
+
+
+def _psum_scatter(x, args, H, L, phase):
+  dim, tiled = args
+  n = H * L
+  xs = jnp.moveaxis(x, dim, 0)
+  rest = xs.shape[1:]
+  c = xs.shape[0] // n
+  r = xs.reshape((H, L, c) + rest)                                 # [dest h', dest l']
+  r = jnp.swapaxes(r, 0, 1).reshape((L * H * c,) + rest)           # grouped by destination l'
+  p = phase("psum_scatter", r, "fast", scatter_dimension=0, tiled=True)   # (H c): host partials
+  y = phase("psum_scatter", p, "slow", scatter_dimension=0, tiled=True)   # (c): my chunk
+  if not tiled:                                                    # x.shape[dim] == n: c == 1
+    return y.reshape(rest)
+  return jnp.moveaxis(y, 0, dim)
+
+
+def _all_to_all(x, args, H, L, phase):
+  split, concat, tiled = args
+  n = H * L
+  xs = jnp.moveaxis(x, split, 0)
+  k = xs.shape[0] // n if tiled else 1                  # rows per destination
+  rows = xs.reshape((H, L, k) + xs.shape[1:])           # [dest h', dest l']
+  got = phase("all_to_all", rows, "slow", split_axis=0, concat_axis=0, tiled=True)  # [src h, dest l']
+  got = phase("all_to_all", got, "fast", split_axis=1, concat_axis=1, tiled=True)   # [src h, src l]
+  got = got.reshape((n,) + rows.shape[2:])              # [src rank h * L + l]
+  if not tiled:
+    return jnp.moveaxis(got[:, 0], 0, concat)
+  chunks = jnp.moveaxis(got, 1, split + 1)              # each source's chunk, in x's axis order
+  out = jnp.moveaxis(chunks, 0, concat)                 # (..., n, chunk[concat], ...)
+  return out.reshape(out.shape[:concat] + (n * out.shape[concat + 1],) + out.shape[concat + 2:])
