@@ -178,20 +178,21 @@ def _check_sections(layout, sections, align):
 def test_encode_launch_geometry(frames, n, code):
   c = HOST.constants()
   total = frames * (-(-n // BLOCK))
-  launches = HOST.encode_launches(frames, n, code)
+  cap = 3 * 16384 + 5  # payload row bytes: the zero-tail grid is sized by them
+  launches = HOST.encode_launches(frames, n, code, cap)
   assert [l[0] for l in launches] == ["zipccl_hist", "zipccl_plan", "cub_exclusive_sum",
                                       "zipccl_write", "zipccl_finish", "zipccl_zero_tail"]
   grid = {name: (g, t) for name, g, t, _ in launches}
   assert grid["zipccl_hist"] == (total, c["THREADS"])     # one CTA per block
-  assert grid["zipccl_plan"] == (-(-(total + 1) // c["ITEM_THREADS"]), c["ITEM_THREADS"])
+  assert grid["zipccl_plan"] == (total + 1, 32)           # one warp per block, one for the trailing 0
   assert grid["cub_exclusive_sum"][0] == total + 1        # sizes plus the trailing 0
   assert grid["zipccl_write"] == (total, c["THREADS"])
   assert grid["zipccl_finish"] == (-(-frames // c["ITEM_THREADS"]), c["ITEM_THREADS"])
-  assert grid["zipccl_zero_tail"] == (frames * 16, c["ITEM_THREADS"])
+  assert grid["zipccl_zero_tail"] == (frames * 4, c["THREADS"])  # 16 KB of the row per CTA
   for name, _, _, shared in launches:
     assert shared <= 48 * 1024, f"{name} needs {shared} B of static shared memory"
-  assert HOST.encode_launches(frames, 0, code) == [("zipccl_finish", -(-frames // 64), 64, 4),
-                                                   ("zipccl_zero_tail", frames * 16, 64, 4)]
+  assert HOST.encode_launches(frames, 0, code, cap) == [("zipccl_finish", -(-frames // 64), 64, 4),
+                                                        ("zipccl_zero_tail", frames * 4, 256, 4)]
   assert HOST.encode_launches(0, n, code) == []
 
 

@@ -4,19 +4,27 @@ CUDA is on when @local_config_zipccl found nvcc (and ZIPCCL_DISABLE_CUDA is unse
 cuda_library() is an empty library and CUDA_DEFINES is empty, so the extension is CPU-only.
 """
 
-load("@local_config_zipccl//:defs.bzl", "CUDA_ENABLED", "NVCC")
+load("@local_config_zipccl//:defs.bzl", "CUDA_ENABLED", "CUDA_MIN_DRIVER", "CUDA_VERSION", "NVCC")
 
 CUDA_ARCHS = ["80", "90"]
 
 # For the host C++ that registers the CUDA handlers (module.cc, handlers.h, cuda_host_bindings.cc).
-CUDA_DEFINES = ["-DZIPCCL_WITH_CUDA"] if CUDA_ENABLED else []
+# They also record the build for zipccl_jax.info() (module.cc's build_info()).
+CUDA_DEFINES = [
+    "-DZIPCCL_WITH_CUDA",
+    '-DZIPCCL_CUDA_TOOLKIT=\\"%s\\"' % CUDA_VERSION,
+    '-DZIPCCL_CUDA_ARCHS=\\"%s\\"' % ",".join(CUDA_ARCHS),
+    '-DZIPCCL_CUDA_MIN_DRIVER=\\"%s\\"' % CUDA_MIN_DRIVER,
+    '-DZIPCCL_CUDA_NOTE=\\"bazel\\"',
+] if CUDA_ENABLED else []
 
 _NVCC_FLAGS = [
     "-std=c++17",
     "-O3",
     "-DNDEBUG",
-    "-Xptxas=-warn-spills",
+    "-Xptxas=-warn-spills,-Werror",  # a register spill fails the build
     "-Xcompiler=-fPIC,-fvisibility=hidden",
+    "-DZIPCCL_CUDA_MIN_DRIVER='\"%s\"'" % CUDA_MIN_DRIVER,
 ] + [
     # cubin and PTX per architecture, like CMAKE_CUDA_ARCHITECTURES "80;90"
     "--generate-code=arch=compute_{a},code=[compute_{a},sm_{a}]".format(a = a)

@@ -165,6 +165,7 @@ def _local_config_zipccl_impl(rctx):
     rctx.symlink(nb_root, "nanobind")
 
     nvcc, cuda_note = _find_cuda(rctx)
+    cuda_version = _nvcc_version(rctx, nvcc) if nvcc else ""
     rctx.file("BUILD.bazel", _BUILD.format(
         python = python,
         python_version = python_version,
@@ -182,8 +183,24 @@ def _local_config_zipccl_impl(rctx):
         "# " + cuda_note,
         "NVCC = %r" % nvcc,
         "CUDA_ENABLED = %r" % bool(nvcc),
+        "# nvcc's release (major.minor) and the oldest Linux driver of that major (minor-version compatibility)",
+        "CUDA_VERSION = %r" % cuda_version,
+        "CUDA_MIN_DRIVER = %r" % _MIN_DRIVER.get(cuda_version.split(".")[0], ""),
         "",
     ]))
+
+_MIN_DRIVER = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
+
+def _nvcc_version(rctx, nvcc):
+    """"12.9" from `nvcc --version` ("... release 12.9, V12.9.86")."""
+    out = rctx.execute([nvcc, "--version"]).stdout
+    at = out.find("release ")
+    if at < 0:
+        fail("local_config_zipccl: cannot read the CUDA version from `%s --version`:\n%s" % (nvcc, out))
+    version = out[at + len("release "):].split(",")[0].strip()
+    if version.split(".")[0] not in _MIN_DRIVER:
+        fail("local_config_zipccl: no known minimum driver for CUDA " + version)
+    return version
 
 def _find_cuda(rctx):
     """Returns (absolute nvcc path or "", a note on why), and links libcudart_static.a as cuda/."""

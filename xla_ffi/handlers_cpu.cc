@@ -41,7 +41,7 @@ using zipccl::ffi_operands::Invalid;
 ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::RemainingArgs extra, bool checksum,
                       ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::AnyBuffer> nbytes) try {
-  zipccl::ffi_operands::EncodeCall call;
+  zipccl::ffi_operands::EncodeCall call{};
   if (ffi::Error e = zipccl::ffi_operands::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
   const uint8_t* skip = nullptr;
   if (ffi::Error e = zipccl::ffi_operands::CheckEncodeSkip(extra, *nbytes, &skip); e.failure()) return e;
@@ -94,7 +94,7 @@ void FillRejected(uint8_t* row, uint64_t n, uint64_t w, uint8_t dtype) {
 
 ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
                       ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra_rets) try {
-  zipccl::ffi_operands::DecodeCall call;
+  zipccl::ffi_operands::DecodeCall call{};
   if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, *out, &call); e.failure()) return e;
   const uint8_t* skip = nullptr;
   if (ffi::Error e = zipccl::ffi_operands::CheckDecodeSkip(extra, payload, &skip); e.failure()) return e;

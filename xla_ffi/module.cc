@@ -2,6 +2,7 @@
 // and the format constants that zipccl_jax/format.py mirrors.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <string>
@@ -15,6 +16,30 @@ namespace nb = nanobind;
 
 // xla_ffi/cuda_host_bindings.cc: the CUDA driver's host-side pieces and emulator.
 void ZipcclRegisterCudaHost(nb::module_& parent);
+
+#if defined(ZIPCCL_WITH_CUDA)
+#include "codec/cuda_launch.cuh"
+#endif
+
+// What the build system recorded (CMakeLists.txt / cmake/cuda_toolkit.cmake, third_party/cuda.bzl).
+#ifndef ZIPCCL_CUDA_TOOLKIT
+#define ZIPCCL_CUDA_TOOLKIT ""
+#endif
+#ifndef ZIPCCL_CUDA_ARCHS
+#define ZIPCCL_CUDA_ARCHS ""
+#endif
+#ifndef ZIPCCL_CUDA_MIN_DRIVER
+#define ZIPCCL_CUDA_MIN_DRIVER ""
+#endif
+#ifndef ZIPCCL_CUDA_NOTE
+#define ZIPCCL_CUDA_NOTE ""
+#endif
+#ifndef ZIPCCL_BUILD_JAX_CUDA_PLUGIN
+#define ZIPCCL_BUILD_JAX_CUDA_PLUGIN ""
+#endif
+#ifndef ZIPCCL_CPU_NATIVE
+#define ZIPCCL_CPU_NATIVE 0
+#endif
 
 namespace {
 
@@ -126,6 +151,37 @@ NB_MODULE(_zipccl, m) {
     d["REJECTED_FILL_F8E8M0FNU"] = zipccl::kRejectedFillF8E8M0FNU;
     return d;
   });
+  m.def("build_info", []() {
+    nb::dict d;
+#if defined(ZIPCCL_WITH_CUDA)
+    d["cuda_kernels"] = true;
+#else
+    d["cuda_kernels"] = false;
+#endif
+    d["cuda_toolkit"] = ZIPCCL_CUDA_TOOLKIT;        // nvcc's "major.minor", "" without kernels
+    d["cuda_archs"] = ZIPCCL_CUDA_ARCHS;            // "80,90": cubins (and PTX) per architecture
+    d["cuda_min_driver"] = ZIPCCL_CUDA_MIN_DRIVER;  // oldest Linux driver of the toolkit's major
+    d["cuda_note"] = ZIPCCL_CUDA_NOTE;              // why this toolkit, or why no kernels
+    d["jax_cuda_plugin"] = ZIPCCL_BUILD_JAX_CUDA_PLUGIN;  // the plugin seen at build time, "" if none
+    d["cpu_code_paths"] = zipccl::cpu::CompiledCodePaths();
+    d["cpu_native"] = bool(ZIPCCL_CPU_NATIVE);      // built with -march=native
+    return d;
+  }, "How this extension was built: CUDA toolkit, architectures, minimum driver, CPU code paths.");
+  m.def("cuda_versions", []() -> nb::object {
+#if defined(ZIPCCL_WITH_CUDA)
+    zipccl::cuda::Versions v;
+    int err = zipccl::cuda::GetVersions(&v);
+    nb::dict d;
+    d["runtime"] = v.runtime;  // 1000 * major + 10 * minor, as cudaRuntimeGetVersion reports it
+    d["driver"] = v.driver;    // the newest CUDA the driver supports; 0: no driver
+    d["error"] = err ? std::string(zipccl::cuda::ErrorString(err)) : std::string();
+    const char* why = zipccl::cuda::DriverError();
+    d["driver_error"] = why ? std::string(why) : std::string();
+    return d;
+#else
+    return nb::none();
+#endif
+  }, "CUDA runtime and driver versions as the kernels see them (None without CUDA kernels).");
   m.def("rejected_fill_bits", [](int dtype) {
     if (zipccl::ElemBytes(uint8_t(dtype)) == 0) throw nb::value_error("unsupported dtype code");
     return zipccl::RejectedFillBits(uint8_t(dtype));

@@ -2,7 +2,8 @@
 
 Codec: `encode`, `decode`, `max_encoded_bytes` (see FORMAT.md for the bytes).
 Collectives (inside `jax.shard_map`): `all_to_all`, `all_gather`,
-`psum_scatter`, `psum`, `ppermute`, with `jax.lax` signatures.
+`psum_scatter`, `psum`, `ppermute`, `ragged_all_to_all`, with `jax.lax`
+signatures.
 Strategy behind `compress="auto"`: `calibrate`, `Profile`, `load_profile`,
 `use_profile`, `observe`, `explain`, `decisions`.
 Introspection: `stats`, `totals`, `hlo_wire_bytes`.
@@ -17,15 +18,18 @@ from zipccl_jax.capacity import padded_capacity
 from zipccl_jax.codec import decode, encode, max_encoded_bytes
 from zipccl_jax.collectives import all_gather, all_to_all, ppermute, psum, psum_scatter
 from zipccl_jax.hierarchical import use_algorithm
+from zipccl_jax.info import info
 from zipccl_jax.observation import observe
 from zipccl_jax.profile import Profile, get_profile, load_profile, set_profile, use_profile
+from zipccl_jax.ragged import ragged_all_to_all
 from zipccl_jax.strategy import decisions, explain
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "encode", "decode", "max_encoded_bytes", "format",
-    "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "use_algorithm",
+    "encode", "decode", "max_encoded_bytes", "format", "info",
+    "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "ragged_all_to_all",
+    "use_algorithm",
     "padded_capacity", "CallSiteStats", "stats", "totals", "reset_stats", "set_runtime_stats",
     "hlo_collectives", "hlo_wire_bytes",
     "Profile", "calibrate", "explain", "decisions", "observe", "get_profile", "set_profile",

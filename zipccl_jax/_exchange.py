@@ -27,8 +27,10 @@ Ragged transport (``transport="ragged"``, or ``"auto"`` off CPU)
 -----------------------------------------------------------------
 The same frames go through ``jax.lax.ragged_all_to_all``, so only each frame's ``nbytes`` move
 (an overflowed frame sends its 32-byte header only), after a tiny int32 exchange of the sizes.
-XLA:CPU does not implement ragged-all-to-all. A device-invariant gather (psum's second phase,
-``all_gather(to="invarying")``) stays padded.
+XLA:CPU does not implement ragged-all-to-all: there `zipccl_jax._ragged.exchange` runs an exact
+emulation (the frames move padded to ``C`` bytes), so the ragged transport executes, and is
+tested, on CPU too. Frame offsets are int64 once ``n * C`` can pass 2**31. A device-invariant
+gather (psum's second phase, ``all_gather(to="invarying")``) stays padded.
 
 Overflow (uniform fallback)
 ---------------------------
@@ -65,7 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from zipccl_jax import accounting, codec
+from zipccl_jax import _ragged, accounting, codec
 from zipccl_jax import format as fmt
 from zipccl_jax._shard import manual_axes, vary, vary_like, axes_of
 
@@ -234,13 +236,15 @@ def _move_rows(payload, nbytes, axis_name, n: int, capacity: int, transport: str
   def ragged(p, s):
     send = _send_sizes(s, capacity)
     recv_sizes = lax.all_to_all(send, axis_name, 0, 0, tiled=True)
-    me = lax.axis_index(axis_name).astype(jnp.int32)
-    z = _zero_like_batch(p)
-    in_off = vary_like(jnp.arange(n, dtype=jnp.int32) * capacity, p) + z
-    out_off = jnp.full((n,), capacity, jnp.int32) * me + z
+    dt = _ragged.offsets_dtype(n * capacity)
+    with _ragged.index_scope(dt):
+      me = lax.axis_index(axis_name).astype(dt)
+      z = _zero_like_batch(p).astype(dt)
+      in_off = vary_like(jnp.arange(n, dtype=dt) * capacity, p) + z
+      out_off = jnp.full((n,), capacity, dt) * me + z
     out = vary_like(jnp.zeros((n * capacity,), jnp.uint8), p)
-    r = lax.ragged_all_to_all(p.reshape(n * capacity), out, in_off, send, out_off, recv_sizes,
-                              axis_name=axis_name)
+    r = _ragged.exchange(p.reshape(n * capacity), out, in_off, send, out_off, recv_sizes,
+                         axis_name=axis_name, max_send_rows=capacity)
     return r.reshape(n, capacity)
 
   return _by_transport(transport, padded, ragged, payload, nbytes)
@@ -258,12 +262,14 @@ def _move_row_to_all(payload, nbytes, axis_name, n: int, capacity: int, transpor
     send1 = _send_sizes(s[None], capacity)
     send = jnp.broadcast_to(send1, (n,))
     recv_sizes = lax.all_gather(send1, axis_name, tiled=True)
-    me = lax.axis_index(axis_name).astype(jnp.int32)
-    z = _zero_like_batch(p)
-    in_off = vary_like(jnp.zeros((n,), jnp.int32), p) + z
-    out_off = jnp.full((n,), capacity, jnp.int32) * me + z
+    dt = _ragged.offsets_dtype(n * capacity)
+    with _ragged.index_scope(dt):
+      me = lax.axis_index(axis_name).astype(dt)
+      z = _zero_like_batch(p).astype(dt)
+      in_off = vary_like(jnp.zeros((n,), dt), p) + z
+      out_off = jnp.full((n,), capacity, dt) * me + z
     out = vary_like(jnp.zeros((n * capacity,), jnp.uint8), p)
-    r = lax.ragged_all_to_all(p, out, in_off, send, out_off, recv_sizes, axis_name=axis_name)
+    r = _ragged.exchange(p, out, in_off, send, out_off, recv_sizes, axis_name=axis_name)
     return r.reshape(n, capacity)
 
   if invariant:
@@ -292,7 +298,7 @@ def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, t
     recv_sizes = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_src, got, 0).astype(jnp.int32)
     zeros = vary_like(jnp.zeros((n,), jnp.int32), p) + _zero_like_batch(p)
     out = vary_like(jnp.zeros((capacity,), jnp.uint8), p)
-    return lax.ragged_all_to_all(p, out, zeros, send, zeros, recv_sizes, axis_name=axis_name)
+    return _ragged.exchange(p, out, zeros, send, zeros, recv_sizes, axis_name=axis_name)
 
   return _by_transport(transport, padded, ragged, payload, nbytes)
 

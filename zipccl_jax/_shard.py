@@ -81,6 +81,15 @@ def vary(x, axes):
   return lax.pcast(x, missing, to="varying") if missing else x
 
 
+def vary_together(axes, *xs) -> list:
+  """`xs` pcast to varying over `axes` and over every axis one of them varies over (check_vma
+  only): operands that meet in one result (a ragged exchange's operand and output) agree."""
+  if not check_vma_on():
+    return list(xs)
+  union = set(axes).union(*(jax.typeof(x).mat.varying for x in xs))
+  return [vary(x, tuple(sorted(union, key=str))) for x in xs]
+
+
 def vary_like(z, ref):
   """pcast `z` to the varying axes of `ref` (check_vma only)."""
   if not check_vma_on():

@@ -217,7 +217,7 @@ def explain(site: str | None = None) -> str:
 
 # op -> (phases [(link collective, chunks in the operand, coded)], encode chunks, decode chunks)
 def _structure(op: str, n: int):
-  if op in ("all_to_all", "psum_scatter"):
+  if op in ("all_to_all", "psum_scatter", "ragged_all_to_all"):  # ragged: frames of `bound` rows
     return [("all_to_all", n)], n, n
   if op == "all_gather":
     return [("all_gather", 1)], 1, n

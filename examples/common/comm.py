@@ -123,6 +123,22 @@ class Comm:
             return jax.lax.psum(x, axis_name)
         return _zipccl.psum(x, axis_name, **self._kw(site, capacity))
 
+    def ragged_all_to_all(self, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
+                          axis_name, name=None, capacity=None):
+        """jax.lax.ragged_all_to_all's semantics. The lax backend runs zipccl_jax's raw path
+        (compress=False): jax.lax.ragged_all_to_all on GPU/TPU, an exact emulation on CPU, which has none."""
+        site = self._site("ragged_all_to_all", name)
+        args = (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
+        if self.backend == "lax":
+            if _zipccl is None or not hasattr(_zipccl, "ragged_all_to_all"):
+                return jax.lax.ragged_all_to_all(*args, axis_name=axis_name)
+            rows = min(operand.shape[0], output.shape[0])  # sizes are data: zipccl_jax's balanced model
+            self._lax("all_to_all", operand[:rows], axis_name, site, mult=2)  # + its transpose in jax.grad
+            return _zipccl.ragged_all_to_all(*args, axis_name=axis_name, compress=False)
+        kw = self._kw(site, capacity)
+        kw.pop("transport", None)  # its frames always take the ragged transport
+        return _zipccl.ragged_all_to_all(*args, axis_name=axis_name, **kw)
+
     # -- statistics ----------------------------------------------------------------------------------
     def site_table(self) -> list[dict]:
         """Per call site (backward collectives included): op, bytes one device sends per call raw and on the

@@ -31,6 +31,8 @@ class Config:
     capacity_factor: float = 1.25
     moe_every: int = 1  # every n-th layer is MoE (the last of each group of n)
     dtype: Any = jnp.bfloat16  # activation / communication dtype
+    dispatch: str = "capacity"  # "capacity": model.MoE; "ragged": dropless.DroplessMoE
+    dispatch_dtype: str | None = None  # ragged dispatch only: "float8_e4m3fn" / "float8_e5m2" (None: dtype)
 
     def is_moe(self, layer: int) -> bool:
         return self.num_experts > 0 and (layer + 1) % self.moe_every == 0
@@ -95,6 +97,18 @@ def route(logits, top_k: int, capacity: int):
     return idx, pos, keep, gate, aux, dropped
 
 
+def router_and_experts(module: nn.Module, xt, e_local: int):
+    """The MoE parameters, created in `module` (router, and w_in / w_out of its local experts): the router
+    logits (T, E) fp32 of the tokens `xt` (T, D) and the expert weights in the compute dtype."""
+    cfg = module.cfg
+    d = xt.shape[-1]
+    logits = nn.Dense(cfg.num_experts, use_bias=False, dtype=jnp.float32, name="router")(xt.astype(jnp.float32))
+    init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1)
+    w_in = module.param("w_in", init, (e_local, d, cfg.d_ff)).astype(cfg.dtype)
+    w_out = module.param("w_out", init, (e_local, cfg.d_ff, d)).astype(cfg.dtype)
+    return logits, w_in, w_out
+
+
 class MoE(nn.Module):
     cfg: Config
     expert_shards: int = 1
@@ -110,11 +124,8 @@ class MoE(nn.Module):
         capacity = max(1, math.ceil(cfg.capacity_factor * t * k / e))
         xt = x.reshape(t, d)
         site = "/".join(self.scope.path)
-        logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, name="router")(xt.astype(jnp.float32))
+        logits, w_in, w_out = router_and_experts(self, xt, e_local)
         idx, pos, keep, gate, aux, dropped = route(logits, k, capacity)
-        init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1)
-        w_in = self.param("w_in", init, (e_local, d, cfg.d_ff)).astype(cfg.dtype)
-        w_out = self.param("w_out", init, (e_local, cfg.d_ff, d)).astype(cfg.dtype)
 
         # dispatch buffer (E, C, D): slot (e, c) holds the token routed there, empty slots are zeros
         slot = jnp.where(keep, idx * capacity + pos, e * capacity)  # (T, k); dropped -> out of range
@@ -144,12 +155,17 @@ class Block(nn.Module):
     expert_shards: int = 1
     expert_axis: str | None = None
     all_to_all: Callable | None = None
+    ragged_all_to_all: Callable | None = None
 
     @nn.compact
     def __call__(self, x):
         x = x + Attention(self.cfg, name="attn")(nn.RMSNorm(dtype=self.cfg.dtype, name="ln1")(x))
         h = nn.RMSNorm(dtype=self.cfg.dtype, name="ln2")(x)
-        if self.moe:
+        if self.moe and self.cfg.dispatch == "ragged":
+            from .dropless import DroplessMoE
+            y, aux = DroplessMoE(self.cfg, self.expert_shards, self.expert_axis, self.ragged_all_to_all,
+                                 name="moe")(h)
+        elif self.moe:
             y, aux = MoE(self.cfg, self.expert_shards, self.expert_axis, self.all_to_all, name="moe")(h)
         else:
             y, aux = MLP(self.cfg, name="mlp")(h)
@@ -161,6 +177,7 @@ class Transformer(nn.Module):
     expert_shards: int = 1
     expert_axis: str | None = None
     all_to_all: Callable | None = None
+    ragged_all_to_all: Callable | None = None
 
     @nn.compact
     def __call__(self, tokens):
@@ -172,7 +189,7 @@ class Transformer(nn.Module):
         aux = jnp.zeros((), jnp.float32)
         for i in range(cfg.n_layers):
             x, a = Block(cfg, cfg.is_moe(i), self.expert_shards, self.expert_axis, self.all_to_all,
-                         name=f"block{i}")(x)
+                         self.ragged_all_to_all, name=f"block{i}")(x)
             aux = aux + a
         x = nn.RMSNorm(dtype=cfg.dtype, name="ln_f")(x)
         return embed.attend(x).astype(jnp.float32), aux

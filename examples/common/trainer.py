@@ -58,6 +58,12 @@ def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, exper
     g.add_argument("--top-k", type=int, default=2)
     g.add_argument("--capacity-factor", type=float, default=1.25)
     g.add_argument("--moe-every", type=int, default=1)
+    g.add_argument("--dispatch", default="capacity", choices=["capacity", "ragged"],
+                   help="MoE dispatch: capacity (padded all_to_all, tokens over capacity dropped) or ragged "
+                        "(dropless: tokens sorted by expert, ragged_all_to_all, jax.lax.ragged_dot)")
+    g.add_argument("--dispatch-dtype", default=None, choices=["float8_e4m3fn", "float8_e5m2"],
+                   help="with --dispatch ragged: dispatch FP8 rows with per-token float32 scales beside them "
+                        "(combine and gradients stay in --dtype)")
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="activation, parameter-gather and all_to_all dtype")
     g.add_argument("--reduce-dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -95,9 +101,12 @@ def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, exper
 
 
 def config_from_args(args) -> Config:
+    if args.dispatch_dtype and args.dispatch != "ragged":
+        raise SystemExit("--dispatch-dtype needs --dispatch ragged")
     return Config(seq_len=args.seq_len, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
                   d_ff=args.d_ff, num_experts=args.experts, top_k=args.top_k,
-                  capacity_factor=args.capacity_factor, moe_every=args.moe_every, dtype=jnp.dtype(args.dtype))
+                  capacity_factor=args.capacity_factor, moe_every=args.moe_every, dtype=jnp.dtype(args.dtype),
+                  dispatch=args.dispatch, dispatch_dtype=args.dispatch_dtype)
 
 
 def parse_capacity(s: str | None):
@@ -167,7 +176,8 @@ def make_step(cfg: Config, mesh, plan, buckets, specs, comm: Comm, optimizer, *,
     axes = tuple(mesh.axis_names)
     n_dev = mesh.size
     expert_shards = mesh.shape[expert_axis] if expert_axis else 1
-    model = Transformer(cfg, expert_shards=expert_shards, expert_axis=expert_axis, all_to_all=comm.all_to_all)
+    model = Transformer(cfg, expert_shards=expert_shards, expert_axis=expert_axis, all_to_all=comm.all_to_all,
+                        ragged_all_to_all=comm.ragged_all_to_all)
 
     def size(axes_):
         return math.prod(mesh.shape[a] for a in axes_)

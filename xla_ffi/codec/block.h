@@ -71,21 +71,21 @@ ZIPCCL_HD uint64_t TableBytes(int lo, int hi) {
   return 2 + (uint64_t(hi - lo + 2) + 1) / 2;
 }
 
-// hist: symbol counts of the block; all_equal: every element has the bits of
-// first_value; low16: (float32 only) every element's low 16 bits are zero.
-ZIPCCL_HD void PlanBlock(const uint32_t* hist, uint64_t n, int elem_bytes,
-                         bool all_equal, uint32_t first_value, bool low16,
-                         BlockPlan* p) {
+// The plan of a block whose elements all have the bits first_value.
+ZIPCCL_HD void PlanConstBlock(uint32_t first_value, BlockPlan* p) {
+  p->mode = kModeConst;
+  p->flags = 0;
+  p->const_value = first_value;
+  p->block_bytes = kBlockHeaderBytes;
+}
+
+// The rest of the plan once p->lens holds BuildCodeLengths(hist): canonical
+// codes, table range, sizes, and HUFF or RAW, whichever is smaller.
+ZIPCCL_HD void PlanFromLengths(const uint32_t* hist, uint64_t n, int elem_bytes, bool low16,
+                               BlockPlan* p) {
   p->flags = 0;
   p->const_value = 0;
-  if (all_equal) {
-    p->mode = kModeConst;
-    p->const_value = first_value;
-    p->block_bytes = kBlockHeaderBytes;
-    return;
-  }
   uint64_t raw_bytes = kBlockHeaderBytes + n * uint64_t(elem_bytes);
-  BuildCodeLengths(hist, p->lens);
   BuildEncodeTable(p->lens, p->enc);
   int lo = -1, hi = 0;
   uint64_t bits = 0;
@@ -116,6 +116,19 @@ ZIPCCL_HD void PlanBlock(const uint32_t* hist, uint64_t n, int elem_bytes,
     p->mode = kModeRaw;
     p->block_bytes = raw_bytes;
   }
+}
+
+// hist: symbol counts of the block; all_equal: every element has the bits of
+// first_value; low16: (float32 only) every element's low 16 bits are zero.
+ZIPCCL_HD void PlanBlock(const uint32_t* hist, uint64_t n, int elem_bytes,
+                         bool all_equal, uint32_t first_value, bool low16,
+                         BlockPlan* p, HuffmanWork& work) {
+  if (all_equal) {
+    PlanConstBlock(first_value, p);
+    return;
+  }
+  BuildCodeLengths(hist, p->lens, work);
+  PlanFromLengths(hist, n, elem_bytes, low16, p);
 }
 
 ZIPCCL_HD void WriteBlockHeader(uint8_t* out, const BlockPlan& p) {

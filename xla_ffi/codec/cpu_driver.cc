@@ -271,12 +271,13 @@ uint64_t EncodeTyped(const T* x, uint64_t n, uint8_t dtype, bool checksum,
   uint64_t used = kFrameHeaderBytes + nb * kDirEntryBytes;
   bool fits = used <= cap;
   auto plan = std::make_unique<BlockPlan>();  // ~1.3 KB, kept off the stack
+  auto work = std::make_unique<HuffmanWork>();  // ~5.7 KB
   Analysis a;
   for (uint64_t b = 0; b < nb; ++b) {
     const T* xb = x + (b << kBlockLog2);
     uint64_t nbe = BlockElems(n, b);
     Analyse(xb, nbe, &a);
-    PlanBlock(a.hist, nbe, int(sizeof(T)), a.all_equal, a.first, a.low16, plan.get());
+    PlanBlock(a.hist, nbe, int(sizeof(T)), a.all_equal, a.first, a.low16, plan.get(), *work);
     if (fits && used + plan->block_bytes <= cap) {
       WriteBlock(xb, nbe, *plan, a, out + used, out + cap);
       Store32(out + kFrameHeaderBytes + b * kDirEntryBytes, uint32_t(plan->block_bytes));
@@ -855,5 +856,7 @@ DecodeResult DecodeFrame(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
     return DecodeTyped(in, in_bytes, dtype, n, static_cast<uint32_t*>(out));
   return DecodeTyped(in, in_bytes, dtype, n, static_cast<uint16_t*>(out));
 }
+
+const char* CompiledCodePaths() { return ZIPCCL_CPU_VBMI2 ? "avx512_vbmi2" : ""; }
 
 }  // namespace zipccl::cpu

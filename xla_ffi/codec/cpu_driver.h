@@ -29,4 +29,8 @@ struct DecodeResult {
 DecodeResult DecodeFrame(const uint8_t* in_host, uint64_t in_bytes,
                          uint8_t dtype, uint64_t n_elems, void* out_host);
 
+// The instruction-set specific code paths compiled into this driver,
+// comma-separated ("avx512_vbmi2"); "" when only the portable loops are.
+const char* CompiledCodePaths();
+
 }  // namespace zipccl::cpu

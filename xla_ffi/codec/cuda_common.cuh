@@ -86,6 +86,19 @@ ZIPCCL_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 // ---- Platform primitives (device intrinsics; plain code in the emulator) ----
 // The emulator runs one fiber at a time, so plain read-modify-writes are exact.
+// A GPU faults on a vector or word access that is not aligned to its size
+// (cudaErrorMisalignedAddress), where the host's memcpy would not: the host
+// versions record the first such access in EmuFault(), which the emulator
+// (simt_emulator.h) turns into an error after the CTA.
+#if !defined(__CUDA_ARCH__)
+inline const char*& EmuFault() {
+  static thread_local const char* fault = nullptr;
+  return fault;
+}
+inline void EmuCheckAligned(const void* p, uintptr_t bytes, const char* what) {
+  if ((reinterpret_cast<uintptr_t>(p) & (bytes - 1)) != 0 && EmuFault() == nullptr) EmuFault() = what;
+}
+#endif
 ZIPCCL_HD void AtomicAddShared(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
   atomicAdd(p, v);
@@ -113,6 +126,7 @@ ZIPCCL_HD void Load16B(const uint8_t* p, uint32_t* w) {
   uint4 v = *reinterpret_cast<const uint4*>(p);
   w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
 #else
+  EmuCheckAligned(p, 16, "misaligned 16-byte (uint4) load");
   std::memcpy(w, p, 16);
 #endif
 }
@@ -120,6 +134,7 @@ ZIPCCL_HD void Store16B(uint8_t* p, const uint32_t* w) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 #else
+  EmuCheckAligned(p, 16, "misaligned 16-byte (uint4) store");
   std::memcpy(p, w, 16);
 #endif
 }
@@ -127,6 +142,7 @@ ZIPCCL_HD uint32_t LoadAligned32(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
   return *reinterpret_cast<const uint32_t*>(p);
 #else
+  EmuCheckAligned(p, 4, "misaligned 32-bit load");
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
@@ -136,6 +152,7 @@ ZIPCCL_HD void StoreAligned32(uint8_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<uint32_t*>(p) = v;
 #else
+  EmuCheckAligned(p, 4, "misaligned 32-bit store");
   std::memcpy(p, &v, 4);
 #endif
 }
@@ -148,6 +165,7 @@ ZIPCCL_HD uint32_t LoadElem(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
   return uint32_t(*reinterpret_cast<const T*>(p));
 #else
+  EmuCheckAligned(p, sizeof(T), "misaligned element load");
   T v;
   std::memcpy(&v, p, sizeof(T));
   return uint32_t(v);
@@ -158,6 +176,7 @@ ZIPCCL_HD void StoreElem(uint8_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<T*>(p) = T(v);
 #else
+  EmuCheckAligned(p, sizeof(T), "misaligned element store");
   T t = T(v);
   std::memcpy(p, &t, sizeof(T));
 #endif

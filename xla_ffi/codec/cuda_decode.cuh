@@ -75,9 +75,10 @@ struct DirKernel {
 
 // 4. Block decoder: one CTA per block.
 //    - Thread 0 checks the block header, parses the table and stream directory
-//      (ParseHuffLayout) and builds the single-symbol lookup table in shared
-//      memory (BuildEncodeTable + BuildDecodeTable). Two CTA scans turn the
-//      per-stream bit counts and nnz into stream bit offsets and raw offsets.
+//      (ParseHuffLayout) and the canonical codes (BuildEncodeTable); then the
+//      whole CTA zeroes and fills the single-symbol lookup table in shared
+//      memory (FillDecodeEntries, one symbol per thread). Two CTA scans turn
+//      the per-stream bit counts and nnz into stream bit offsets and raw offsets.
 //    - Rounds: thread k < n_streams decodes the next 64 symbols of stream k
 //      (a 64-bit bit buffer refilled with aligned 32-bit loads) into shared
 //      memory; then 8 threads per stream join 8 symbols each with their raw
@@ -90,7 +91,10 @@ struct DecodeBlockKernel {
   struct Shared {
     DecodeEntry table[kTableSize];
     uint32_t enc[kNumSymbols];
-    uint16_t syms[kMaxStreamsPerBlock][kRoundSyms];
+    // Rows padded by one 32-bit word: decoder lane t writes row t, so with 128-byte
+    // rows all 32 lanes hit one bank; 132-byte rows put lane t in bank (t + i/2) % 32,
+    // and the merge threads' reads (4 rows x 8 offsets per warp) stay conflict-free.
+    uint16_t syms[kMaxStreamsPerBlock][kRoundSyms + 2];
     uint32_t round_nz[kMaxStreamsPerBlock];   // nnz of the stream before this round
     uint32_t stream_raw[kMaxStreamsPerBlock]; // first raw byte of the stream
     uint32_t merge_nz[kThreads];
@@ -141,12 +145,7 @@ struct DecodeBlockKernel {
           if (flags & kBlockFlagsReserved) st = kErrReserved;
           else if (value) st = kErrReserved;
           else st = ParseHuffLayout(blk, bb, m, w, flags, sm.lens, &sm.L);
-          if (st == kOk) {
-            if (!BuildEncodeTable(sm.lens, sm.enc))
-              st = kErrTable;
-            else
-              BuildDecodeTable(sm.enc, sm.table);
-          }
+          if (st == kOk && !BuildEncodeTable(sm.lens, sm.enc)) st = kErrTable;
         } else {
           st = kErrBlockMode;
         }
@@ -174,7 +173,13 @@ struct DecodeBlockKernel {
       for (uint64_t e = tid; e < m; e += kThreads) StoreElem<T>(out + e * w, sm.value);
       return;
     }
-    // HUFF: stream offsets from two CTA scans over the directory.
+    // HUFF: the whole CTA builds the lookup table (BuildDecodeTable's steps).
+    for (uint32_t i = tid; i < uint32_t(kTableSize); i += kThreads) sm.table[i] = DecodeEntry{0, 0, 0};
+    cta.sync();
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kThreads)
+      FillDecodeEntries(sm.enc, int(s), sm.table);
+    cta.sync();
+    // Stream offsets from two CTA scans over the directory.
     const HuffLayout L = sm.L;
     const int n_streams = L.n_streams;
     const uint8_t* dir = blk + L.dir_off;

@@ -70,34 +70,73 @@ struct HistKernel {
   }
 };
 
-// 2. Plan: one thread per block runs the shared PlanBlock (code lengths,
-//    canonical codes, mode choice, exact size); the extra item `total` writes
-//    the trailing 0 that makes the scan's last entry the grand total. Blocks
-//    of skipped frames get size 0 and no plan.
+// 2. Plan: one warp (CTA) per block; the extra CTA `total` writes the
+//    trailing 0 that makes the scan's last entry the grand total. Blocks of
+//    skipped frames get size 0 and no plan. The lanes place the used symbols
+//    in sorted order in parallel (SymbolRank), lane 0 builds the Huffman tree
+//    and the plan (CodeLengthsFromOrder, PlanFromLengths: the CPU driver's
+//    functions) on shared-memory work arrays and the histogram copied to shared
+//    memory, then the warp copies the plan out. No local memory.
 struct PlanKernel {
   static constexpr const char* kName = "zipccl_plan";
-  static constexpr int kBlockThreads = kItemThreads;
+  static constexpr int kBlockThreads = 32;
   using Params = EncodeParams;
   struct Shared {
-    int unused;
+    uint32_t hist[kNumSymbols];
+    HuffmanWork work;
+    BlockPlan plan;
   };
   template <class Cta>
-  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t g = cta.block() * kItemThreads + cta.tid();
-    if (g > p.total) return;
-    if (g == p.total) {
-      p.sizes[g] = 0;
-      return;
-    }
-    if (Skipped(p, g / p.nb)) {
-      p.sizes[g] = 0;
+  ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
+    const uint64_t g = cta.block();
+    const uint32_t tid = cta.tid();
+    if (g >= p.total || Skipped(p, g / p.nb)) {  // uniform over the CTA
+      if (tid == 0) p.sizes[g] = 0;
       return;
     }
     const BlockStats& st = p.stats[g];
-    const int w = ElemBytes(p.dtype);
-    PlanBlock(st.hist, BlockElems(p.n, g % p.nb), w, st.all_equal != 0, st.first,
-              st.low16 != 0, &p.plans[g]);
-    p.sizes[g] = p.plans[g].block_bytes;
+    if (st.all_equal) {
+      if (tid == 0) {
+        PlanConstBlock(st.first, &p.plans[g]);
+        p.sizes[g] = kBlockHeaderBytes;
+      }
+      return;
+    }
+    uint32_t used = 0;
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kBlockThreads) {
+      sm.hist[s] = st.hist[s];
+      used += st.hist[s] != 0;
+    }
+    cta.sync();
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kBlockThreads)
+      if (sm.hist[s]) sm.work.order[SymbolRank(sm.hist, int(s))] = uint16_t(s);
+    uint32_t m = 0;
+    cta.exclusive_sum(used, &m);  // the count of used symbols; barriers on both sides
+    BlockPlan& pl = sm.plan;
+    if (tid == 0) {
+      CodeLengthsFromOrder(sm.hist, int(m), sm.work, pl.lens);
+      PlanFromLengths(sm.hist, BlockElems(p.n, g % p.nb), ElemBytes(p.dtype), st.low16 != 0, &pl);
+      p.sizes[g] = pl.block_bytes;
+    }
+    cta.sync();
+    BlockPlan& out = p.plans[g];
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kBlockThreads) {
+      out.lens[s] = pl.lens[s];
+      out.enc[s] = pl.enc[s];
+    }
+    if (tid == 0) {
+      out.mode = pl.mode;
+      out.flags = pl.flags;
+      out.const_value = pl.const_value;
+      out.block_bytes = pl.block_bytes;
+      out.lo = pl.lo;
+      out.hi = pl.hi;
+      out.table_bytes = pl.table_bytes;
+      out.total_bits = pl.total_bits;
+      out.nnz = pl.nnz;
+      out.raw_width = pl.raw_width;
+      out.n_streams = pl.n_streams;
+    }
   }
 };
 
@@ -294,27 +333,41 @@ struct FinishEncodeKernel {
 // 6. Zero the payload past the frame (past the header after an overflow), as
 //    the CPU handler does: the padded transport sends all `cap` bytes, and
 //    XLA reuses output buffers, so stale device memory must not reach peers.
-//    The whole row of a skipped frame is zeroed. kTilesPerFrame CTAs per frame
-//    stride over the tail.
+//    The whole row of a skipped frame is zeroed. The grid is sized by bytes:
+//    TilesPerFrame(cap) CTAs per frame, each zeroing its kTileBytes of the row
+//    with 16-byte stores (byte stores only for the up to 15 bytes at each end
+//    of the range, whose alignment is arbitrary: rows start at f * cap).
 struct ZeroTailKernel {
   static constexpr const char* kName = "zipccl_zero_tail";
-  static constexpr int kBlockThreads = kItemThreads;
-  static constexpr uint64_t kTilesPerFrame = 16;
+  static constexpr int kBlockThreads = kThreads;
+  static constexpr uint64_t kTileBytes = 16 * uint64_t(kThreads) * 4;  // 16 KB per CTA
   using Params = EncodeParams;
   struct Shared {
     int unused;
   };
+  ZIPCCL_HD static uint64_t TilesPerFrame(uint64_t cap) { return CeilDiv(cap, kTileBytes); }
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t f = cta.block() / kTilesPerFrame, tile = cta.block() % kTilesPerFrame;
+    const uint64_t tiles = TilesPerFrame(p.cap);
+    const uint64_t f = cta.block() / tiles, tile = cta.block() % tiles;
     if (f >= p.frames) return;
     const uint64_t need = FrameBytesFromOffsets(p.offsets, p.nb, f);
     const uint64_t keep = Skipped(p, f) ? 0
                           : need <= p.cap ? need
                           : (p.cap < kFrameHeaderBytes ? p.cap : kFrameHeaderBytes);
-    uint8_t* out = p.payload + f * p.cap;
-    const uint64_t stride = kTilesPerFrame * uint64_t(kItemThreads);
-    for (uint64_t i = keep + tile * kItemThreads + cta.tid(); i < p.cap; i += stride) out[i] = 0;
+    const uint64_t lo = keep > tile * kTileBytes ? keep : tile * kTileBytes;
+    const uint64_t hi = p.cap < (tile + 1) * kTileBytes ? p.cap : (tile + 1) * kTileBytes;
+    if (lo >= hi) return;
+    uint8_t* const a = p.payload + f * p.cap + lo;
+    uint8_t* const b = a + (hi - lo);
+    const uintptr_t ua = reinterpret_cast<uintptr_t>(a), ub = reinterpret_cast<uintptr_t>(b);
+    uint8_t* const a16 = ((ua + 15) & ~uintptr_t(15)) < ub ? a + (((ua + 15) & ~uintptr_t(15)) - ua) : b;
+    uint8_t* const b16 = a16 + ((b - a16) & ~ptrdiff_t(15));
+    const uint32_t tid = cta.tid();
+    if (tid < uint32_t(a16 - a)) a[tid] = 0;
+    if (tid < uint32_t(b - b16)) b16[tid] = 0;
+    const uint32_t zero[4] = {0, 0, 0, 0};
+    for (uint8_t* q = a16 + 16 * uint64_t(tid); q < b16; q += 16 * uint64_t(kThreads)) Store16B(q, zero);
   }
 };
 

@@ -3,6 +3,8 @@
 // and the asynchronous host API implemented in codec/kernels.cu.
 #pragma once
 
+#include <string>
+
 #include "cuda_common.cuh"
 #include "cuda_decode.cuh"
 #include "cuda_encode.cuh"
@@ -34,12 +36,12 @@ void RunEncode(Launcher& l, const EncodeParams& p, const EncodeLayout& L, uint8_
   if (p.frames == 0) return;
   if (p.total) {
     WithElemType(p.dtype, [&](auto t) { l.template Launch<HistKernel<decltype(t)>>(p.total, p); });
-    l.template Launch<PlanKernel>(CeilDiv(p.total + 1, kItemThreads), p);
+    l.template Launch<PlanKernel>(p.total + 1, p);
     l.ExclusiveSum(p.sizes, p.offsets, p.total + 1, scratch + L.cub_off, L.cub_bytes);
     WithElemType(p.dtype, [&](auto t) { l.template Launch<WriteKernel<decltype(t)>>(p.total, p); });
   }
   l.template Launch<FinishEncodeKernel>(CeilDiv(p.frames, kItemThreads), p);
-  l.template Launch<ZeroTailKernel>(p.frames * ZeroTailKernel::kTilesPerFrame, p);
+  l.template Launch<ZeroTailKernel>(p.frames * ZeroTailKernel::TilesPerFrame(p.cap), p);
 }
 
 template <class Launcher>
@@ -60,7 +62,39 @@ void RunDecode(Launcher& l, const DecodeParams& p, const DecodeLayout& L, uint8_
 // =============================================================================
 // Host API (implemented in codec/kernels.cu; asynchronous on `stream`)
 // =============================================================================
-// Return values are cudaError_t codes (0 = success).
+// Return values are cudaError_t codes (0 = success). xla_ffi/emulated_kernels.cc
+// implements the same API on the SIMT emulator: the FFI contract test links it
+// in place of codec/kernels.cu (a link-time seam; the handlers are unchanged).
+
+// CUDA versions as cudaRuntimeGetVersion / cudaDriverGetVersion report them
+// (1000 * major + 10 * minor): the runtime the kernels were built against and
+// the newest CUDA the installed driver supports (0: no driver).
+struct Versions {
+  int runtime, driver;
+};
+int GetVersions(Versions* v);
+
+// Whether a driver supporting CUDA `driver` runs kernels built with runtime
+// `runtime`: CUDA's minor-version compatibility needs the same major or newer.
+inline bool DriverSupports(int driver, int runtime) { return driver / 1000 >= runtime / 1000; }
+
+// Null when the driver can run the kernels, else a message naming both
+// versions and the minimum driver of the build (checked once per process;
+// the handlers call it before their first launch).
+const char* DriverError();
+
+// The message of DriverError for these versions ("12.2" style) and the build's
+// minimum driver (e.g. "525.60.13").
+inline std::string DriverMismatchMessage(int driver, int runtime, const char* min_driver) {
+  auto ver = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  const std::string have =
+      driver ? "the NVIDIA driver supports CUDA " + ver(driver) : std::string("no CUDA driver was found");
+  return "zipccl_jax: " + have + ", but its CUDA kernels were built with the CUDA " + ver(runtime) +
+         " runtime, which needs a driver for CUDA " + std::to_string(runtime / 1000) + ".x (>= " +
+         min_driver + "). Update the NVIDIA driver, or rebuild zipccl_jax with a CUDA toolkit " +
+         "the driver supports (pip install next to the matching jax-cuda plugin); " +
+         "`python -m zipccl_jax.info` shows both versions.";
+}
 
 // Bytes of CUB temporary storage for an exclusive scan of n uint64 values on
 // the current device.

@@ -16,19 +16,23 @@
 
 namespace zipccl {
 
-// Code lengths in bits (0 = symbol unused) from a histogram of counts.
-// Algorithm (normative for byte-identical encoders, see FORMAT.md):
-//   1. sort used symbols by (count ascending, symbol ascending);
-//   2. build a Huffman tree with the two-queue method, taking the leaf on ties;
-//   3. if the tree is deeper than kMaxCodeLen, clamp and repair the Kraft sum
-//      the way miniz does (move one code down a level per step);
-//   4. hand lengths out again in sorted order, longest lengths to the rarest.
-// A lone used symbol gets length 1.
-ZIPCCL_HD void BuildCodeLengths(const uint32_t* hist, uint8_t* lens) {
-  uint16_t order[kNumSymbols];
+// Work arrays of BuildCodeLengths (~5.7 KB). The CPU driver keeps one on the
+// heap; the CUDA plan kernel keeps one in shared memory, so the kernel has no
+// stack frame (as locals they took 4.6 KB of local memory per thread, which the
+// driver reserves for every thread that can be resident on the device).
+struct HuffmanWork {
+  uint16_t order[kNumSymbols];  // used symbols by (count, symbol) ascending
+  uint32_t weight[2 * kNumSymbols];
+  uint16_t parent[2 * kNumSymbols];
+  uint16_t depth[2 * kNumSymbols];
+  int count[kNumSymbols + 1];
+};
+
+// Step 1 of BuildCodeLengths: order[0, m) = the used symbols sorted by (count
+// ascending, symbol ascending); returns m.
+ZIPCCL_HD int SortUsedSymbols(const uint32_t* hist, uint16_t* order) {
   int m = 0;
   for (int s = 0; s < kNumSymbols; ++s) {
-    lens[s] = 0;
     if (hist[s]) {
       // Insertion into the sorted prefix; m <= 257 so this stays cheap.
       int j = m++;
@@ -39,6 +43,22 @@ ZIPCCL_HD void BuildCodeLengths(const uint32_t* hist, uint8_t* lens) {
       order[j] = uint16_t(s);
     }
   }
+  return m;
+}
+
+// The position of used symbol s in SortUsedSymbols' order, computed alone, so
+// that the threads of a warp can place the symbols in parallel.
+ZIPCCL_HD int SymbolRank(const uint32_t* hist, int s) {
+  const uint32_t c = hist[s];
+  int r = 0;
+  for (int t = 0; t < kNumSymbols; ++t) r += hist[t] != 0 && (hist[t] < c || (hist[t] == c && t < s));
+  return r;
+}
+
+// Steps 2-4 of BuildCodeLengths, from w.order[0, m).
+ZIPCCL_HD void CodeLengthsFromOrder(const uint32_t* hist, int m, HuffmanWork& w, uint8_t* lens) {
+  for (int s = 0; s < kNumSymbols; ++s) lens[s] = 0;
+  const uint16_t* order = w.order;
   if (m == 0) return;
   if (m == 1) {
     lens[order[0]] = 1;
@@ -46,8 +66,8 @@ ZIPCCL_HD void BuildCodeLengths(const uint32_t* hist, uint8_t* lens) {
   }
   // Two-queue Huffman: nodes [0, m) are leaves in sorted order, [m, 2m-1)
   // internal nodes in creation order (their weights are non-decreasing).
-  uint32_t weight[2 * kNumSymbols];
-  uint16_t parent[2 * kNumSymbols];
+  uint32_t* weight = w.weight;
+  uint16_t* parent = w.parent;
   for (int i = 0; i < m; ++i) weight[i] = hist[order[i]];
   int next_leaf = 0, next_node = m, n_nodes = m;
   for (int k = 0; k < m - 1; ++k) {
@@ -62,9 +82,9 @@ ZIPCCL_HD void BuildCodeLengths(const uint32_t* hist, uint8_t* lens) {
     ++n_nodes;
   }
   // Depths: the root is the last node; parents always have larger indices.
-  uint16_t depth[2 * kNumSymbols];
+  uint16_t* depth = w.depth;
   depth[n_nodes - 1] = 0;
-  int count[kNumSymbols + 1];
+  int* count = w.count;
   for (int l = 0; l <= kNumSymbols; ++l) count[l] = 0;
   for (int i = n_nodes - 2; i >= 0; --i) {
     depth[i] = uint16_t(depth[parent[i]] + 1);
@@ -91,6 +111,18 @@ ZIPCCL_HD void BuildCodeLengths(const uint32_t* hist, uint8_t* lens) {
   int pos = 0;
   for (int l = kMaxCodeLen; l >= 1; --l)
     for (int c = 0; c < count[l]; ++c) lens[order[pos++]] = uint8_t(l);
+}
+
+// Code lengths in bits (0 = symbol unused) from a histogram of counts.
+// Algorithm (normative for byte-identical encoders, see FORMAT.md):
+//   1. sort used symbols by (count ascending, symbol ascending);
+//   2. build a Huffman tree with the two-queue method, taking the leaf on ties;
+//   3. if the tree is deeper than kMaxCodeLen, clamp and repair the Kraft sum
+//      the way miniz does (move one code down a level per step);
+//   4. hand lengths out again in sorted order, longest lengths to the rarest.
+// A lone used symbol gets length 1.
+ZIPCCL_HD void BuildCodeLengths(const uint32_t* hist, uint8_t* lens, HuffmanWork& w) {
+  CodeLengthsFromOrder(hist, SortUsedSymbols(hist, w.order), w, lens);
 }
 
 ZIPCCL_HD uint32_t ReverseBits(uint32_t v, int n) {
@@ -131,14 +163,19 @@ struct DecodeEntry {
 
 constexpr int kTableSize = 1 << kMaxCodeLen;
 
+// The entries of symbol s in a zeroed table: every index whose low l bits are
+// its (reversed) code. The codes are prefix-free, so symbols fill disjoint
+// entries and the threads of a CTA can fill them in parallel.
+ZIPCCL_HD void FillDecodeEntries(const uint32_t* enc, int s, DecodeEntry* table) {
+  const int l = int(enc[s] >> 16);
+  if (!l) return;
+  for (uint32_t i = enc[s] & 0xFFFFu; i < uint32_t(kTableSize); i += 1u << l)
+    table[i] = DecodeEntry{uint16_t(s), uint8_t(l), 0};
+}
+
 ZIPCCL_HD void BuildDecodeTable(const uint32_t* enc, DecodeEntry* table) {
   for (int i = 0; i < kTableSize; ++i) table[i] = DecodeEntry{0, 0, 0};
-  for (int s = 0; s < kNumSymbols; ++s) {
-    int l = int(enc[s] >> 16);
-    if (!l) continue;
-    for (uint32_t i = enc[s] & 0xFFFFu; i < uint32_t(kTableSize); i += 1u << l)
-      table[i] = DecodeEntry{uint16_t(s), uint8_t(l), 0};
-  }
+  for (int s = 0; s < kNumSymbols; ++s) FillDecodeEntries(enc, s, table);
 }
 
 }  // namespace zipccl

@@ -7,7 +7,15 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include <string>
+
 #include "cuda_launch.cuh"
+
+// The oldest NVIDIA driver of the toolkit's major version (CMake sets it from
+// the toolkit that builds this file; it is also recorded in build_info()).
+#ifndef ZIPCCL_CUDA_MIN_DRIVER
+#error "ZIPCCL_CUDA_MIN_DRIVER must name the minimum driver of the CUDA toolkit"
+#endif
 
 namespace zipccl::cuda {
 namespace {
@@ -34,8 +42,11 @@ struct DeviceCta {
   }
 };
 
+// Minimum one resident CTA: without it ptxas (CUDA 13, sm_90) capped the block
+// decoder at 48 registers and spilled 12-20 bytes; the build refuses spills
+// (-Xptxas=-warn-spills,-Werror), and static shared memory bounds occupancy anyway.
 template <class K>
-__global__ void __launch_bounds__(K::kBlockThreads) Kernel(typename K::Params p) {
+__global__ void __launch_bounds__(K::kBlockThreads, 1) Kernel(typename K::Params p) {
   __shared__ typename K::Shared sm;
   __shared__ typename DeviceCta<K::kBlockThreads>::Scan::TempStorage scan_temp;
   DeviceCta<K::kBlockThreads> cta{&scan_temp};
@@ -100,5 +111,22 @@ int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, 
 }
 
 const char* ErrorString(int cuda_error) { return cudaGetErrorString(cudaError_t(cuda_error)); }
+
+int GetVersions(Versions* v) {
+  v->runtime = v->driver = 0;
+  cudaError_t err = cudaRuntimeGetVersion(&v->runtime);
+  if (err == cudaSuccess) err = cudaDriverGetVersion(&v->driver);  // 0 without a driver
+  return int(err);
+}
+
+const char* DriverError() {
+  static const std::string* message = [] {
+    Versions v;
+    if (GetVersions(&v) != 0 || !DriverSupports(v.driver, v.runtime))
+      return new std::string(DriverMismatchMessage(v.driver, v.runtime, ZIPCCL_CUDA_MIN_DRIVER));
+    return static_cast<std::string*>(nullptr);
+  }();
+  return message ? message->c_str() : nullptr;
+}
 
 }  // namespace zipccl::cuda

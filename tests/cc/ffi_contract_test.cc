@@ -1,0 +1,342 @@
+// FFI contract test of the CUDA handlers: the real ZipcclEncodeCuda / ZipcclDecodeCuda of
+// xla_ffi/handlers_cuda.cc, called through a mock XLA_FFI_Api that enforces XLA's rules
+// (xla_ffi_mock.h), with the driver's host API linked from xla_ffi/emulated_kernels.cc instead of
+// codec/kernels.cu, so the kernels run in the SIMT emulator on host memory. Host compiler only.
+//
+// Any request XLA would reject (an alignment above 16, a missing GPU context, scratch kept past the
+// return) fails the call or is recorded as a violation, and fails the test. The bytes are compared with
+// the CPU driver's.
+//
+// Build (tests/test_ffi_contract.py does this; Bazel: //tests/cc:ffi_contract_test):
+//   g++ -std=c++17 -I. -Ixla_ffi -isystem <jaxlib>/include tests/cc/ffi_contract_test.cc
+//       xla_ffi/handlers_cuda.cc xla_ffi/emulated_kernels.cc xla_ffi/codec/cpu_driver.cc
+#ifndef ZIPCCL_WITH_CUDA
+#define ZIPCCL_WITH_CUDA 1
+#endif
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/cc/check.h"
+#include "tests/cc/codec_test_util.h"
+#include "tests/cc/xla_ffi_mock.h"
+#include "xla_ffi/codec/cuda_common.cuh"
+#include "xla_ffi/emulated_kernels.h"
+#include "xla_ffi/handlers.h"
+#include "xla_ffi/simt_emulator.h"
+
+namespace {
+
+using namespace zipccl_test;
+using xla_ffi_mock::Array;
+using xla_ffi_mock::Invoke;
+using xla_ffi_mock::Outcome;
+namespace emulated = zipccl::cuda::emulated;
+
+XLA_FFI_DataType FfiType(uint8_t dtype) {
+  return dtype == kBF16 ? XLA_FFI_DataType_BF16 : dtype == kF16 ? XLA_FFI_DataType_F16 : XLA_FFI_DataType_F32;
+}
+
+// Frames of n elements each, concatenated: gaussian with zeros, so every block mode occurs.
+zipccl_test::Array Frames(uint8_t dtype, uint64_t frames, uint64_t n, uint32_t seed) {
+  zipccl_test::Array all = MakeArray(dtype, frames * n);
+  for (uint64_t f = 0; f < frames; ++f) {
+    zipccl_test::Array a = f == 1 ? RandomBits(dtype, n, seed + f) : Gaussian(dtype, n, seed + f, 1.0f, 0.3);
+    std::memcpy(all.bytes.data() + f * a.bytes.size(), a.bytes.data(), a.bytes.size());
+  }
+  return all;
+}
+
+struct Encoded {
+  Outcome outcome;
+  std::vector<uint8_t> payload;
+  std::vector<int64_t> nbytes;
+};
+
+Encoded EncodeCuda(XLA_FFI_ExecutionContext& ctx, const zipccl_test::Array& x, uint64_t frames, uint64_t cap,
+                   bool checksum, std::vector<uint8_t>* skip = nullptr) {
+  Encoded e;
+  e.payload.assign(frames * cap, 0xAB);  // stale device memory
+  e.nbytes.assign(frames, -7);
+  const int64_t n = int64_t(x.n / frames);
+  std::vector<Array> args = {{FfiType(x.dtype), {int64_t(frames), n}, const_cast<uint8_t*>(x.bytes.data())}};
+  if (skip) args.push_back({XLA_FFI_DataType_U8, {int64_t(frames)}, skip->data()});
+  e.outcome = Invoke(ZipcclEncodeCuda, ctx, args,
+                     {{XLA_FFI_DataType_U8, {int64_t(frames), int64_t(cap)}, e.payload.data()},
+                      {XLA_FFI_DataType_S64, {int64_t(frames)}, e.nbytes.data()}},
+                     {{"checksum", checksum}});
+  return e;
+}
+
+// The CPU driver's frame f, padded with zeros to cap (what the CUDA encoder must write).
+std::vector<uint8_t> CpuRow(const zipccl_test::Array& x, uint64_t frames, uint64_t f, uint64_t cap,
+                            bool checksum, int64_t* size) {
+  const uint64_t n = x.n / frames, w = uint64_t(zipccl::ElemBytes(x.dtype));
+  std::vector<uint8_t> row(cap, 0);
+  *size = int64_t(zipccl::cpu::EncodeFrame(x.bytes.data() + f * n * w, n, x.dtype, checksum, row.data(), cap));
+  return row;
+}
+
+void ExpectClean(const XLA_FFI_ExecutionContext& ctx, const char* what) {
+  CHECK(ctx.violations.empty()) << what << ": " << ctx.violations.front();
+  CHECK(ctx.live.empty()) << what << ": scratch leaked";
+  CHECK(ctx.max_alignment <= 16) << what << ": asked for alignment " << ctx.max_alignment;
+}
+
+TEST(encode_through_xla_ffi_gives_the_cpu_drivers_bytes) {
+  for (uint8_t dtype : kDTypes) {
+    for (bool checksum : {false, true}) {
+      XLA_FFI_ExecutionContext ctx;
+      const uint64_t frames = 3, n = 70001;  // two blocks per frame, the second partial
+      zipccl_test::Array x = Frames(dtype, frames, n, 11);
+      const uint64_t cap = zipccl::MaxEncodedBytes(n, dtype);
+      Encoded e = EncodeCuda(ctx, x, frames, cap, checksum);
+      CHECK(e.outcome.ok) << DTypeName(dtype) << ": " << e.outcome.message;
+      ExpectClean(ctx, DTypeName(dtype));
+      CHECK_EQ(ctx.allocations, uint64_t(1));
+      CHECK(emulated::Last().stream == ctx.stream) << "kernels must go to the stream of XLA's context";
+      CHECK(emulated::Last().launches > 0);
+      for (uint64_t f = 0; f < frames; ++f) {
+        int64_t size = 0;
+        std::vector<uint8_t> want = CpuRow(x, frames, f, cap, checksum, &size);
+        CHECK_EQ(e.nbytes[f], size) << DTypeName(dtype) << " frame " << f;
+        CHECK(std::memcmp(e.payload.data() + f * cap, want.data(), cap) == 0)
+            << DTypeName(dtype) << " frame " << f << " checksum " << checksum;
+      }
+    }
+  }
+}
+
+TEST(any_cub_temp_size_gives_the_same_bytes) {
+  for (uint64_t temp : {uint64_t(1), uint64_t(255), uint64_t(1) << 20}) {
+    emulated::SetScanTempBytes(temp);
+    XLA_FFI_ExecutionContext ctx;
+    zipccl_test::Array x = Frames(kBF16, 2, 5000, 3);
+    const uint64_t cap = zipccl::MaxEncodedBytes(5000, kBF16);
+    Encoded e = EncodeCuda(ctx, x, 2, cap, false);
+    CHECK(e.outcome.ok) << e.outcome.message;
+    ExpectClean(ctx, "cub temp");
+    int64_t size = 0;
+    std::vector<uint8_t> want = CpuRow(x, 2, 0, cap, false, &size);
+    CHECK(std::memcmp(e.payload.data(), want.data(), cap) == 0) << "temp " << temp;
+  }
+  emulated::SetScanTempBytes(1000);
+}
+
+TEST(decode_with_status_and_skip_through_xla_ffi) {
+  for (uint8_t dtype : kDTypes) {
+    const uint64_t frames = 4, n = 66000;
+    zipccl_test::Array x = Frames(dtype, frames, n, 5);
+    const uint64_t cap = zipccl::MaxEncodedBytes(n, dtype), w = uint64_t(zipccl::ElemBytes(dtype));
+    std::vector<uint8_t> payload(frames * cap);
+    for (uint64_t f = 0; f < frames; ++f) {
+      int64_t size = 0;
+      std::vector<uint8_t> row = CpuRow(x, frames, f, cap, true, &size);
+      std::memcpy(payload.data() + f * cap, row.data(), cap);
+    }
+    payload[2 * cap + 40] ^= 0x10;  // frame 2: corrupt (the checksum catches it)
+    std::vector<uint8_t> skip = {0, 0, 0, 1};
+    std::vector<uint8_t> out(frames * n * w, 0xCD);
+    std::vector<int32_t> status(frames, -1);
+    XLA_FFI_ExecutionContext ctx;
+    Outcome o = Invoke(ZipcclDecodeCuda, ctx,
+                       {{XLA_FFI_DataType_U8, {int64_t(frames), int64_t(cap)}, payload.data()},
+                        {XLA_FFI_DataType_U8, {int64_t(frames)}, skip.data()}},
+                       {{FfiType(dtype), {int64_t(frames), int64_t(n)}, out.data()},
+                        {XLA_FFI_DataType_S32, {int64_t(frames)}, status.data()}},
+                       {});
+    CHECK(o.ok) << o.message;
+    ExpectClean(ctx, "decode");
+    CHECK(emulated::Last().stream == ctx.stream);
+    CHECK_EQ(status[0], 0);
+    CHECK_EQ(status[1], 0);
+    CHECK_EQ(status[2], int(zipccl::kErrChecksum));
+    CHECK_EQ(status[3], 0);
+    CHECK(std::memcmp(out.data(), x.bytes.data(), 2 * n * w) == 0) << DTypeName(dtype);
+    const uint32_t fill = zipccl::RejectedFillBits(dtype);
+    bool nan_row = true, zero_row = true;
+    for (uint64_t i = 0; i < n; ++i) {
+      uint32_t v = 0, z = 0;
+      std::memcpy(&v, out.data() + (2 * n + i) * w, w);
+      std::memcpy(&z, out.data() + (3 * n + i) * w, w);
+      nan_row &= v == fill;
+      zero_row &= z == 0;
+    }
+    CHECK(nan_row) << DTypeName(dtype) << ": a rejected frame decodes to the fill bits";
+    CHECK(zero_row) << DTypeName(dtype) << ": a skipped frame decodes to zeros";
+  }
+}
+
+TEST(xla_rejects_alignments_above_16_and_the_handlers_never_ask) {
+  // The mock refuses what XLA refuses...
+  XLA_FFI_ExecutionContext ctx;
+  for (size_t al : {size_t(32), size_t(256), size_t(3), size_t(0)}) {
+    XLA_FFI_DeviceMemory_Allocate_Args a{XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE, nullptr, &ctx, 64, al,
+                                         nullptr};
+    XLA_FFI_Error* err = xla_ffi_mock::Api()->XLA_FFI_DeviceMemory_Allocate(&a);
+    CHECK(err != nullptr) << "alignment " << al;
+    if (err) {
+      CHECK(err->message == "Unsupported alignment: " + std::to_string(al)) << err->message;
+      delete err;
+    }
+  }
+  // ...and every request of the handlers stays within it (ExpectClean checks max_alignment).
+  XLA_FFI_ExecutionContext ctx2;
+  zipccl_test::Array x = Frames(kF16, 2, 3000, 9);
+  Encoded e = EncodeCuda(ctx2, x, 2, zipccl::MaxEncodedBytes(3000, kF16), false);
+  CHECK(e.outcome.ok) << e.outcome.message;
+  ExpectClean(ctx2, "alignment");
+  CHECK_EQ(ctx2.max_alignment, size_t(16));
+}
+
+TEST(allocator_failure_reports_xlas_message) {
+  XLA_FFI_ExecutionContext ctx;
+  ctx.budget_bytes = 100;  // less than any scratch
+  zipccl_test::Array x = Frames(kBF16, 2, 4000, 1);
+  Encoded e = EncodeCuda(ctx, x, 2, zipccl::MaxEncodedBytes(4000, kBF16), false);
+  CHECK(!e.outcome.ok);
+  CHECK_EQ(int(e.outcome.errc), int(XLA_FFI_Error_Code_RESOURCE_EXHAUSTED));
+  CHECK(e.outcome.message.find("zipccl encode") != std::string::npos) << e.outcome.message;
+  CHECK(e.outcome.message.find("Out of memory while trying to allocate") != std::string::npos)
+      << e.outcome.message;
+  CHECK(e.outcome.message.find("alignment 16") != std::string::npos) << e.outcome.message;
+  ExpectClean(ctx, "oom");
+}
+
+TEST(launch_failure_propagates_and_frees_the_scratch) {
+  XLA_FFI_ExecutionContext ctx;
+  emulated::FailNextCall(719);
+  zipccl_test::Array x = Frames(kF32, 1, 3000, 2);
+  Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kF32), false);
+  CHECK(!e.outcome.ok);
+  CHECK_EQ(int(e.outcome.errc), int(XLA_FFI_Error_Code_INTERNAL));
+  CHECK(e.outcome.message.find("zipccl encode: kernel launch: unspecified launch failure") != std::string::npos)
+      << e.outcome.message;
+  CHECK_EQ(ctx.allocations, uint64_t(1));
+  CHECK_EQ(ctx.frees, uint64_t(1));
+  ExpectClean(ctx, "launch failure");
+}
+
+TEST(old_driver_fails_naming_both_versions) {
+  emulated::SetDriverVersion(11080);
+  XLA_FFI_ExecutionContext ctx;
+  zipccl_test::Array x = Frames(kBF16, 1, 3000, 2);
+  Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kBF16), false);
+  emulated::SetDriverVersion(emulated::kRuntimeVersion);
+  CHECK(!e.outcome.ok);
+  CHECK_EQ(int(e.outcome.errc), int(XLA_FFI_Error_Code_FAILED_PRECONDITION));
+  for (const char* part : {"CUDA 11.8", "CUDA 12.9 runtime", "525.60.13"})
+    CHECK(e.outcome.message.find(part) != std::string::npos) << part << " in: " << e.outcome.message;
+  CHECK_EQ(ctx.allocations, uint64_t(0));
+  ExpectClean(ctx, "driver");
+}
+
+TEST(no_gpu_context_is_an_error_not_a_crash) {
+  XLA_FFI_ExecutionContext ctx;
+  ctx.gpu = false;
+  zipccl_test::Array x = Frames(kBF16, 1, 100, 2);
+  Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(100, kBF16), false);
+  CHECK(!e.outcome.ok);
+  CHECK(e.outcome.message.find("GPU context is not available") != std::string::npos) << e.outcome.message;
+  CHECK_EQ(ctx.allocations, uint64_t(0));
+}
+
+TEST(bad_operands_fail_before_any_allocation) {
+  XLA_FFI_ExecutionContext ctx;
+  std::vector<int32_t> x(64);
+  std::vector<uint8_t> payload(200);
+  std::vector<int64_t> nbytes(1);
+  Outcome o = Invoke(ZipcclEncodeCuda, ctx, {{XLA_FFI_DataType_S32, {1, 64}, x.data()}},
+                     {{XLA_FFI_DataType_U8, {1, 200}, payload.data()}, {XLA_FFI_DataType_S64, {1}, nbytes.data()}},
+                     {{"checksum", false}});
+  CHECK(!o.ok);
+  CHECK_EQ(int(o.errc), int(XLA_FFI_Error_Code_INVALID_ARGUMENT));
+  CHECK(o.message.find("unsupported dtype") != std::string::npos) << o.message;
+  CHECK_EQ(ctx.allocations, uint64_t(0));
+}
+
+TEST(zero_frames_allocate_nothing) {
+  XLA_FFI_ExecutionContext ctx;
+  zipccl_test::Array x = MakeArray(kBF16, 0);
+  uint8_t dummy = 0;
+  Outcome o = Invoke(ZipcclEncodeCuda, ctx, {{XLA_FFI_DataType_BF16, {0, 10}, &dummy}},
+                     {{XLA_FFI_DataType_U8, {0, 64}, &dummy}, {XLA_FFI_DataType_S64, {0}, &dummy}},
+                     {{"checksum", false}});
+  CHECK(o.ok) << o.message;
+  CHECK_EQ(ctx.allocations, uint64_t(0));
+  ExpectClean(ctx, "empty");
+}
+
+// ---- The emulator's detectors, each fed the bug it exists for -------------------------------------------
+// A CTA storing 16 bytes per thread at out + offset: a GPU faults unless offset keeps the uint4 aligned.
+struct VectorStoreKernel {
+  static constexpr const char* kName = "test_vector_store";
+  static constexpr int kBlockThreads = 8;
+  struct Params {
+    uint8_t* out;
+    int offset;
+  };
+  struct Shared {
+    int unused;
+  };
+  template <class Cta>
+  static void Run(Cta& cta, Shared&, const Params& p) {
+    const uint32_t w[4] = {cta.tid(), 1, 2, 3};
+    zipccl::cuda::Store16B(p.out + p.offset + 16 * cta.tid(), w);
+  }
+};
+
+TEST(emulator_faults_on_a_misaligned_uint4_store) {
+  alignas(16) static uint8_t buf[16 * 9];
+  zipccl::cuda::emu::EmuLauncher ok(true, 1);
+  ok.Launch<VectorStoreKernel>(1, {buf, 16});  // aligned: no fault
+  std::string fault;
+  try {
+    zipccl::cuda::emu::EmuLauncher bad(true, 1);
+    bad.Launch<VectorStoreKernel>(1, {buf, 4});  // the seeded bug
+  } catch (const std::exception& e) {
+    fault = e.what();
+  }
+  CHECK(fault.find("misaligned 16-byte (uint4) store in test_vector_store") != std::string::npos) << fault;
+}
+
+// Thread 0 publishes a value in shared memory that every thread reads; `barrier` says whether a barrier
+// separates the write from the reads.
+struct PublishKernel {
+  static constexpr const char* kName = "test_publish";
+  static constexpr int kBlockThreads = 32;
+  struct Params {
+    uint32_t* out;
+    bool barrier;
+  };
+  struct Shared {
+    uint32_t value;
+  };
+  template <class Cta>
+  static void Run(Cta& cta, Shared& sm, const Params& p) {
+    if (cta.tid() == 0) sm.value = 42;
+    if (p.barrier) cta.sync();
+    p.out[cta.tid()] = sm.value;
+  }
+};
+
+TEST(emulator_shows_a_dropped_syncthreads) {
+  uint32_t out[32];
+  int wrong_with = 0, wrong_without = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    for (bool barrier : {true, false}) {
+      zipccl::cuda::emu::EmuLauncher l(true, seed);
+      l.Launch<PublishKernel>(1, {out, barrier});
+      int wrong = 0;
+      for (uint32_t v : out) wrong += v != 42;
+      (barrier ? wrong_with : wrong_without) += wrong;
+    }
+  }
+  CHECK_EQ(wrong_with, 0);
+  CHECK(wrong_without > 0) << "shuffled thread order and garbage-filled shared memory must expose the race";
+}
+
+}  // namespace
+
+ZIPCCL_TEST_MAIN

@@ -1,0 +1,70 @@
+"""`python -m zipccl_jax.info` / `zipccl_jax.info()`: what the build is and what it sees (issue 15)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jaxlib
+
+import zipccl_jax
+from zipccl_jax import _zipccl as ext
+
+MIN_DRIVER = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
+
+
+def _cli() -> dict:
+  r = subprocess.run([sys.executable, "-m", "zipccl_jax.info"], capture_output=True, text=True, timeout=300,
+                     cwd="/", env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stderr
+  return json.loads(r.stdout)
+
+
+def test_cli_prints_the_dict_info_returns():
+  d = _cli()
+  assert d == zipccl_jax.info()
+  assert d["version"] == zipccl_jax.__version__
+  assert (d["jax"], d["jaxlib"]) == (jax.__version__, jaxlib.__version__)
+  for key in ("kernels", "toolkit", "runtime", "driver", "min_driver", "archs", "problems"):
+    assert key in d["cuda"], key
+
+
+def test_cuda_fields_describe_the_build():
+  cuda = zipccl_jax.info()["cuda"]
+  assert cuda["kernels"] == ext.with_cuda
+  if not cuda["kernels"]:
+    assert cuda["toolkit"] is None and cuda["archs"] == [] and cuda["runtime"] is None
+    return
+  assert re.fullmatch(r"\d+\.\d+", cuda["toolkit"]), cuda
+  major = cuda["toolkit"].split(".")[0]
+  assert cuda["min_driver"] == MIN_DRIVER[major]
+  assert cuda["archs"] == [80, 90]
+  # The runtime linked into the extension is the toolkit's (static cudart of the same toolkit).
+  assert cuda["runtime"] == cuda["toolkit"], cuda
+  # No NVIDIA driver on this machine: reported as such, not as a mismatch.
+  if not Path("/proc/driver/nvidia").exists():
+    assert cuda["driver"] is None
+
+
+def test_a_plugin_of_another_cuda_major_is_a_reported_problem():
+  if not ext.with_cuda:
+    return
+  cuda = zipccl_jax.info()["cuda"]
+  plugin = zipccl_jax.info()["jax_cuda_plugin"]
+  mismatch = plugin is not None and not plugin.startswith(f"jax-cuda{cuda['toolkit'].split('.')[0]}-")
+  assert any("reinstall zipccl_jax" in p for p in cuda["problems"]) == mismatch
+
+
+def test_cpu_code_paths_match_the_build_machine():
+  d = zipccl_jax.info()["cpu"]
+  assert d["native"] == ext.build_info()["cpu_native"]
+  flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+  vbmi2 = all(re.search(rf"\b{f}\b", flags) for f in ("avx512_vbmi2", "avx512vl", "avx512bw", "bmi2"))
+  if d["native"]:
+    assert ("avx512_vbmi2" in d["code_paths"]) == vbmi2, (d, vbmi2)
+  assert set(d["code_paths"]) <= {"avx512_vbmi2"}

@@ -1,0 +1,252 @@
+"""zipccl_jax.ragged_all_to_all (compressed) and the ragged transport of the other collectives, run on 8
+virtual CPU devices (XLA:CPU has no ragged-all-to-all: zipccl_jax._ragged's exact emulation runs there).
+
+ragged_all_to_all is checked against the NumPy model of jax.lax's documented semantics in
+tests/test_ragged.py (not against our own code); all_to_all / all_gather / ppermute with
+``transport="ragged"`` against jax.lax on held-out data (tests/data). Bits are compared, never values.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import zipccl_jax as zj
+from zipccl_jax import _ragged
+from test_ragged import (AXIS, BF16, assert_bits_equal, disjoint_reads, mesh8, model_ragged_all_to_all,
+                         model_vjp, random_case, run_sharded)
+
+DATA = Path(__file__).resolve().parent / "data"
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8,
+                                reason="needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+
+
+def zrag(*args, **kw):
+  return zj.ragged_all_to_all(*args, axis_name=AXIS, **kw)
+
+
+def model(case):
+  return np.stack(model_ragged_all_to_all(*[list(a) for a in case]))
+
+
+def held_out_bf16(n_values: int) -> np.ndarray:
+  """MoE dispatch activations from tests/data (held out from every capacity or ratio choice)."""
+  a = np.load(DATA / "act_moe_dispatch.bf16.npy")
+  a = a.view(BF16) if a.dtype == np.uint16 else a.astype(BF16)
+  return np.resize(a.ravel(), n_values)
+
+
+def run_with_stats(fn, *case, site):
+  zj.reset_stats()
+  prev = zj.set_runtime_stats(True)
+  try:
+    got = run_sharded(fn, *case)
+    jax.effects_barrier()
+  finally:
+    zj.set_runtime_stats(prev)
+  return got, zj.stats()[site]
+
+
+# --------------------------------------------------------------------------------------------------------- #
+# ragged_all_to_all
+# --------------------------------------------------------------------------------------------------------- #
+
+@pytest.mark.parametrize("spd", [1, 2])
+def test_compressed_bit_exact_coded_and_fallback(spd):
+  """Compressible rows (NaN payload rows included) go coded; random bits overflow and fall back, on every
+  device alike; both equal the model bit for bit."""
+  for payload, fallbacks in (("gaussian", 0), ("bits", 8)):
+    case = random_case(40 + spd, spd=spd, rows=24, row_shape=(128,), payload=payload)
+    got, st = run_with_stats(lambda *a: zrag(*a, compress=True, name="rag"), *case, site="rag")
+    assert_bits_equal(got, model(case), f"{payload}, spd={spd}")
+    assert st.op == "ragged_all_to_all" and st.compressed and st.capacity > 0
+    assert (st.calls, st.fallbacks) == (8, fallbacks), (payload, st)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_rows_coded_bit_exact(dtype):
+  """FP8 rows (the symbol is the whole byte) go coded, NaN bytes included."""
+  dt = np.dtype(getattr(ml_dtypes, dtype))
+  case = random_case(45, spd=2, rows=24, row_shape=(256,), dtype=dt, payload="gaussian")
+  got, st = run_with_stats(lambda *a: zrag(*a, compress=True, name="f8"), *case, site="f8")
+  assert_bits_equal(got, model(case), dtype)
+  assert st.compressed and st.dtype == dtype and st.fallbacks == 0, st
+
+
+def test_held_out_data_two_slices_empty_full_and_nan():
+  case = list(random_case(50, spd=2, rows=32, row_shape=(64,), payload="gaussian"))
+  case[0] = held_out_bf16(case[0].size).reshape(case[0].shape)
+  case[0][3, 5, :] = np.array(0x7FC1, np.uint16).view(BF16)  # a NaN payload row
+  send = case[3]
+  assert (send == 0).any() and (send == 32).any()  # empty and full slices
+  got, st = run_with_stats(lambda *a: zrag(*a, compress=True, name="held"), *case, site="held")
+  assert_bits_equal(got, model(case), "held-out")
+  assert st.fallbacks == 0
+  raw = run_sharded(lambda *a: zrag(*a, compress=False), *case)
+  assert_bits_equal(raw, got, "compress=False")
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_grad_is_the_documented_transpose(compress):
+  case = disjoint_reads(random_case(60, spd=2, dtype=np.float32, row_shape=(8,), payload="gaussian"), 3)
+  ct = (np.random.default_rng(4).standard_normal(case[1].shape) * 0.02).astype(np.float32)
+
+  def grads(operand, output, io, ss, oo, rs, w):
+    f = lambda a, b: jnp.sum(zrag(a, b, io, ss, oo, rs, compress=compress, name="g") * w)
+    ga, gb = jax.grad(f, argnums=(0, 1))(operand, output)
+    return jnp.concatenate([ga, gb])
+
+  zj.reset_stats()
+  got = run_sharded(grads, *case, ct)
+  op_ct, out_ct = model_vjp(case, ct)
+  n_rows = case[0].shape[1]
+  assert_bits_equal(got[:, :n_rows], op_ct, "operand cotangent")
+  assert_bits_equal(got[:, n_rows:], out_ct, "output cotangent")
+  st = zj.stats()
+  assert st["g/bwd"].compressed is compress and st["g/bwd"].op == "ragged_all_to_all"
+
+
+def test_vmap_batches_examples():
+  cases = [random_case(70 + b, spd=2, rows=10, out_rows=140, row_shape=(64,),
+                       payload="bits" if b == 1 else "gaussian") for b in range(3)]
+  stacked = [np.stack([c[a] for c in cases], axis=1) for a in range(6)]  # (n, B, ...)
+  got = run_sharded(lambda *a: jax.vmap(lambda *x: zrag(*x, compress=True))(*a), *stacked)
+  for b, c in enumerate(cases):  # example 1 falls back, the others decode
+    assert_bits_equal(got[:, b], model(c), f"example {b}")
+
+
+def test_compress_auto_and_uncoded_dtypes():
+  case = random_case(80, spd=2, rows=10, dtype=np.int32, row_shape=(4,))
+  got = run_sharded(lambda *a: zrag(*a, name="ints"), *case)  # auto: ints go raw
+  assert_bits_equal(got, model(case), "int32")
+  assert not zj.stats()["ints"].compressed
+  with pytest.raises(TypeError, match="compress=True but x has dtype int32"):
+    run_sharded(lambda *a: zrag(*a, compress=True), *case)
+
+
+def test_trace_time_errors():
+  case = random_case(90, spd=1, rows=4)
+  with pytest.raises(NotImplementedError, match="axis_index_groups"):
+    run_sharded(lambda *a: zrag(*a, axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]]), *case)
+  twelve = [np.zeros((8, 12), np.int32)] * 4  # 12 offsets: not a multiple of the 8 ranks
+  with pytest.raises(ValueError, match="zipccl_jax.ragged_all_to_all: the length of the offsets"):
+    run_sharded(lambda *a: zrag(*a, compress=True), *case[:2], *twelve)
+  with pytest.raises(TypeError, match="zipccl_jax.ragged_all_to_all: recv_sizes must be an integer"):
+    run_sharded(lambda *a: zrag(*a, compress=True), *case[:5], case[5].astype(np.float32))
+  with pytest.raises(ValueError, match="compress must be True, False or 'auto'"):
+    run_sharded(lambda *a: zrag(*a, compress="yes"), *case)
+
+
+def test_cuda_lowering_moves_coded_frames_with_ragged_all_to_all():
+  mesh = mesh8()
+  spec = P(AXIS)
+  case = random_case(0, spd=2, payload="gaussian")
+  f = jax.jit(jax.shard_map(lambda *a: zrag(*(x[0] for x in a), compress=True)[None], mesh=mesh,
+                            in_specs=spec, out_specs=spec))
+  args = [jax.device_put(a, NamedSharding(mesh, spec)) for a in case]
+  cuda = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text(dialect="hlo")
+  assert "ragged-all-to-all" in cuda
+  assert 'custom_call_target="zipccl_encode' in cuda and 'custom_call_target="zipccl_decode' in cuda
+
+
+# --------------------------------------------------------------------------------------------------------- #
+# transport="ragged" of the other collectives executes on CPU
+# --------------------------------------------------------------------------------------------------------- #
+
+def _ring(n):
+  return [(i, (i + 1) % n) for i in range(n)]
+
+
+PAIRS = {
+    "all_to_all": (lambda v, **kw: zj.all_to_all(v, AXIS, 0, 0, tiled=True, **kw),
+                   lambda v: lax.all_to_all(v, AXIS, 0, 0, tiled=True)),
+    "all_gather": (lambda v, **kw: zj.all_gather(v, AXIS, tiled=True, **kw),
+                   lambda v: lax.all_gather(v, AXIS, tiled=True)),
+    "ppermute": (lambda v, **kw: zj.ppermute(v, AXIS, _ring(8), **kw),
+                 lambda v: lax.ppermute(v, AXIS, _ring(8))),
+}
+
+
+def _data(kind):
+  n = 8 * 16 * 512
+  if kind == "held_out":
+    return held_out_bf16(n).reshape(8 * 16, 512)
+  rng = np.random.default_rng(5)
+  return rng.integers(0, 2**16, size=n, dtype=np.uint16).view(BF16).reshape(8 * 16, 512)
+
+
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_ragged_transport_runs_on_cpu_bit_identical(op):
+  mesh = mesh8()
+  spec = P(AXIS)
+  ours, theirs = PAIRS[op]
+  g = jax.jit(jax.shard_map(lambda v: theirs(lax.bitcast_convert_type(v, jnp.uint16)), mesh=mesh,
+                            in_specs=spec, out_specs=spec))
+  for kind, fell_back in (("held_out", False), ("bits", True)):  # random bits overflow
+    x = jax.device_put(_data(kind), NamedSharding(mesh, spec))
+    zj.reset_stats()
+    prev = zj.set_runtime_stats(True)  # before tracing: the counters are traced in
+    try:
+      f = jax.jit(jax.shard_map(lambda v: ours(v, compress=True, transport="ragged", name=op),
+                                mesh=mesh, in_specs=spec, out_specs=spec))
+      assert "ragged-all-to-all" not in f.lower(x).as_text(dialect="hlo")  # the exact emulation
+      got = np.asarray(f(x))
+      jax.effects_barrier()
+    finally:
+      zj.set_runtime_stats(prev)
+    assert_bits_equal(got.view(np.uint16), np.asarray(g(x)), f"{op} {kind}")
+    st = zj.stats()[op]
+    assert st.compressed and st.calls == 8 and (st.fallbacks > 0) is fell_back, (kind, st)
+
+
+def test_ragged_transport_int64_offsets(monkeypatch):
+  """Frame offsets are int64 once n*C can pass 2**31 (forced here with a small limit): still exact on
+  CPU, and the CUDA ragged-all-to-all takes s64 offsets."""
+  monkeypatch.setattr(_ragged, "_INT32_LIMIT", 1000)
+  mesh = mesh8()
+  spec = P(AXIS)
+  ours, theirs = PAIRS["all_to_all"]
+  f = jax.jit(jax.shard_map(lambda v: ours(v, compress=True, transport="ragged"), mesh=mesh,
+                            in_specs=spec, out_specs=spec))
+  x = jax.device_put(_data("held_out"), NamedSharding(mesh, spec))
+  g = jax.jit(jax.shard_map(lambda v: theirs(lax.bitcast_convert_type(v, jnp.uint16)), mesh=mesh,
+                            in_specs=spec, out_specs=spec))
+  assert_bits_equal(np.asarray(f(x)).view(np.uint16), np.asarray(g(x)), "int64 offsets")
+  prev = zj.set_runtime_stats(False)  # debug callbacks cannot be lowered for another platform
+  try:
+    cuda = f.trace(x).lower(lowering_platforms=("cuda",)).as_text(dialect="hlo")
+  finally:
+    zj.set_runtime_stats(prev)
+  calls = re.findall(r"ragged-all-to-all\(([^)]*)\)", cuda)
+  assert calls
+  for operands in calls:  # operand, output, then the four offsets and sizes
+    for name in operands.split(", ")[2:]:
+      assert re.search(rf"\n\s*{re.escape(name)} = s64\[", cuda), (name, operands)
+
+
+@pytest.mark.parametrize("axis", ["b", ("a", "b")], ids=["one_axis_of_2x4", "both_axes"])
+def test_two_dimensional_mesh(axis):
+  """On a 2x4 mesh: over 'b' (4 ranks; operands also vary over 'a', each 'a' row its own exchange) and over
+  ('a', 'b') (8 ranks, row-major)."""
+  mesh = jax.make_mesh((2, 4), ("a", "b"))
+  n = 4 if axis == "b" else 8
+  groups = [random_case(100 + g, n=n, spd=2, rows=16, out_rows=260, row_shape=(64,), payload="gaussian")
+            for g in range(8 // n)]
+  per_rank = [np.concatenate([c[i] for c in groups]) for i in range(6)]  # rank order = row-major (a, b)
+  spec = P(("a", "b"))
+  args = [jax.device_put(x, NamedSharding(mesh, spec)) for x in per_rank]
+  f = jax.jit(jax.shard_map(lambda *xs: zj.ragged_all_to_all(*(x[0] for x in xs), axis_name=axis,
+                                                             compress=True)[None],
+                            mesh=mesh, in_specs=spec, out_specs=spec))
+  got = np.asarray(f(*args))
+  want = np.concatenate([model(c) for c in groups])
+  assert_bits_equal(got, want, str(axis))

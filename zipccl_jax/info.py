@@ -1,0 +1,97 @@
+"""What this zipccl_jax build is and what it sees: paste `python -m zipccl_jax.info` into bug reports.
+
+>>> import zipccl_jax
+>>> sorted(zipccl_jax.info())[:3]
+['cpu', 'cuda', 'jax']
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as _md
+import json
+import sys
+
+import jax
+import jaxlib
+
+from zipccl_jax import _ffi
+
+_PLUGINS = ("jax-cuda13-plugin", "jax-cuda12-plugin")
+
+
+def _version(dist: str) -> str | None:
+  try:
+    return _md.version(dist)
+  except _md.PackageNotFoundError:
+    return None
+
+
+def _cuda_version(v: int) -> str | None:
+  """12090 (cudaRuntimeGetVersion's encoding) -> "12.9"; 0 -> None."""
+  return f"{v // 1000}.{v % 1000 // 10}" if v else None
+
+
+def _jax_cuda_plugin() -> str | None:
+  for dist in _PLUGINS:
+    if (v := _version(dist)) is not None:
+      return f"{dist} {v}"
+  return None
+
+
+def _cuda(build: dict, plugin: str | None) -> dict:
+  ext = _ffi.extension()
+  versions = ext.cuda_versions() if build["cuda_kernels"] else None
+  cuda = {
+      "kernels": bool(build["cuda_kernels"]),
+      "toolkit": build["cuda_toolkit"] or None,
+      "runtime": _cuda_version(versions["runtime"]) if versions else None,
+      "driver": _cuda_version(versions["driver"]) if versions else None,  # None: no NVIDIA driver
+      "min_driver": build["cuda_min_driver"] or None,
+      "archs": [int(a) for a in build["cuda_archs"].split(",") if a],
+      "build_note": build["cuda_note"],
+      "jax_cuda_plugin_at_build": build["jax_cuda_plugin"] or None,
+  }
+  problems = []
+  if versions and versions["driver"] and versions["driver_error"]:
+    problems.append(versions["driver_error"])
+  if plugin and cuda["toolkit"]:
+    want = plugin.split()[0].removeprefix("jax-cuda").removesuffix("-plugin")
+    if cuda["toolkit"].split(".")[0] != want:
+      problems.append(f"{plugin} runs CUDA {want}, but the kernels were built with CUDA {cuda['toolkit']}: "
+                      "reinstall zipccl_jax (pip install .) next to the plugin")
+  if plugin and not cuda["kernels"]:
+    problems.append(f"{plugin} is installed but this build has no CUDA kernels: {build['cuda_note']}")
+  cuda["problems"] = problems
+  return cuda
+
+
+def info() -> dict:
+  """The build and environment as a JSON-serialisable dict.
+
+  Keys: `version`, `jax`, `jaxlib`, `jax_cuda_plugin` (installed now, "name version" or None),
+  `cuda` {`kernels`, `toolkit`, `runtime`, `driver`, `min_driver`, `archs`, `build_note`,
+  `jax_cuda_plugin_at_build`, `problems`}, `cpu` {`code_paths`, `native`}, `python`.
+  Does not initialise any JAX backend.
+  """
+  build = _ffi.extension().build_info()
+  plugin = _jax_cuda_plugin()
+  return {
+      "version": sys.modules["zipccl_jax"].__version__,  # the parent package is loaded first
+      "jax": jax.__version__,
+      "jaxlib": jaxlib.__version__,
+      "jax_cuda_plugin": plugin,
+      "cuda": _cuda(build, plugin),
+      "cpu": {
+          "code_paths": [p for p in build["cpu_code_paths"].split(",") if p],
+          "native": bool(build["cpu_native"]),  # built with -march=native for the build machine
+      },
+      "python": sys.version.split()[0],
+  }
+
+
+def main() -> None:
+  print(json.dumps(info(), indent=2))
+
+
+if __name__ == "__main__":
+  main()
