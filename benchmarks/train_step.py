@@ -74,6 +74,58 @@ def run_variant(ns, args, variant: str, tmp: Path, tag: str) -> dict:
     return res
 
 
+def _record(rate, variant: str, runs: list[dict], args) -> dict:
+    """One variant at one rate: the median over its interleaved rounds, their spread, load, losses."""
+    first = runs[0]
+    per_round = [r["median_step_s"] for r in runs]
+    return {
+        "rate_gbit": rate, "variant": variant,
+        "step_time_s": statistics.median(per_round), "spread_s": _stats.spread(per_round),
+        "round_step_s": per_round,
+        "run_step_times_s": [r.get("step_times_s") for r in runs],
+        # CPU time of process 0's threads per step: the codec's cost without the other ranks' load
+        "run_step_cpu_s": [r.get("step_cpu_s") for r in runs],
+        "hlo_sent_bytes_per_device_step": first.get("hlo_sent_bytes_per_device_step"),
+        "load": [r["load"] for r in runs],
+        "loadavg_1min": [r["load"]["loadavg_1min"] for r in runs],
+        "losses_identical_across_rounds": all(r["loss_bits"] == first["loss_bits"] for r in runs),
+        "losses": first["losses"], "loss_bits": first["loss_bits"], "raw_bytes": first["raw_bytes"],
+        "wire_bytes": first["wire_bytes"], "fallbacks": first.get("fallbacks"),
+        "bytes_source": first.get("bytes_source"), "tokens_per_step": first["tokens_per_step"],
+        "params_sha256": first.get("params_sha256"), "mesh": first["mesh"],
+        "processes": first["processes"], "config": first["config"],
+        "example_args": args.example_args or DEFAULT_MODEL, "steps": args.steps,
+        "allocator": args.allocator,
+        **({"allocator_warning": _netns.GLIBC_WARNING} if args.allocator != "tcmalloc" else {}),
+    }
+
+
+def _summary(records: list[dict], rates) -> list[dict]:
+    """Per rate: the speedup (ratio of medians, spread of the per-round ratios), bit identity, load."""
+    summary = []
+    for rate in rates:
+        by = {r["variant"]: r for r in records if r["rate_gbit"] == rate}
+        row = {"rate_gbit": rate}
+        if "compressed" in by and "uncompressed" in by:
+            c, u = by["compressed"], by["uncompressed"]
+            pr = _stats.paired_ratio(u["round_step_s"], c["round_step_s"])
+            row["speedup_vs_uncompressed"] = pr["ratio"]
+            row["speedup_spread"] = pr["ratio_spread"]
+            row["speedup_per_round"] = [a / b for a, b in zip(u["round_step_s"], c["round_step_s"])]
+            row["losses_bit_identical"] = c["loss_bits"] == u["loss_bits"]
+            row["params_identical"] = c.get("params_sha256") == u.get("params_sha256")
+        if "compressed" in by and "lax" in by:
+            row["speedup_vs_lax"] = by["lax"]["step_time_s"] / by["compressed"]["step_time_s"]
+        if "compressed" in by and by["compressed"]["wire_bytes"]:
+            row["wire_ratio"] = by["compressed"]["raw_bytes"] / by["compressed"]["wire_bytes"]
+        loads = [x for r in by.values() for x in r["loadavg_1min"]]
+        row["loadavg_1min_range"] = [min(loads), max(loads)]
+        summary.append(row)
+        print(f"{_netns.rate_label(rate):>9}: " + ", ".join(
+            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "rate_gbit"))
+    return summary
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     example_args = []
@@ -126,29 +178,7 @@ def main(argv=None) -> int:
                           f"(first {res['first_step_s']:.1f} s) loss {res['losses'][-1]:.4f} "
                           f"wire/raw {res['wire_bytes'] / max(1, res['raw_bytes']):.3f} "
                           f"load {res['load']['loadavg_1min']:.1f}", flush=True)
-            for v in variants:
-                first = runs[v][0]
-                per_round = [r["median_step_s"] for r in runs[v]]
-                records.append({
-                    "rate_gbit": rate, "variant": v,
-                    "step_time_s": statistics.median(per_round), "spread_s": _stats.spread(per_round),
-                    "round_step_s": per_round,
-                    "run_step_times_s": [r.get("step_times_s") for r in runs[v]],
-                    # CPU time of process 0's threads per step: the codec's cost without the other ranks' load
-                    "run_step_cpu_s": [r.get("step_cpu_s") for r in runs[v]],
-                    "hlo_sent_bytes_per_device_step": first.get("hlo_sent_bytes_per_device_step"),
-                    "load": [r["load"] for r in runs[v]],
-                    "loadavg_1min": [r["load"]["loadavg_1min"] for r in runs[v]],
-                    "losses_identical_across_rounds": all(r["loss_bits"] == first["loss_bits"] for r in runs[v]),
-                    "losses": first["losses"], "loss_bits": first["loss_bits"], "raw_bytes": first["raw_bytes"],
-                    "wire_bytes": first["wire_bytes"], "fallbacks": first.get("fallbacks"),
-                    "bytes_source": first.get("bytes_source"), "tokens_per_step": first["tokens_per_step"],
-                    "params_sha256": first.get("params_sha256"), "mesh": first["mesh"],
-                    "processes": first["processes"], "config": first["config"],
-                    "example_args": args.example_args or DEFAULT_MODEL, "steps": args.steps,
-                    "allocator": args.allocator,
-                    **({"allocator_warning": _netns.GLIBC_WARNING} if args.allocator != "tcmalloc" else {}),
-                })
+            records += [_record(rate, v, runs[v], args) for v in variants]
         ok = True
     except _netns.WorkerFailed as e:
         raise SystemExit(f"error: {e}\n(logs kept in {tmp})") from None
@@ -158,27 +188,7 @@ def main(argv=None) -> int:
         if ok and not args.keep_logs:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    summary = []
-    for rate in rates:
-        by = {r["variant"]: r for r in records if r["rate_gbit"] == rate}
-        row = {"rate_gbit": rate}
-        if "compressed" in by and "uncompressed" in by:
-            c, u = by["compressed"], by["uncompressed"]
-            pr = _stats.paired_ratio(u["round_step_s"], c["round_step_s"])
-            row["speedup_vs_uncompressed"] = pr["ratio"]
-            row["speedup_spread"] = pr["ratio_spread"]
-            row["speedup_per_round"] = [a / b for a, b in zip(u["round_step_s"], c["round_step_s"])]
-            row["losses_bit_identical"] = c["loss_bits"] == u["loss_bits"]
-            row["params_identical"] = c.get("params_sha256") == u.get("params_sha256")
-        if "compressed" in by and "lax" in by:
-            row["speedup_vs_lax"] = by["lax"]["step_time_s"] / by["compressed"]["step_time_s"]
-        if "compressed" in by and by["compressed"]["wire_bytes"]:
-            row["wire_ratio"] = by["compressed"]["raw_bytes"] / by["compressed"]["wire_bytes"]
-        loads = [x for r in by.values() for x in r["loadavg_1min"]]
-        row["loadavg_1min_range"] = [min(loads), max(loads)]
-        summary.append(row)
-        print(f"{_netns.rate_label(rate):>9}: " + ", ".join(
-            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "rate_gbit"))
+    summary = _summary(records, rates)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"runs": records, "summary": summary}, indent=1))
