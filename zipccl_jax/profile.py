@@ -10,7 +10,8 @@ profile, these documented defaults apply (:data:`DEFAULT_LINKS`,
 platform    link (per device)       codec (per device)
 ==========  ======================  ===========================================
 cpu         1 Gbit/s (0.125 GB/s),  bf16/f16: encode 1.0 GB/s, decode 1.5 GB/s,
-            100 us latency          f32: 1.5 / 2.0 GB/s; 30 us overhead per side
+            100 us latency          f32: 1.5 / 2.0 GB/s; float8: 0.4 / 0.5 GB/s;
+                                    30 us overhead per side
 gpu / tpu   25 GB/s, 15 us          400 GB/s each way, 10 us overhead per side
 ==========  ======================  ===========================================
 

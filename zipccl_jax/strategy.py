@@ -63,25 +63,10 @@ padded and ragged under the model.
 
 Profiles and defaults
 ---------------------
-:mod:`zipccl_jax.profile` holds the models and the documented defaults; :func:`calibrate`
-(:mod:`zipccl_jax.calibrate`) measures a profile; :func:`set_profile`,
-:func:`use_profile`, :func:`load_profile` and the ``ZIPCCL_PROFILE``
-environment variable (a JSON path read at first use) make one active. With no
-profile, these documented defaults apply (:data:`DEFAULT_LINKS`,
-:data:`DEFAULT_CODEC`, ratios from ``zipccl_jax.capacity.EXPECTED_RATIO``):
-
-==========  ======================  ===========================================
-platform    link (per device)       codec (per device)
-==========  ======================  ===========================================
-cpu         1 Gbit/s (0.125 GB/s),  bf16/f16: encode 1.0 GB/s, decode 1.5 GB/s,
-            100 us latency          f32: 1.5 / 2.0 GB/s; 30 us overhead per side
-gpu / tpu   25 GB/s, 15 us          400 GB/s each way, 10 us overhead per side
-==========  ======================  ===========================================
-
-The CPU defaults describe the deployment zipccl targets (hosts joined by a
-slow network, a 1 Gbit/s reference link), not the virtual devices of
-a single process, whose "link" is a memcpy: calibrate there and ``auto``
-stays raw.
+:mod:`zipccl_jax.profile` holds the models and the documented defaults (its docstring has
+the table); :func:`calibrate` (:mod:`zipccl_jax.calibration`) measures a profile;
+:func:`set_profile`, :func:`use_profile`, :func:`load_profile` and the ``ZIPCCL_PROFILE``
+environment variable (a JSON path read at first use) make one active.
 
 Decisions are static per trace: after changing the profile, trace again (a new
 ``jax.jit``, or ``jax.clear_caches()``) for it to take effect.
