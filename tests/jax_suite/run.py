@@ -226,6 +226,7 @@ def main(argv=None):
   ap.add_argument("--files", default=",".join(FILES), help="comma-separated test files")
   ap.add_argument("--modes", default="default,compressed", help="zipccl modes to compare")
   ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "zipccl_jax_suite"))
+  ap.add_argument("--lax-from", help="reuse this lax.jsonl (an earlier run's jax.lax results)")
   args = ap.parse_args(argv)
   version = jax_version()
   os.makedirs(args.out, exist_ok=True)
@@ -235,7 +236,11 @@ def main(argv=None):
   print(f"jax {version}: rewrote {sum(n_rewritten.values())} call sites in {len(files)} files",
         file=sys.stderr)
   prefilter = [os.path.basename(f) for f in files]  # plugin._mentions_swapped: a static first cut
-  lax_runs = run_mode("lax", src, files, os.path.join(args.out, "lax.jsonl"), prefilter=prefilter)
+  if args.lax_from:
+    with open(args.lax_from) as f:
+      lax_runs = {r["nodeid"]: r for r in map(json.loads, f)}
+  else:
+    lax_runs = run_mode("lax", src, files, os.path.join(args.out, "lax.jsonl"), prefilter=prefilter)
   suite = sorted(k for k, r in lax_runs.items() if r.get("calls") and r["outcome"] != "skipped")
   modes = [m for m in args.modes.split(",") if m]
   runs = {m: run_mode(m, src, files, os.path.join(args.out, f"{m}.jsonl"), select=suite)
