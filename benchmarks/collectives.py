@@ -19,14 +19,14 @@ interleaved), with a barrier before each repetition and the slowest rank counted
 * ``compressed_s`` ``zipccl_jax.<collective>(..., compress=True)`` (or ``--compressed-impl MODULE``), with the
                    library's default padded capacity;
 * ``calibrated_s`` the same with ``capacity=`` calibrated per call site from the observed frame sizes (largest
-                   frame over all ranks x (1 + ``--calibration-margin``)), as DESIGN.md allows;
+                   frame over all ranks x (1 + ``--calibration-margin``));
 * ``auto_s``       ``compress="auto"`` (null before ``zipccl_jax.strategy`` existed): at every rate
                    ``zipccl_jax.calibrate`` measures link and codec on the workers, and each case is traced again
                    with that profile plus its frame sizes observed once (``auto_choice``: raw or compressed);
 * ``codec_s``      encode + decode alone on the same chunks, no collective (``codec_share`` = codec_s /
                    compressed_s).
 
-Wire bytes are bytes one device sends per call (``zipccl_jax.collectives.hlo_wire_bytes``' model: all_to_all
+Wire bytes are bytes one device sends per call (``zipccl_jax.hlo_wire_bytes``' model: all_to_all
 and psum_scatter S(n-1)/n, all_gather S(n-1) for an operand of S bytes). ``wire_bytes_raw`` is the logical
 figure for the tensor's own dtype (it equals the HLO figure of the bit-cast raw collective,
 ``wire_bytes_raw_bits_hlo``; ``wire_bytes_raw_hlo`` shows XLA:CPU's widening). ``wire_bytes_compressed`` is
@@ -235,17 +235,16 @@ def worker_main(args) -> None:
         impl, impl_error = None, f"{args.compressed_impl}: {type(e).__name__}: {e}"
         log("compressed path unavailable:", impl_error)
     try:
-        zc = importlib.import_module("zipccl_jax.collectives")
+        zc = importlib.import_module("zipccl_jax")
         codec = importlib.import_module("zipccl_jax.codec")
         codec.encode_frames, codec.decode_frames, zc.hlo_wire_bytes, zc.padded_capacity  # noqa: B018
     except Exception as e:  # noqa: BLE001
         codec = zc = None
         log("zipccl_jax codec/collectives unavailable (no codec_s, no HLO wire bytes):", type(e).__name__, e)
-    # compress="auto" is timed once the strategy layer has landed (or when asked to).
-    strategy = importlib.util.find_spec("zipccl_jax.strategy") is not None
-    time_auto = impl is not None and (args.time_auto or strategy)
+    # compress="auto" is timed whenever the compressed implementation loads.
+    time_auto = impl is not None
 
-    # First cross-process collective: a modest all_to_all (PLATFORM.md: never start with a tiny psum_scatter).
+    # First cross-process collective: a modest all_to_all (never start with a tiny psum_scatter).
     warm = sm(lambda v: jax.lax.all_to_all(v, "x", 0, 0, tiled=True))
     warm(glob(np.zeros((nproc, 16384), np.float32))).block_until_ready()
     bar_fn = sm(lambda v: jax.lax.psum(v, "x"))
@@ -268,8 +267,8 @@ def worker_main(args) -> None:
     # compress="auto": zipccl_jax.calibrate measures link and codec at every rate (all ranks at once, agreed), and
     # each case's "auto" is traced again with that profile and the frame sizes observed here (see phases below).
     zs = auto_prof = None
-    if time_auto and strategy:
-        zs = importlib.import_module("zipccl_jax.strategy")
+    if time_auto:
+        zs = importlib.import_module("zipccl_jax")
         auto_prof = zs.Profile()
 
     cases = [c for c in CASES if not args.cases or any(s in f"{c[0]}:{c[1]}" for s in args.cases.split(","))]
@@ -299,8 +298,6 @@ def worker_main(args) -> None:
         bodies = build_fns(coll, nproc, impl, calibrated)
         if not time_auto:
             bodies.pop("auto", None)
-        if impl is not None and not time_auto:
-            info["errors"]["auto"] = "not timed: the strategy layer (zipccl_jax.strategy) has not landed"
         if auto_prof is not None and "auto" in bodies:  # per-call-site capacity from observed frame sizes
             auto_prof.sites = {}
             with zs.observe(auto_prof):
@@ -338,7 +335,7 @@ def worker_main(args) -> None:
             for case, x, gx, fns, codec_fn, info in prepared:
                 if "auto_body" in info:
                     auto_prof.sites = info["auto_sites"]
-                    zs.reset_decisions()
+                    zs.strategy.reset_decisions()
                     with zs.use_profile(auto_prof):
                         f = sm(info["auto_body"])
                         compiled = f.lower(gx).compile()
@@ -592,7 +589,7 @@ def parse_args(argv=None):
     p.add_argument("--calibration-margin", type=float, default=0.02,
                    help="calibrated capacity = largest observed frame x (1 + margin)")
     p.add_argument("--time-auto", action="store_true",
-                   help="time compress='auto' even before the strategy layer (zipccl_jax.strategy) lands")
+                   help="no effect (compress='auto' is always timed); kept for old command lines")
     p.add_argument("--timeout", type=float, default=900.0, help="hard limit for the whole run, seconds")
     p.add_argument("--link-probe-mb", type=int, default=16,
                    help="MB sent over the loopback to measure each rate (0: skip)")

@@ -59,7 +59,7 @@ def main() -> int:
   adversarial = (sign | expo | mant).view(bf16)
   weights = rng.standard_normal(shape).astype(np.float32)
 
-  # First cross-process collective: a modest all_to_all (PLATFORM.md: not a tiny psum_scatter).
+  # First cross-process collective: a modest all_to_all (not a tiny psum_scatter).
   warm = smap(lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True))
   jax.block_until_ready(warm(glob(np.zeros((n * 8, 4096), np.float32))))
 

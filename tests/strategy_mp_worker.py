@@ -33,6 +33,7 @@ def main() -> int:
 
   import zipccl_jax as zj
   from zipccl_jax import strategy as st
+  from zipccl_jax import profile as pf
 
   bf16 = np.dtype(ml_dtypes.bfloat16)
   n = jax.device_count()
@@ -46,7 +47,7 @@ def main() -> int:
   def smap(body):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
 
-  # First cross-process collective: a modest all_to_all (PLATFORM.md).
+  # First cross-process collective: a modest all_to_all.
   warm = smap(lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True))
   jax.block_until_ready(warm(glob(np.zeros((n * 8, 4096), np.float32))))
 
@@ -88,7 +89,7 @@ def main() -> int:
   want = jax.jit(jax.shard_map(lax_body, mesh=mesh, in_specs=(spec, spec), out_specs=spec))(x, xi)
 
   # 1. a loaded profile
-  loaded = st.load_profile(a.profile)
+  loaded = pf.load_profile(a.profile)
   dec_loaded, out1 = trace_and_run()
   ok = same(out1, want)
 
@@ -99,8 +100,8 @@ def main() -> int:
   ok &= same(out2, want)
 
   # 3. observed sizes: each process sees its own devices' frames; merged on exit
-  obs_prof = st.Profile()
-  with st.observe(obs_prof):
+  obs_prof = pf.Profile()
+  with zj.observe(obs_prof):
     g = smap(lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, name="mp/obs"))
     jax.block_until_ready(g(glob(xs[:, :2048])))
   observed = {k: json.loads(json.dumps(o.__dict__)) for k, o in obs_prof.sites.items()}

@@ -37,7 +37,8 @@ from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zj
 from zipccl_jax import _zipccl as ext
-from zipccl_jax import collectives as zc
+import zipccl_jax as zc  # the public API (stats, capacities, collectives)
+from zipccl_jax import accounting, capacity
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8,
                                 reason="needs 8 devices (tests/conftest.py sets XLA_FLAGS)")

@@ -140,3 +140,16 @@ def test_codec_zeros_benchmark_smoke(tmp_path):
         (d, l) for d in ("bfloat16", "float32") for l in ("no zeros", "row tails", "scattered", "columns")}
     assert all(x["ratio"] > 1 and x["encode_GBps"] > 0 and x["decode_GBps"] > 0 for x in rows)
     assert all(x["zeros"] > 0.2 for x in rows if x["layout"] != "no zeros")
+
+
+def test_codec_fp8_benchmark_smoke(tmp_path):
+    """FP8 vs bfloat16 on the bundled slices + random tensors: every round trip is bit-exact (the script
+    checks it) and the byte-weighted FP8 ratios clear issue 17's bar."""
+    out = tmp_path / "fp8.json"
+    r = subprocess.run([sys.executable, str(BENCH / "codec_fp8.py"), "--reps", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = {x["dtype"]: x for x in json.loads(out.read_text())["summary"]}
+    assert set(summary) == {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
+    assert summary["float8_e4m3fn"]["ratio"] >= 1.22 and summary["float8_e5m2"]["ratio"] >= 1.42
+    assert all(x["encode_GBps_median"] > 0 and x["decode_GBps_median"] > 0 for x in summary.values())

@@ -36,7 +36,7 @@ DECODE_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
 
 def bits(a) -> np.ndarray:
   a = np.asarray(a)
-  return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+  return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 def same_bits(a, b) -> bool:
@@ -436,6 +436,9 @@ def test_golden_vectors(v):
 def test_golden_vectors_cover_format_md():
   names = {v["name"] for v in golden_vectors()}
   assert {"empty_bf16", "one_bf16", "small_bf16", "ramp_bf16_4096", "upcast_f32_1000"} <= names
+  assert {"fp8_e4m3fn_all_patterns", "fp8_e5m2_all_patterns_huff", "fp8_e4m3fn_amax_3000",
+          "fp8_e5m2_const_neg_inf"} <= names
+  assert {v["dtype"] for v in golden_vectors()} == {dt.name for dt in fmt.SUPPORTED_DTYPES}
   assert json.loads((DATA / "golden.json").read_text())["format_version"] == fmt.VERSION
   for v in golden_vectors():          # the recorded block modes describe the frames
     frame = bytes.fromhex(v["frame_hex"])

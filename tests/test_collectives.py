@@ -22,7 +22,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zj
-from zipccl_jax import collectives as zc
+import zipccl_jax as zc  # the public API (stats, capacities, collectives)
+from zipccl_jax import accounting, capacity
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -507,7 +508,7 @@ def test_wire_bytes_from_compiled_hlo(op):
   assert main and any("u8[" in r["shape"] for r in main), recs
   assert any(r["fallback"] for r in recs), "raw fallback branch missing"
   wire = zc.hlo_wire_bytes(text)
-  logical = zc._sent_bytes(kind, WIRE_SHAPE[1] * 8 * 2, 8)  # the jax.lax op on the BF16 operand
+  logical = accounting.sent_bytes(kind, WIRE_SHAPE[1] * 8 * 2, 8)  # the jax.lax op on the BF16 operand
   ratio = wire / logical
   print(f"{op}: wire {wire} B / logical {logical} B = {ratio:.4f}")
   assert ratio <= 0.75, (op, wire, logical, ratio)
@@ -612,7 +613,7 @@ def test_runtime_stats_on_cpu_count_in_the_ffi_handler_not_in_python():
     assert (st.calls, st.fallbacks) == (8 + 8 + 8, 8 + 8), st  # the vmapped call: 8 calls, 8 fallbacks
     zc.reset_stats()
     assert zc.stats() == {} and zc.totals()["calls"] == 0
-    assert zc._runtime_counts() == {}  # the handler's counters were reset too
+    assert accounting.runtime_counts() == {}  # the handler's counters were reset too
   finally:
     zc.set_runtime_stats(prev)
     zc.reset_stats()

@@ -5,7 +5,7 @@ This machine has no GPU, so the CUDA path is checked in four layers:
   `zipccl_encode`/`zipccl_decode` for platform "CUDA"; the codec lowers to those custom calls for
   `lowering_platforms=("cuda",)`;
 - the host-side pieces: scratch layout, launch sequence and geometry, error keys;
-- the kernel bodies of xla_ffi/codec/codec_cuda.cuh and their launch sequence, run on the CPU by
+- the kernel bodies of xla_ffi/codec/cuda_{encode,decode,launch}.cuh and their launch sequence, run on the CPU by
   the SIMT emulator of xla_ffi/cuda_host_bindings.cc (one fiber per thread, shuffled thread and
   CTA order, garbage-filled shared and scratch memory), must produce the CPU driver's bytes and
   verdicts;

@@ -110,9 +110,9 @@ sys.path.insert(0, sys.argv[1])
 import jax, jax.numpy as jnp, numpy as np, optax
 from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec as P
-from moe_flax import data, trainer
-from moe_flax.comm import Comm
-from moe_flax.model import Config, Transformer
+from common import data, trainer
+from common.comm import Comm
+from common.model import Config, Transformer
 
 cfg = Config(dtype=jnp.float32, n_layers=1, num_experts=8, top_k=2)
 mesh = jax.make_mesh((2, 4), ("data", "expert"))
@@ -176,7 +176,7 @@ def test_fsdp_unpack_gradient_is_the_concatenated_cotangents():
     import numpy as np
 
     sys.path.insert(0, str(ROOT / "examples"))
-    from moe_flax import fsdp
+    from common import fsdp
 
     flat = {("a",): np.zeros((3, 5)), ("b",): np.zeros((7,)), ("c",): np.zeros((2, 2, 2))}
     bucket = fsdp.make_bucket(flat, sorted(flat), n_shards=4)  # 30 elements, padded to 32

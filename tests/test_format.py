@@ -17,6 +17,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 SPEC_ONLY = {
     "BLOCK_ELEMS": 65536, "STREAM_ELEMS": 2048, "STREAM_DIR_ENTRY_BYTES": 4, "NUM_SYMBOLS": 257,
     "MODE_RAW": 0, "MODE_CONST": 1, "MODE_HUFF": 2,
+    # header field offsets and the per-block bytes (FORMAT.md)
+    "FRAME_BYTES_OFFSET": 16, "FRAME_BYTES_WIDTH": 8, "PER_BLOCK_BYTES": 12,
 }
 
 
@@ -44,14 +46,19 @@ def test_values_follow_format_md():
   assert fmt.NUM_SYMBOLS == fmt.ZERO_SYMBOL + 1 == 257
   assert fmt.MAX_CODE_LEN == 11 and fmt.CHECKSUM_SEED == 0
   assert (fmt.DTYPE_BF16, fmt.DTYPE_F16, fmt.DTYPE_F32) == (1, 2, 3)
-  assert fmt.DTYPE_CODES == {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}
-  assert fmt.SUPPORTED_NAMES == "bfloat16, float16, float32"
+  fp8 = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+         "float8_e4m3", "float8_e3m4", "float8_e8m0fnu"]          # FORMAT.md's dtype table, codes 4-11
+  assert fmt.DTYPE_CODES == {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3,
+                             **{np.dtype(getattr(ml_dtypes, n)): 4 + i for i, n in enumerate(fp8)}}
+  assert fmt.SUPPORTED_NAMES == "bfloat16, float16, float32, " + ", ".join(fp8)
+  assert fmt.FP8_DTYPES == tuple(np.dtype(getattr(ml_dtypes, n)) for n in fp8)
 
 
 SIZES = [0, 1, 2, 2047, 2048, 65535, 65536, 65537, 1_000_003, (1 << 31) + 5, (1 << 40) + 1]
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.float16, np.float32], ids=["bf16", "f16", "f32"])
+@pytest.mark.parametrize("dtype", [BF16, np.float16, np.float32, *fmt.FP8_DTYPES],
+                         ids=lambda d: np.dtype(d).name)
 def test_max_encoded_bytes_matches_extension(dtype):
   code = fmt.dtype_code(dtype)
   w = np.dtype(dtype).itemsize

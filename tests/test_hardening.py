@@ -46,8 +46,8 @@ FUZZ = ROOT / "tests" / "fuzz"
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
-CODE = {BF16: 1, F16: 2, F32: 3}
-UINT = {2: np.uint16, 4: np.uint32}
+CODE = dict(fmt.DTYPE_CODES)  # every coded dtype, the one-byte floats included
+UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 JaxRuntimeError = jax.errors.JaxRuntimeError
 
 
@@ -700,12 +700,12 @@ def _replay_decode(blob: bytes):
     hdr_n, hdr_fb = u64(frame, 8), u64(frame, 16)
     if dt == 0:
       dt = int(frame[5])
-  if not 1 <= dt <= 3:
+  if dt not in CODE.values():
     dt = 1
   kmax = 1 << 18
   n = hdr_n if hdr_n <= kmax else hdr_n % (kmax + 1)
   n += (ctl >> 2) & 1
-  dtype = {1: BF16, 2: F16, 3: F32}[dt]
+  dtype = {code: d for d, code in CODE.items()}[dt]
   msg = None
   try:
     y = decode_host(frame, dtype, n)
@@ -727,7 +727,11 @@ def _shape_elements(v, dtype, mode, tag):
   v = v.astype(np.uint32)
   if mode == 0:
     return v
-  if dtype == F16:
+  if dtype.itemsize == 1:
+    v = (v & 0x87) | ((8 + ((v >> 3) & 7)) << 3)
+    if mode == 3:
+      v = np.where(tag == 0xFF, np.where((v >> 2) & 1, v | 0x78, v & 0x87), v)
+  elif dtype == F16:
     v = (v & 0x83FF) | ((8 + ((v >> 10) & 15)) << 10)
     if mode == 3:
       esc = tag == 0xFF
@@ -749,7 +753,7 @@ def _shape_elements(v, dtype, mode, tag):
 def _roundtrip_input(blob: bytes):
   """(x, dtype, checksum, cap_mode, ctl1) as tests/fuzz/roundtrip_fuzzer.cc builds them from an input."""
   ctl0, ctl1 = blob[0], blob[1]
-  dtype = {1: BF16, 2: F16, 3: F32}[1 + (ctl0 & 3) % 3]
+  dtype = [BF16, F16, F32, np.dtype(ml_dtypes.float8_e4m3fn)][ctl0 & 3]
   checksum, mode, cap_mode = bool(ctl0 & 4), (ctl0 >> 3) & 3, (ctl0 >> 5) & 3
   w = dtype.itemsize
   src_n = (len(blob) - 2) // w
@@ -761,7 +765,7 @@ def _roundtrip_input(blob: bytes):
   rep = (i // src_n) if src_n else i
   v = src[j] if src_n else np.zeros(0, np.uint32)
   pert = ((rep * np.uint64(0x9E3779B1)) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-  v = v ^ (pert & np.uint32(0x0007 if w == 2 else 0xFFFF))
+  v = v ^ (pert & np.uint32(0xFFFF if w == 4 else 0x0007))
   x = _shape_elements(v, dtype, mode, tags[j] if src_n else np.zeros(0, np.uint8))
   return x.astype(UINT[w]).view(dtype), dtype, checksum, cap_mode, ctl1
 
@@ -792,7 +796,7 @@ def test_python_mirror_of_the_roundtrip_harness_builds_the_same_elements(tmp_pat
   exe = tmp_path / "rt"
   codec_dir = ROOT / "xla_ffi" / "codec"
   subprocess.run(["g++", "-std=c++17", "-O0", "-DROUNDTRIP_FUZZER_DUMP", "-I", str(codec_dir),
-                  str(FUZZ / "roundtrip_fuzzer.cc"), str(codec_dir / "codec_cpu.cc"), str(main), "-o", str(exe)],
+                  str(FUZZ / "roundtrip_fuzzer.cc"), str(codec_dir / "cpu_driver.cc"), str(main), "-o", str(exe)],
                  check=True, timeout=300)
   rng = np.random.default_rng(6)
   blobs = [p.read_bytes() for p in _fuzz_files("roundtrip")]
@@ -953,7 +957,7 @@ def test_python_threads_run_the_jitted_codec_concurrently():
 @pytest.mark.skipif(shutil.which("g++") is None or shutil.which("nm") is None, reason="needs g++ and nm")
 def test_codec_and_handlers_hold_no_writable_globals(tmp_path):
   """The codec driver and the FFI handlers compile to objects with no writable data (no shared state)."""
-  sources = [ROOT / "xla_ffi" / "codec" / "codec_cpu.cc", ROOT / "xla_ffi" / "codec_cpu.cc"]
+  sources = [ROOT / "xla_ffi" / "codec" / "cpu_driver.cc", ROOT / "xla_ffi" / "handlers_cpu.cc"]
   inc = ["-I", str(ROOT / "xla_ffi"), "-isystem", jax.ffi.include_dir()]
   for src in sources:
     obj = tmp_path / (src.parent.name + "_" + src.stem + ".o")

@@ -37,7 +37,7 @@ F32 = np.dtype(np.float32)
 
 def bits(a) -> np.ndarray:
   a = np.asarray(a)
-  return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+  return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 def same_bits(a, b) -> bool:

@@ -21,8 +21,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zj
-from zipccl_jax import collectives as zc
+import zipccl_jax as zc  # the public API (stats, capacities, collectives)
+from zipccl_jax import accounting, capacity
 from zipccl_jax import strategy as st
+from zipccl_jax import calibration, profile as pf
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
@@ -33,15 +35,15 @@ needs8 = pytest.mark.skipif(jax.device_count() < 8,
 
 
 def synthetic(bw=1e9, lat=50e-6, enc=2e9, dec=4e9, eo=20e-6, do=20e-6, min_gain=0.02, **kw):
-  p = st.Profile(links={"*": {"*": st.LinkModel(lat, bw)}},
-                 codec={"cpu": {d: st.CodecModel(enc, dec, eo, do)
+  p = pf.Profile(links={"*": {"*": pf.LinkModel(lat, bw)}},
+                 codec={"cpu": {d: pf.CodecModel(enc, dec, eo, do)
                                 for d in ("bfloat16", "float16", "float32")}},
                  min_gain=min_gain, **kw)
   p.validate()
   return p
 
 
-def model_crossover(op, dtype, m, n, p: st.Profile):
+def model_crossover(op, dtype, m, n, p: pf.Profile):
   """The bandwidth below which compressing pays, from the documented formula (padded transport)."""
   dt = np.dtype(dtype)
   role = "gradient" if op in ("psum_scatter", "psum") else "activation"
@@ -70,9 +72,9 @@ def model_crossover(op, dtype, m, n, p: st.Profile):
   return (b_raw - (1 + g) * b_wire) / ((1 + g) * (l_c + k) - l_raw)
 
 
-def with_bw(p: st.Profile, bw: float) -> st.Profile:
+def with_bw(p: pf.Profile, bw: float) -> pf.Profile:
   q = p.copy()
-  q.links["*"]["*"] = st.LinkModel(q.links["*"]["*"].latency_s, bw)
+  q.links["*"]["*"] = pf.LinkModel(q.links["*"]["*"].latency_s, bw)
   return q
 
 
@@ -158,14 +160,14 @@ def test_fallback_risk_and_min_gain_push_towards_raw():
 
 def test_gpu_transport_ragged_or_padded():
   m, n = 1 << 20, 8
-  gpu = st.Profile(links={"*": {"*": st.LinkModel(10e-6, 1e9)}},
-                   codec={"gpu": {"bfloat16": st.CodecModel(400e9, 400e9, 5e-6, 5e-6)}})
+  gpu = pf.Profile(links={"*": {"*": pf.LinkModel(10e-6, 1e9)}},
+                   codec={"gpu": {"bfloat16": pf.CodecModel(400e9, 400e9, 5e-6, 5e-6)}})
   d = st.decide("all_to_all", BF16, m, axis_size=n, profile=gpu, platform="gpu", log=False)
   assert d.compress and d.transport == "ragged"  # moves the expected size, not the capacity
   assert d.wire_bytes < (n - 1) * d.capacity
   # huge latency, small message: one more size exchange costs more than the padding saves
-  lat = st.Profile(links={"*": {"*": st.LinkModel(5e-3, 1e9)}},
-                   codec={"gpu": {"bfloat16": st.CodecModel(400e9, 400e9, 5e-6, 5e-6)}},
+  lat = pf.Profile(links={"*": {"*": pf.LinkModel(5e-3, 1e9)}},
+                   codec={"gpu": {"bfloat16": pf.CodecModel(400e9, 400e9, 5e-6, 5e-6)}},
                    min_gain=0.0)
   d = st.decide("all_to_all", BF16, 1 << 17, axis_size=n, profile=lat, platform="gpu", log=False)
   assert d.compress and d.transport == "padded", d
@@ -176,34 +178,34 @@ def test_gpu_transport_ragged_or_padded():
 
 
 def test_lookup_fallbacks_and_documented_defaults():
-  p = st.Profile()
+  p = pf.Profile()
   lk, src = p.link("i", "all_to_all", "cpu")
-  assert lk == st.DEFAULT_LINKS["cpu"] and src == "default[cpu]"
-  assert st.DEFAULT_LINKS["cpu"].bandwidth_Bps == 0.125e9  # 1 Gbit/s, as documented
-  p.links = {"*": {"*": st.LinkModel(1e-4, 1e9)}, "a": {"all_gather": st.LinkModel(2e-4, 2e9)}}
+  assert lk == pf.DEFAULT_LINKS["cpu"] and src == "default[cpu]"
+  assert pf.DEFAULT_LINKS["cpu"].bandwidth_Bps == 0.125e9  # 1 Gbit/s, as documented
+  p.links = {"*": {"*": pf.LinkModel(1e-4, 1e9)}, "a": {"all_gather": pf.LinkModel(2e-4, 2e9)}}
   assert p.link("a", "all_gather", "cpu")[0].bandwidth_Bps == 2e9
   assert p.link("a", "all_to_all", "cpu")[0].bandwidth_Bps == 1e9   # axis has no "*": any axis
   assert p.link(("a", "b"), "psum", "cpu")[0].bandwidth_Bps == 1e9
-  p.codec = {"cpu": {"bfloat16": st.CodecModel(1e9, 2e9)}}
+  p.codec = {"cpu": {"bfloat16": pf.CodecModel(1e9, 2e9)}}
   assert p.codec_model(np.float16, "cpu")[0].decode_Bps == 2e9       # f16 uses bf16's numbers
-  assert p.codec_model(np.float32, "cpu")[0] == st.DEFAULT_CODEC["cpu"]["float32"]
-  assert p.ratio("capacity_ratio", "gradient", BF16) == zc.EXPECTED_RATIO["gradient"][BF16]
+  assert p.codec_model(np.float32, "cpu")[0] == pf.DEFAULT_CODEC["cpu"]["float32"]
+  assert p.ratio("capacity_ratio", "gradient", BF16) == capacity.EXPECTED_RATIO["gradient"][BF16]
 
 
 def test_fit_stays_finite_when_net_times_vanish():
   """Calibration subtracts the null program's time; on a fast codec or a loaded host every net time can be 0
   (it once raised ZeroDivisionError). Floored, the fit gives a finite, positive bandwidth and no latency."""
   for ts in ([0.0, 0.0], [-1e-5, 0.0], [0.0, -3e-4], [2e-5, 1e-5]):
-    lat, bw = st._fit([16 << 10, 64 << 10], ts)
+    lat, bw = calibration._fit([16 << 10, 64 << 10], ts)
     assert lat >= 0 and 0 < bw < math.inf, (ts, lat, bw)
-  lat, bw = st._fit([1e3, 2e3, 4e3], [1e-3 + 1e3 / 1e8, 1e-3 + 2e3 / 1e8, 1e-3 + 4e3 / 1e8])
+  lat, bw = calibration._fit([1e3, 2e3, 4e3], [1e-3 + 1e3 / 1e8, 1e-3 + 2e3 / 1e8, 1e-3 + 4e3 / 1e8])
   assert math.isclose(lat, 1e-3, rel_tol=1e-6) and math.isclose(bw, 1e8, rel_tol=1e-6)
 
 
 def test_observed_capacity_is_used_with_margin():
   p = synthetic(bw=1e6)
   m = 1 << 14
-  p.sites["s"] = st.SiteObservation("all_to_all", "bfloat16", m, max_frame_bytes=20000,
+  p.sites["s"] = pf.SiteObservation("all_to_all", "bfloat16", m, max_frame_bytes=20000,
                                     frames=8, total_frame_bytes=150000)
   d = st.decide("all_to_all", BF16, m, axis_size=8, site="s", profile=p, log=False)
   assert d.capacity == -(-math.ceil(20000 * 1.02) // 8) * 8 and d.capacity_source == "observed"
@@ -219,17 +221,17 @@ def test_observed_capacity_is_used_with_margin():
 
 def test_json_round_trip(tmp_path):
   p = synthetic(bw=3e8, lat=123e-6, fallback_risk=0.01, platform="cpu")
-  p.links["x"] = {"*": st.LinkModel(1e-4, 2e8), "all_gather": st.LinkModel(2e-4, 5e8)}
-  p.codec["gpu"] = {"bfloat16": st.CodecModel(4e11, 3e11, 1e-5, 2e-5)}
+  p.links["x"] = {"*": pf.LinkModel(1e-4, 2e8), "all_gather": pf.LinkModel(2e-4, 5e8)}
+  p.codec["gpu"] = {"bfloat16": pf.CodecModel(4e11, 3e11, 1e-5, 2e-5)}
   p.expected_ratio["activation"]["bfloat16"] = 0.66
-  p.sites["a2a@model.py:3"] = st.SiteObservation("all_to_all", "bfloat16", 4096, 5600, 64, 350000)
+  p.sites["a2a@model.py:3"] = pf.SiteObservation("all_to_all", "bfloat16", 4096, 5600, 64, 350000)
   p.meta["note"] = "synthetic"
   path = tmp_path / "profile.json"
   p.save(path)
-  q = st.Profile.load(path)
+  q = pf.Profile.load(path)
   assert q.to_dict() == p.to_dict()
   assert q.fingerprint() == p.fingerprint()
-  assert json.loads(path.read_text())["version"] == st.PROFILE_VERSION
+  assert json.loads(path.read_text())["version"] == pf.PROFILE_VERSION
   for bw in (1e6, 1e9, 1e11):
     a = st.decide("all_to_all", BF16, 4096, axis_size=8, axis_name="x", site="a2a@model.py:3",
                   profile=with_bw(p, bw), log=False)
@@ -245,28 +247,28 @@ def test_json_round_trip(tmp_path):
 
 def test_profile_validation_and_versions():
   with pytest.raises(ValueError, match="version"):
-    st.Profile.from_dict({"version": 99})
+    pf.Profile.from_dict({"version": 99})
   with pytest.raises(ValueError, match="not sane"):
-    st.Profile.from_dict({"links": {"*": {"*": {"latency_s": 0.0, "bandwidth_Bps": -1.0}}}})
+    pf.Profile.from_dict({"links": {"*": {"*": {"latency_s": 0.0, "bandwidth_Bps": -1.0}}}})
   # a partial profile fills in the documented defaults
-  p = st.Profile.from_dict({"links": {"*": {"*": {"latency_s": 1e-4, "bandwidth_Bps": 1e9}}}})
-  assert p.capacity_ratio["activation"]["bfloat16"] == zc.EXPECTED_RATIO["activation"][BF16]
+  p = pf.Profile.from_dict({"links": {"*": {"*": {"latency_s": 1e-4, "bandwidth_Bps": 1e9}}}})
+  assert p.capacity_ratio["activation"]["bfloat16"] == capacity.EXPECTED_RATIO["activation"][BF16]
 
 
 def test_active_profile_env_and_context(tmp_path, monkeypatch):
   path = tmp_path / "p.json"
   synthetic(bw=7e8).save(path)
-  prev = st.set_profile(None)
+  prev = pf.set_profile(None)
   try:
-    monkeypatch.setattr(st, "_ENV_LOADED", False)
-    monkeypatch.setattr(st, "_ACTIVE", None)
+    monkeypatch.setattr(pf, "_ENV_LOADED", False)
+    monkeypatch.setattr(pf, "_ACTIVE", None)
     monkeypatch.setenv("ZIPCCL_PROFILE", str(path))
-    assert st.get_profile().links["*"]["*"].bandwidth_Bps == 7e8
-    with st.use_profile(synthetic(bw=1e3)) as p:
-      assert st.get_profile() is p
-    assert st.get_profile().links["*"]["*"].bandwidth_Bps == 7e8
+    assert pf.get_profile().links["*"]["*"].bandwidth_Bps == 7e8
+    with pf.use_profile(synthetic(bw=1e3)) as p:
+      assert pf.get_profile() is p
+    assert pf.get_profile().links["*"]["*"].bandwidth_Bps == 7e8
   finally:
-    st.set_profile(prev)
+    pf.set_profile(prev)
 
 
 # ------------------------------------------------------------------------------ inside the collectives
@@ -292,7 +294,7 @@ def test_auto_follows_the_profile_inside_shard_map(caplog):
     def body(v):
       return (zj.all_to_all(v, "i", 0, 0, tiled=True, compress=compress, name="t/a2a"),
               zj.psum(v, "i", compress=compress, name="t/ps"))
-    with st.use_profile(profile):
+    with pf.use_profile(profile):
       return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))(x)
 
   st.reset_decisions()
@@ -331,8 +333,8 @@ def test_observe_then_retrace_uses_observed_capacity_and_gradients():
                       in_specs=P("i"), out_specs=P("i"))(v)
     return (y.astype(np.float32) ** 2).sum()
 
-  with st.use_profile(prof):
-    with st.observe() as seen:
+  with pf.use_profile(prof):
+    with zj.observe() as seen:
       assert seen is prof
       jax.block_until_ready(jax.jit(jax.grad(loss))(x))
     obs = prof.sites["o/a2a"]
@@ -365,8 +367,8 @@ def test_compress_true_with_observed_capacity_forward_and_backward():
                                                name=name), mesh=mesh, in_specs=P("i"), out_specs=P("i"))(v)
     return (y.astype(np.float32) ** 2).sum()
 
-  with st.use_profile(prof):
-    with st.observe():
+  with pf.use_profile(prof):
+    with zj.observe():
       jax.block_until_ready(jax.jit(jax.grad(loss), static_argnums=1)(x, "obs/a2a"))
     zc.reset_stats()
     g = jax.jit(jax.grad(loss), static_argnums=1)(x, "obs/a2a")
@@ -391,11 +393,11 @@ def test_compress_true_with_observed_capacity_forward_and_backward():
 @needs8
 def test_calibrate_on_virtual_devices(tmp_path):
   mesh = _mesh()
-  prev = st.get_profile()
+  prev = pf.get_profile()
   path = tmp_path / "cal.json"
   prof = zj.calibrate(mesh, "i", link_bytes=(16 << 10, 256 << 10), codec_bytes=(32 << 10, 256 << 10),
                       dtypes=("bfloat16",), reps=3, save=path, activate=False)
-  assert st.get_profile() is prev
+  assert pf.get_profile() is prev
   assert prof.platform == "cpu"
   for coll in ("*", "all_to_all", "all_gather"):
     lk = prof.links["i"][coll]
@@ -410,7 +412,7 @@ def test_calibrate_on_virtual_devices(tmp_path):
   ins = cal["in_situ"]
   assert ins["compressed_a2a_s"] > 0 and 0.25 <= ins["factor"] <= 16, ins
   assert "zipccl_jax.calibrate/in_situ" not in zc.stats()
-  assert st.Profile.load(path).to_dict() == prof.to_dict()
+  assert pf.Profile.load(path).to_dict() == prof.to_dict()
   # a sample's measured ratio becomes the expected ratio of its role
   prof2 = zj.calibrate(mesh, "i", link=False, codec_bytes=(16 << 10, 64 << 10),
                        sample=_gauss((4096,)), reps=2, activate=False)
@@ -423,7 +425,7 @@ def test_calibrate_on_virtual_devices(tmp_path):
 def test_every_rank_decides_the_same(tmp_path):
   from mp_launch import launch
   p = synthetic(bw=5e7, lat=80e-6)
-  p.sites["mp/a2a"] = st.SiteObservation("all_to_all", "bfloat16", 8192, 11000, 16, 170000)
+  p.sites["mp/a2a"] = pf.SiteObservation("all_to_all", "bfloat16", 8192, 11000, 16, 170000)
   path = tmp_path / "profile.json"
   p.save(path)
   results = launch(HERE / "strategy_mp_worker.py", 2, 2, ["--profile", str(path)], timeout=240)

@@ -1,7 +1,7 @@
 // Host-side view of the CUDA codec driver, for tests on machines without a GPU:
 // the scratch layout, the launch sequence with its geometry, and a SIMT
 // emulator that runs the very kernel bodies and launch sequence of
-// codec/codec_cuda.cuh on the CPU.
+// codec/cuda_{encode,decode,launch}.cuh on the CPU.
 //
 // The emulator runs each CTA as one fiber per thread (ucontext). A barrier
 // switches back to the scheduler, which resumes the threads in a freshly
@@ -38,7 +38,7 @@
 #include <tuple>
 #include <vector>
 
-#include "codec/codec_cuda.cuh"
+#include "codec/cuda_launch.cuh"
 #include "codec/format.h"
 
 namespace nb = nanobind;

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "codec/codec_cpu.h"
+#include "codec/cpu_driver.h"
 #include "codec/format.h"
 #include "handlers.h"
 #include "runtime_stats.h"
@@ -107,8 +107,29 @@ NB_MODULE(_zipccl, m) {
     d["DTYPE_BF16"] = int(zipccl::kBF16);
     d["DTYPE_F16"] = int(zipccl::kF16);
     d["DTYPE_F32"] = int(zipccl::kF32);
+    d["REJECTED_FILL_BF16"] = zipccl::kRejectedFillBF16;
+    d["REJECTED_FILL_F16"] = zipccl::kRejectedFillF16;
+    d["REJECTED_FILL_F32"] = zipccl::kRejectedFillF32;
+    d["DTYPE_F8E4M3FN"] = int(zipccl::kF8E4M3FN);
+    d["DTYPE_F8E5M2"] = int(zipccl::kF8E5M2);
+    d["DTYPE_F8E4M3FNUZ"] = int(zipccl::kF8E4M3FNUZ);
+    d["DTYPE_F8E5M2FNUZ"] = int(zipccl::kF8E5M2FNUZ);
+    d["DTYPE_F8E4M3B11FNUZ"] = int(zipccl::kF8E4M3B11FNUZ);
+    d["DTYPE_F8E4M3"] = int(zipccl::kF8E4M3);
+    d["DTYPE_F8E3M4"] = int(zipccl::kF8E3M4);
+    d["DTYPE_F8E8M0FNU"] = int(zipccl::kF8E8M0FNU);
+    d["REJECTED_FILL_F8E4M3FN"] = zipccl::kRejectedFillF8E4M3FN;
+    d["REJECTED_FILL_F8E5M2"] = zipccl::kRejectedFillF8E5M2;
+    d["REJECTED_FILL_F8FNUZ"] = zipccl::kRejectedFillF8Fnuz;
+    d["REJECTED_FILL_F8E4M3"] = zipccl::kRejectedFillF8E4M3;
+    d["REJECTED_FILL_F8E3M4"] = zipccl::kRejectedFillF8E3M4;
+    d["REJECTED_FILL_F8E8M0FNU"] = zipccl::kRejectedFillF8E8M0FNU;
     return d;
   });
+  m.def("rejected_fill_bits", [](int dtype) {
+    if (zipccl::ElemBytes(uint8_t(dtype)) == 0) throw nb::value_error("unsupported dtype code");
+    return zipccl::RejectedFillBits(uint8_t(dtype));
+  }, nb::arg("dtype_code"), "The bits every element of a rejected frame of this dtype gets.");
   m.def("status_messages", []() {
     nb::dict d;
     for (int s = zipccl::kOk; s < zipccl::kNumStatus; ++s) d[nb::int_(s)] = zipccl::StatusMessage(s);

@@ -6,19 +6,27 @@ Collectives (inside `jax.shard_map`): `all_to_all`, `all_gather`,
 Strategy behind `compress="auto"`: `calibrate`, `Profile`, `load_profile`,
 `use_profile`, `observe`, `explain`, `decisions`.
 Introspection: `stats`, `totals`, `hlo_wire_bytes`.
+docs/ARCHITECTURE.md draws the layers and which module is the door of each.
 """
 
 from zipccl_jax import format
+from zipccl_jax.accounting import (CallSiteStats, hlo_collectives, hlo_wire_bytes, reset_stats,
+                                   set_runtime_stats, stats, totals)
+from zipccl_jax.calibration import calibrate
+from zipccl_jax.capacity import padded_capacity
 from zipccl_jax.codec import decode, encode, max_encoded_bytes
+from zipccl_jax.collectives import all_gather, all_to_all, ppermute, psum, psum_scatter
+from zipccl_jax.observation import observe
+from zipccl_jax.profile import Profile, get_profile, load_profile, set_profile, use_profile
+from zipccl_jax.strategy import decisions, explain
 
 __version__ = "0.1.0"
 
-__all__ = ["encode", "decode", "max_encoded_bytes", "format"]
-
-try:  # the collectives land in their own module
-  from zipccl_jax.collectives import *  # noqa: F401,F403
-  from zipccl_jax import collectives as _collectives
-  __all__ += list(_collectives.__all__)
-except ImportError as _e:  # pragma: no cover
-  if "zipccl_jax.collectives" not in str(_e):
-    raise
+__all__ = [
+    "encode", "decode", "max_encoded_bytes", "format",
+    "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute",
+    "padded_capacity", "CallSiteStats", "stats", "totals", "reset_stats", "set_runtime_stats",
+    "hlo_collectives", "hlo_wire_bytes",
+    "Profile", "calibrate", "explain", "decisions", "observe", "get_profile", "set_profile",
+    "use_profile", "load_profile",
+]

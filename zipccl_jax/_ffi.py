@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import jax
@@ -13,6 +14,7 @@ _registered = False
 
 ENCODE_TARGET = "zipccl_encode"
 DECODE_TARGET = "zipccl_decode"
+COUNT_TARGET = "zipccl_count"  # runtime call/fallback counter (accounting.py), CPU only
 
 
 def extension():
@@ -20,9 +22,9 @@ def extension():
   try:
     from zipccl_jax import _zipccl
   except ImportError as e:
-    import zipccl_jax
+    here = os.path.dirname(os.path.abspath(__file__))
     raise ImportError(
-        f"zipccl_jax._zipccl (the compiled codec) is not next to {zipccl_jax.__file__}. "
+        f"zipccl_jax._zipccl (the compiled codec) is not in {here}. "
         "Install the package with `pip install .`; if you did, this import found the source "
         "tree instead (e.g. `python -m pytest` from the repository root puts it first on "
         "sys.path): run `pytest` instead.") from e

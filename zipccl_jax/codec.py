@@ -18,9 +18,12 @@ from zipccl_jax import _ffi
 from zipccl_jax import format as fmt
 
 __all__ = ["encode", "decode", "encode_frames", "decode_frames", "max_encoded_bytes",
-           "frame_bytes_of", "status_messages", "status_message", "STATUS_OK", "REJECTED_FILL_BITS"]
+           "frame_bytes_of", "poison_overflow", "any_overflow", "status_messages",
+           "status_message", "STATUS_OK", "REJECTED_FILL_BITS"]
 
 max_encoded_bytes = fmt.max_encoded_bytes
+# The bits of the quiet NaN that fills a rejected frame's output row (format.py holds them).
+REJECTED_FILL_BITS = fmt.REJECTED_FILL_BITS
 
 
 def _nbytes_dtype():
@@ -31,7 +34,7 @@ def _result(like, shape, dtype):
   """A result type for `shape`/`dtype` that carries `like`'s manual-axis type.
 
   Inside `jax.shard_map` every value is per-device ("varying"); an ffi_call
-  result must say so too, or custom_vjp/grad reject it (PLATFORM.md).
+  result must say so too, or custom_vjp/grad reject it.
   """
   aval = jax.typeof(like)
   manual = getattr(aval, "manual_axis_type", None)
@@ -106,7 +109,8 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False, ski
   """Codes each row `x[f]` as its own frame, in one FFI call.
 
   Args:
-    x: array of shape `(F, *s)` and dtype bfloat16, float16 or float32.
+    x: array of shape `(F, *s)` and a coded dtype (`format.SUPPORTED_NAMES`:
+      bfloat16, float16, float32 and the one-byte float8 dtypes).
     capacity: bytes reserved per frame; default `max_encoded_bytes(prod(s), dtype)`,
       which always fits. A smaller capacity may overflow: see `encode`.
     checksum: append an XXH32 checksum to every frame (verified on decode).
@@ -139,13 +143,6 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False, ski
 
 
 STATUS_OK = 0
-# The bits of the quiet NaN that fills a rejected frame's output row (status result
-# requested), per dtype; the same on CPU and CUDA.
-REJECTED_FILL_BITS = {
-    np.dtype(jnp.bfloat16): 0x7FC0,
-    np.dtype(np.float16): 0x7E00,
-    np.dtype(np.float32): 0x7FC00000,
-}
 
 
 def status_messages() -> dict[int, str]:
@@ -184,7 +181,8 @@ def decode_frames(payload, *, shape: Sequence[int], dtype, skip=None, return_sta
     first, then the lowest bad block); `status_message(code)` gives its text and
     `status_messages()` lists all codes. A rejected frame's whole output row is
     a quiet NaN (bits `REJECTED_FILL_BITS[dtype]`: 0x7FC0 bfloat16, 0x7E00
-    float16, 0x7FC00000 float32), never partially decoded data; the other rows
+    float16, 0x7FC00000 float32, 0x7F float8_e4m3fn, 0x7E float8_e5m2), never
+    partially decoded data; the other rows
     are unaffected. This is what the CUDA decoder does (a GPU cannot raise
     without a host sync), and the CPU decoder gives the same bits and codes.
 
@@ -230,7 +228,8 @@ def encode(x, *, checksum: bool = False, capacity: int | None = None):
   """Losslessly compresses `x` into one frame.
 
   Args:
-    x: array of any shape with dtype bfloat16, float16 or float32 (others raise
+    x: array of any shape with dtype bfloat16, float16, float32 or a float8
+      dtype (`format.SUPPORTED_NAMES`; float8 is coded byte by byte; others raise
       TypeError). Elements are coded in row-major order.
     checksum: store an XXH32 checksum of the frame; decode verifies it.
     capacity: length of the returned payload in bytes. Defaults to
@@ -284,6 +283,15 @@ def decode(payload, *, shape: Sequence[int], dtype, return_status: bool = False)
   return decode_frames(payload[None], shape=shape, dtype=dtype)[0]
 
 
+def _frame_bytes_words(payload):
+  """The `frame_bytes` header field of each frame as (low, high) uint32 words."""
+  lo_b, hi_b = fmt.FRAME_BYTES_OFFSET, fmt.FRAME_BYTES_OFFSET + fmt.FRAME_BYTES_WIDTH
+  b = jnp.asarray(payload)[..., lo_b:hi_b].astype(jnp.uint32)
+  lo = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+  hi = b[..., 4] | (b[..., 5] << 8) | (b[..., 6] << 16) | (b[..., 7] << 24)
+  return lo, hi
+
+
 def frame_bytes_of(payload):
   """The `frame_bytes` header field of each frame, as int32, saturated at 2^31-1.
 
@@ -291,8 +299,29 @@ def frame_bytes_of(payload):
   receiver uses it to see that a sender's frame overflowed its capacity.
   `payload` has shape `(..., C)` with `C >= 32`.
   """
-  b = jnp.asarray(payload)[..., 16:24].astype(jnp.uint32)
-  lo = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
-  hi = b[..., 4] | (b[..., 5] << 8) | (b[..., 6] << 16) | (b[..., 7] << 24)
+  lo, hi = _frame_bytes_words(payload)
   big = (hi != 0) | (lo > 0x7FFFFFFF)
   return jnp.where(big, jnp.int32(0x7FFFFFFF), lo.astype(jnp.int32))
+
+
+def any_overflow(payload, capacity: int):
+  """True if any frame of `payload` `(..., C)` says it needs more than `capacity` bytes.
+
+  The same header field as `frame_bytes_of`, compared unsaturated (a poisoned frame,
+  `frame_bytes = 2**64 - 1`, counts).
+  """
+  lo, hi = _frame_bytes_words(payload)
+  return jnp.any((hi != 0) | (lo > jnp.uint32(capacity)))
+
+
+def poison_overflow(payload, nbytes, capacity: int):
+  """`(payload, over)`: if any frame overflowed `capacity`, every frame's `frame_bytes` becomes
+  2**64 - 1, so that every receiver of any of them sees the overflow (the collectives'
+  uniform fallback). `payload` is uint8 `(F, C)`, `nbytes` `(F,)`; `over` is a bool scalar.
+  """
+  over = jnp.any(nbytes > capacity)
+  lo = fmt.FRAME_BYTES_OFFSET
+  field = payload[:, lo:lo + fmt.FRAME_BYTES_WIDTH]
+  field = jnp.where(over, jnp.full_like(field, 0xFF), field)
+  payload = jax.lax.dynamic_update_slice(payload, field, (0, lo))
+  return payload, over

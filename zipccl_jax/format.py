@@ -26,15 +26,51 @@ FLAG_CHECKSUM = 0x01
 BLOCK_FLAG_LOW16 = 0x01
 CHECKSUM_SEED = 0
 MODE_RAW, MODE_CONST, MODE_HUFF = 0, 1, 2
+# The header's u64 little-endian `frame_bytes` field occupies bytes [FRAME_BYTES_OFFSET,
+# FRAME_BYTES_OFFSET + FRAME_BYTES_WIDTH); an overflowed frame stores its needed size there.
+FRAME_BYTES_OFFSET = 16
+FRAME_BYTES_WIDTH = 8
+# Bytes each 65536-element block adds to a frame beyond its data: directory entry + block header.
+PER_BLOCK_BYTES = DIR_ENTRY_BYTES + BLOCK_HEADER_BYTES
+# The bits of the quiet NaN that fills a rejected frame's output row (decode with a status
+# result), per dtype; the same on CPU and CUDA.
+REJECTED_FILL_BF16 = 0x7FC0
+REJECTED_FILL_F16 = 0x7E00
+REJECTED_FILL_F32 = 0x7FC00000
 
 DTYPE_BF16, DTYPE_F16, DTYPE_F32 = 1, 2, 3
+# One-byte floats (FORMAT.md "Symbols": the symbol is the whole byte, no raw bytes).
+DTYPE_F8E4M3FN, DTYPE_F8E5M2 = 4, 5
+DTYPE_F8E4M3FNUZ, DTYPE_F8E5M2FNUZ, DTYPE_F8E4M3B11FNUZ = 6, 7, 8
+DTYPE_F8E4M3, DTYPE_F8E3M4, DTYPE_F8E8M0FNU = 9, 10, 11
 DTYPE_CODES = {
     np.dtype(ml_dtypes.bfloat16): DTYPE_BF16,
     np.dtype(np.float16): DTYPE_F16,
     np.dtype(np.float32): DTYPE_F32,
+    np.dtype(ml_dtypes.float8_e4m3fn): DTYPE_F8E4M3FN,
+    np.dtype(ml_dtypes.float8_e5m2): DTYPE_F8E5M2,
+    np.dtype(ml_dtypes.float8_e4m3fnuz): DTYPE_F8E4M3FNUZ,
+    np.dtype(ml_dtypes.float8_e5m2fnuz): DTYPE_F8E5M2FNUZ,
+    np.dtype(ml_dtypes.float8_e4m3b11fnuz): DTYPE_F8E4M3B11FNUZ,
+    np.dtype(ml_dtypes.float8_e4m3): DTYPE_F8E4M3,
+    np.dtype(ml_dtypes.float8_e3m4): DTYPE_F8E3M4,
+    np.dtype(ml_dtypes.float8_e8m0fnu): DTYPE_F8E8M0FNU,
 }
 SUPPORTED_DTYPES = tuple(DTYPE_CODES)
-SUPPORTED_NAMES = "bfloat16, float16, float32"
+SUPPORTED_NAMES = ", ".join(dt.name for dt in SUPPORTED_DTYPES)
+FP8_DTYPES = tuple(dt for dt in SUPPORTED_DTYPES if dt.itemsize == 1)
+# Rejected-frame fill of the one-byte floats: a NaN each (the fnuz types have only 0x80).
+REJECTED_FILL_F8E4M3FN, REJECTED_FILL_F8E5M2, REJECTED_FILL_F8FNUZ = 0x7F, 0x7E, 0x80
+REJECTED_FILL_F8E4M3, REJECTED_FILL_F8E3M4, REJECTED_FILL_F8E8M0FNU = 0x7C, 0x78, 0xFF
+REJECTED_FILL = {  # dtype code -> the bits of every element of a rejected frame
+    DTYPE_BF16: REJECTED_FILL_BF16, DTYPE_F16: REJECTED_FILL_F16, DTYPE_F32: REJECTED_FILL_F32,
+    DTYPE_F8E4M3FN: REJECTED_FILL_F8E4M3FN, DTYPE_F8E5M2: REJECTED_FILL_F8E5M2,
+    DTYPE_F8E4M3FNUZ: REJECTED_FILL_F8FNUZ, DTYPE_F8E5M2FNUZ: REJECTED_FILL_F8FNUZ,
+    DTYPE_F8E4M3B11FNUZ: REJECTED_FILL_F8FNUZ, DTYPE_F8E4M3: REJECTED_FILL_F8E4M3,
+    DTYPE_F8E3M4: REJECTED_FILL_F8E3M4, DTYPE_F8E8M0FNU: REJECTED_FILL_F8E8M0FNU,
+}
+# dtype -> rejected-frame fill bits (what codec.REJECTED_FILL_BITS re-exports)
+REJECTED_FILL_BITS = {dt: REJECTED_FILL[code] for dt, code in DTYPE_CODES.items()}
 
 
 def dtype_code(dtype, *, arg: str = "dtype") -> int:
@@ -66,4 +102,4 @@ def max_encoded_bytes(n_elems: int, dtype) -> int:
     raise ValueError(f"zipccl_jax: n_elems must be >= 0, got {n}")
   width = np.dtype(dtype).itemsize
   dtype_code(dtype)
-  return FRAME_HEADER_BYTES + num_blocks(n) * (DIR_ENTRY_BYTES + BLOCK_HEADER_BYTES) + n * width
+  return FRAME_HEADER_BYTES + num_blocks(n) * PER_BLOCK_BYTES + n * width

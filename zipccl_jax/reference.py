@@ -1,4 +1,4 @@
-"""Pure-NumPy reference codec for the zipccl wire format v1 (FORMAT.md).
+"""Pure-NumPy reference codec for the zipccl wire format v1 (FORMAT.md), every dtype code.
 
 This is the test oracle: it is written from FORMAT.md, not from the C++ code,
 and must produce byte-identical frames to every zipccl encoder and decode them.
@@ -39,14 +39,19 @@ _HDR = struct.Struct("<IBBBBQQII")    # magic, version, dtype, flags, block_log2
 _BLK = struct.Struct("<BBHI")         # mode, flags, reserved, value
 assert _HDR.size == fmt.FRAME_HEADER_BYTES and _BLK.size == fmt.BLOCK_HEADER_BYTES
 
-_UINT = {2: np.uint16, 4: np.uint32}
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 _DTYPE_OF_CODE = {code: dt for dt, code in fmt.DTYPE_CODES.items()}
 
 max_encoded_bytes = fmt.max_encoded_bytes
 
 
 def _width(code: int) -> int:
-  return 4 if code == fmt.DTYPE_F32 else 2
+  return _DTYPE_OF_CODE[code].itemsize
+
+
+def _raw_width(code: int, low16: bool) -> int:
+  """Raw bytes per non-ZERO element: the element's bytes below its symbol byte."""
+  return 1 if low16 else _width(code) - 1
 
 
 # --------------------------------------------------------------------------- symbols
@@ -62,9 +67,15 @@ def _rotr(v: np.ndarray, bits: int) -> np.ndarray:
 def split_symbols(u: np.ndarray, dtype_code: int, low16: bool = False):
   """Elements (as unsigned ints) -> (symbols uint16 [m], raw bytes uint8 [nnz, r]).
 
-  ZERO (256) for all-zero elements, which have no raw bytes. `r` is 1 for
-  16-bit dtypes and for LOW16, else 3 (little-endian low 24 bits).
+  ZERO (256) for all-zero elements, which have no raw bytes. `r` is 0 for
+  one-byte dtypes (the symbol is the whole byte), 1 for 16-bit dtypes and
+  for LOW16, else 3 (little-endian low 24 bits).
   """
+  if _width(dtype_code) == 1:
+    u = np.asarray(u, np.uint8)
+    sym = _rotl(u, 8).astype(np.uint16)
+    sym[u == 0] = ZERO
+    return sym, np.zeros((int(np.count_nonzero(u)), 0), np.uint8)
   if dtype_code == fmt.DTYPE_F32:
     u = np.asarray(u, np.uint32)
     if low16:
@@ -87,9 +98,13 @@ def split_symbols(u: np.ndarray, dtype_code: int, low16: bool = False):
 
 
 def merge_symbols(sym: np.ndarray, raw: np.ndarray, dtype_code: int, low16: bool = False):
-  """Inverse of `split_symbols`: -> uint16 or uint32 elements."""
+  """Inverse of `split_symbols`: -> uint8, uint16 or uint32 elements."""
   sym = np.asarray(sym)
   nz = sym != ZERO
+  if _width(dtype_code) == 1:
+    out = np.zeros(sym.shape, np.uint8)
+    out[nz] = _rotr(sym[nz].astype(np.uint8), 8)
+    return out
   wide = dtype_code == fmt.DTYPE_F32 and not low16
   raw = np.asarray(raw, np.uint8).reshape(int(nz.sum()), 3 if wide else 1)
   if wide:
@@ -431,7 +446,7 @@ def _parse_huff(blk: np.ndarray, m: int, code: int, flags: int, where: str):
     _fail(f"{where}: stream_nnz exceeds the stream's element count")
   if np.any(sbits < cnt) or np.any(sbits > MAX_LEN * cnt):
     _fail(f"{where}: stream_bits outside [elements, {MAX_LEN} x elements]")
-  r = 1 if (code != fmt.DTYPE_F32 or flags & fmt.BLOCK_FLAG_LOW16) else 3
+  r = _raw_width(code, bool(flags & fmt.BLOCK_FLAG_LOW16))
   total_bits = int(sbits.sum())
   bs_bytes = (total_bits + 7) // 8
   want = head + bs_bytes + r * int(snnz.sum())
@@ -440,7 +455,7 @@ def _parse_huff(blk: np.ndarray, m: int, code: int, flags: int, where: str):
   bitstream = blk[head:head + bs_bytes]
   if total_bits % 8 and int(bitstream[-1]) >> (total_bits % 8):
     _fail(f"{where}: reserved padding bits after the bitstream are non-zero")
-  raw = blk[head + bs_bytes:].reshape(-1, r)
+  raw = blk[head + bs_bytes:].reshape(int(snnz.sum()), r)
   return dict(lengths=lengths, sbits=sbits, snnz=snnz, cnt=cnt, bitstream=bitstream,
               total_bits=total_bits, raw=raw, low16=bool(flags & fmt.BLOCK_FLAG_LOW16))
 
@@ -564,8 +579,8 @@ def decode(frame, *, shape, dtype) -> np.ndarray:
     elif mode == fmt.MODE_CONST:
       if flags:
         _fail(f"{where}: flag 0x{flags:02X} not allowed for a CONST block")
-      if w == 2 and value >> 16:
-        _fail(f"{where}: reserved upper 16 bits of a CONST value are non-zero")
+      if w < 4 and value >> (8 * w):
+        _fail(f"{where}: reserved upper {32 - 8 * w} bits of a CONST value are non-zero")
       if blk.size != fmt.BLOCK_HEADER_BYTES:
         _fail(f"{where}: CONST block size {blk.size} is not {fmt.BLOCK_HEADER_BYTES}")
       out[sl] = value

@@ -11,11 +11,19 @@ additionally FSDP-sharded: dense parameters over both axes, expert parameters ov
 from __future__ import annotations
 
 import argparse
-import os
+import importlib.util
+import pathlib
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/
-from moe_flax import launch  # noqa: E402  (no jax import)
+# examples/common is a package next to this example's directory; register it by path (the
+# script's own directory is on sys.path, examples/ is not, and sys.path stays as it is)
+if "common" not in sys.modules:
+    _COMMON = pathlib.Path(__file__).resolve().parents[1] / "common"
+    _spec = importlib.util.spec_from_file_location("common", _COMMON / "__init__.py",
+                                                   submodule_search_locations=[str(_COMMON)])
+    sys.modules["common"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["common"])
+from common import launch  # noqa: E402  (no jax import)
 
 
 def main(argv=None) -> int:
@@ -27,7 +35,7 @@ def main(argv=None) -> int:
     if pre.spawn:
         return launch.spawn(pre, argv)
     launch.setup_env(pre)
-    from moe_flax import trainer  # imports jax
+    from common import trainer  # imports jax
     trainer.add_common_args(p, mesh="2x4", layers=2, experts=8)
     args = p.parse_args(argv)
     launch.init_distributed(args)

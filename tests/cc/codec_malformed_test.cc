@@ -1,4 +1,4 @@
-// Malformed input to the CPU frame decoder (xla_ffi/codec/codec_cpu.h): every header field, the block
+// Malformed input to the CPU frame decoder (xla_ffi/codec/cpu_driver.h): every header field, the block
 // directory, block headers, Huffman tables and stream directories, truncation at every length, every
 // single-byte corruption of a checksummed frame, and random corruption. The decoder must return the
 // documented Status and never touch memory outside its buffers (the _sanitized variant runs this under

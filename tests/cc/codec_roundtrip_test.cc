@@ -1,4 +1,4 @@
-// Round trips of the CPU frame driver (xla_ffi/codec/codec_cpu.h): bit-exact for every dtype, size and block
+// Round trips of the CPU frame driver (xla_ffi/codec/cpu_driver.h): bit-exact for every dtype, size and block
 // mode; frame header fields; the RAW fallback on incompressible data; capacity overflow; determinism.
 #include <algorithm>
 #include <cstring>

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "xla_ffi/codec/codec_cpu.h"
+#include "xla_ffi/codec/cpu_driver.h"
 #include "xla_ffi/codec/format.h"
 
 namespace zipccl_test {
@@ -19,7 +19,7 @@ using zipccl::kF32;
 constexpr uint8_t kDTypes[] = {kBF16, kF16, kF32};
 
 inline const char* DTypeName(uint8_t dtype) {
-  return dtype == kBF16 ? "bf16" : dtype == kF16 ? "f16" : dtype == kF32 ? "f32" : "?";
+  return dtype == kBF16 ? "bf16" : dtype == kF16 ? "f16" : dtype == kF32 ? "f32" : zipccl::ElemBytes(dtype) == 1 ? "f8" : "?";
 }
 
 // Elements as raw little-endian bytes (2 or 4 per element).

@@ -70,7 +70,7 @@ def _corpus_dir(arg: str | None) -> pathlib.Path:
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
-  return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32)
+  return x.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
 
 
 def make_slices(corpus: pathlib.Path) -> list[dict]:
@@ -151,6 +151,41 @@ def golden_inputs() -> list[tuple[str, np.ndarray, bool, str]]:
   ]
   for name, x in _tie_inputs().items():
     cases.append((name, x, False, "encoder rule 2: HUFF only if strictly smaller than RAW"))
+  return cases + _fp8_inputs()
+
+
+def _fp8_inputs() -> list[tuple[str, np.ndarray, bool, str]]:
+  """One-byte dtypes: the symbol is rotl8 of the whole byte, ZERO for +0, no raw bytes."""
+  rng = np.random.default_rng(2027)
+  e4, e5 = np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)
+
+  def amax(n, dt, zeros=0.0):  # per-tensor amax scaling, as FP8 training casts
+    x = rng.normal(size=n)
+    x[rng.random(n) < zeros] = 0
+    return (x * (float(ml_dtypes.finfo(dt).max) / np.abs(x).max())).astype(dt)
+
+  every = np.arange(256, dtype=np.uint8)
+  cases = [
+      ("fp8_e4m3fn_all_patterns", every.view(e4), False,
+       "every float8_e4m3fn bit pattern once (NaNs, ±0, subnormals): RAW"),
+      ("fp8_e5m2_all_patterns_huff",
+       np.concatenate([_bits(amax(2500, e5)), every]).view(e5), False,
+       "every float8_e5m2 bit pattern (±Inf, NaNs, ±0, subnormals) inside a HUFF block"),
+      ("fp8_e4m3fn_amax_3000", amax(3000, e4, zeros=0.25), False,
+       "float8_e4m3fn, amax-scaled Gaussian with 25% zeros: HUFF, two streams, no raw region"),
+      ("fp8_e5m2_amax_checksum", amax(700, e5), True, "float8_e5m2 HUFF + CHECKSUM"),
+      ("fp8_e5m2_const_neg_inf", np.full(100, 0xFC, np.uint8).view(e5), False,
+       "float8_e5m2 CONST -Inf (value zero-extended from one byte)"),
+      ("fp8_e4m3fn_const_then_huff", np.concatenate(
+          [np.full(65536, 0x80, np.uint8).view(e4), amax(3000, e4)]), False,
+       "two blocks: CONST -0, then HUFF"),
+  ]
+  for name in ("float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz", "float8_e4m3",
+               "float8_e3m4", "float8_e8m0fnu"):
+    dt = np.dtype(getattr(ml_dtypes, name))
+    skewed = np.concatenate([np.repeat(every[::17], 100), every]).view(dt)
+    cases.append((f"fp8_{name.removeprefix('float8_')}_skewed", skewed, False,
+                  f"{name}: every bit pattern, HUFF"))
   return cases
 
 

@@ -1,7 +1,8 @@
 // libFuzzer harness: zipccl::cpu::DecodeFrame on arbitrary bytes, across dtypes and element counts.
 //
 // Input layout: [ctl] [frame bytes ...]
-//   ctl bits 0-1  expected dtype: 0 = the frame's own dtype byte (bfloat16 if that is not 1..3),
+//   ctl bits 0-1  expected dtype: 0 = the frame's own dtype byte (bfloat16 if that is no dtype code; the
+//                 one-byte floats 4..11 are reached this way),
 //                 1 = bfloat16, 2 = float16, 3 = float32
 //   ctl bit  2    expect one element more than the header says (n_elems mismatch)
 //   ctl bit  3    decode from an exactly frame_bytes-sized copy as well (must agree with the full buffer)
@@ -22,7 +23,7 @@
 #include <memory>
 #include <vector>
 
-#include "codec_cpu.h"
+#include "cpu_driver.h"
 #include "format.h"
 
 namespace {
@@ -58,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     hdr_frame_bytes = zipccl::Load64(frame + 16);
     if (dtype == 0) dtype = frame[5];
   }
-  if (dtype < zipccl::kBF16 || dtype > zipccl::kF32) dtype = zipccl::kBF16;
+  if (zipccl::ElemBytes(dtype) == 0) dtype = zipccl::kBF16;
   uint64_t n = hdr_n <= kMaxElems ? hdr_n : hdr_n % (kMaxElems + 1);
   if (ctl & 4) n += 1;
   const uint64_t w = uint64_t(zipccl::ElemBytes(dtype));

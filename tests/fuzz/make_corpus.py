@@ -7,7 +7,7 @@ golden-vector inputs named in FORMAT.md (empty bfloat16, one 1.0, [0, 0, 1.5, -2
 float32 up-cast bfloat16 -> LOW16) and every block mode and decoder path: HUFF with byte symbols and with all 256
 exponents plus zero (16-bit symbols), 1-4 lanes and partial streams, sparse and all-zero-stream blocks, RAW,
 CONST, multi-block frames, each dtype, with and without the checksum.
-roundtrip/: [ctl0][ctl1][element bytes] as roundtrip_fuzzer.cc describes.
+roundtrip/: [ctl0][ctl1][element bytes] as roundtrip_fuzzer.cc describes (dtype bits 3: float8_e4m3fn).
 """
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ import ml_dtypes
 import numpy as np
 
 from zipccl_jax import _zipccl
+from zipccl_jax import format as fmt
 
 HERE = Path(__file__).resolve().parent
 BF16 = np.dtype(ml_dtypes.bfloat16)
-CODES = {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}
+CODES = {np.dtype(d): c for d, c in fmt.DTYPE_CODES.items()}
+E4M3FN, E5M2 = np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)
 
 
 def frame(x, checksum=False) -> bytes:
@@ -68,10 +70,22 @@ def decode_seeds() -> dict[str, bytes]:
   v = ((s << 15) | (e << 7) | m).astype(np.uint16)
   v[256:400] = 0
   seeds["all_exponents_bf16_u16path"] = v.view(BF16)
+  # One-byte floats: the symbol is the whole byte. Every bit pattern in a HUFF block, zero streams, RAW,
+  # CONST, two blocks, and one HUFF frame of each other float8 variant.
+  fp8 = np.clip(np.round(rng.normal(12, 1.5, 9000)), 0, 15).astype(np.uint8) << 3
+  fp8 |= rng.integers(0, 8, 9000, dtype=np.uint8) | (rng.integers(0, 2, 9000, dtype=np.uint8) << 7)
+  fp8[:256] = np.arange(256)
+  seeds["fp8_e4m3fn_all_patterns_huff"] = fp8.view(E4M3FN)
+  seeds["fp8_e5m2_zero_stream"] = np.concatenate([np.zeros(2048, np.uint8), fp8[:3000]]).view(E5M2)
+  seeds["fp8_e5m2_raw_bits_700"] = rng.integers(0, 256, 700, dtype=np.uint8).view(E5M2)
+  seeds["fp8_e4m3fn_const_nan"] = np.full(900, 0x7F, np.uint8).view(E4M3FN)
+  seeds["fp8_e4m3fn_twoblocks"] = np.concatenate([fp8, fp8[:100]] * 8)[:70000].view(E4M3FN)
+  for dt in fmt.FP8_DTYPES[2:]:
+    seeds[f"fp8_{dt.name.removeprefix('float8_')}_huff"] = fp8[:2500].view(dt)
   out = {}
   for name, x in seeds.items():
     out[name] = b"\x00" + frame(x)
-    if name.startswith(("gauss", "golden_ramp", "twoblocks", "all_exponents")):
+    if name.startswith(("gauss", "golden_ramp", "twoblocks", "all_exponents", "fp8_e4m3fn_all")):
       out[name + "_checksum"] = b"\x00" + frame(x, checksum=True)
   return out
 
@@ -90,6 +104,12 @@ def roundtrip_seeds() -> dict[str, bytes]:
         0, 256, 1500, dtype=np.uint8).tobytes()
   out["tiny_capacity"] = bytes([(3 << 5) | (1 << 3), 20]) + bytes(range(64))
   out["empty"] = bytes([0, 0])
+  rng = np.random.default_rng(8)  # float8_e4m3fn (dtype bits 3), apart so the seeds above stay as they were
+  for mode in range(4):
+    ctl0 = 3 | (mode << 3) | (4 if mode == 1 else 0)
+    out[f"f8_mode{mode}"] = bytes([ctl0, 29]) + rng.integers(0, 256, 3000, dtype=np.uint8).tobytes()
+  out["f8_long_overflow"] = bytes([0x80 | (2 << 5) | (1 << 3) | 3, 9]) + rng.integers(
+      0, 256, 1500, dtype=np.uint8).tobytes()
   return out
 
 

@@ -1,11 +1,12 @@
 // libFuzzer harness: zipccl::cpu::EncodeFrame -> DecodeFrame round trips on fuzzer-shaped data.
 //
 // Input layout: [ctl0] [ctl1] [element bytes ...]
-//   ctl0 bits 0-1  dtype: 1 + (bits % 3)  -> bfloat16, float16, float32
+//   ctl0 bits 0-1  dtype: 0 bfloat16, 1 float16, 2 float32, 3 float8_e4m3fn (one-byte symbols; every
+//                  float8 variant is coded alike)
 //   ctl0 bit  2    checksum
 //   ctl0 bits 3-4  shaping of the elements (so that HUFF blocks, not only RAW ones, get fuzzed):
 //                  0 the bytes verbatim; 1 exponent squeezed into a window of 8 values around 1.0 (a 16-entry
-//                  window for float16); 2 like 1, with every element whose byte is < 64 set to +0 (sparse);
+//                  window for float16, exponent 8..15 for float8); 2 like 1, with every element whose byte is < 64 set to +0 (sparse);
 //                  3 like 1, plus low 16 bits cleared (float32 LOW16 blocks), and every byte 0xFF escapes to an
 //                  element with exponent 0 or all-ones (subnormal, Inf or NaN)
 //   ctl0 bits 5-6  capacity: 0 max_encoded_bytes; 1 exactly the frame size; 2 one byte short (overflow);
@@ -27,7 +28,7 @@
 #include <memory>
 #include <vector>
 
-#include "codec_cpu.h"
+#include "cpu_driver.h"
 #include "format.h"
 
 namespace {
@@ -40,6 +41,11 @@ namespace {
 uint32_t Shape(uint32_t v, uint8_t dtype, int mode, uint8_t tag) {
   if (mode == 0) return v;
   if (mode == 2 && tag < 64) return 0;
+  if (dtype == zipccl::kF8E4M3FN) {  // exponent bits 3..6 in 8..15; escapes to 0 (subnormal) or 15
+    v = (v & 0x87u) | ((8u + ((v >> 3) & 7u)) << 3);
+    if (mode == 3 && tag == 0xFF) v = ((v >> 2) & 1) ? (v | 0x78u) : (v & 0x87u);
+    return v;
+  }
   if (dtype == zipccl::kF16) {  // window of 16 exponent values around 1.0 (15): 8..23
     v = (v & 0x83FFu) | ((8u + ((v >> 10) & 15u)) << 10);
     if (mode == 3 && tag == 0xFF) v = ((v >> 3) & 1) ? (v | 0x7C00u) : (v & 0x83FFu);
@@ -78,7 +84,7 @@ zipccl::cpu::DecodeResult DecodeExact(const std::vector<uint8_t>& frame, uint64_
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const uint8_t ctl0 = data[0], ctl1 = data[1];
-  const uint8_t dtype = uint8_t(1 + (ctl0 & 3) % 3);
+  const uint8_t dtype = (ctl0 & 3) == 3 ? uint8_t(zipccl::kF8E4M3FN) : uint8_t(1 + (ctl0 & 3));
   const bool checksum = ctl0 & 4;
   const int mode = (ctl0 >> 3) & 3;
   const int cap_mode = (ctl0 >> 5) & 3;
@@ -93,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint64_t j = i % src_n, rep = i / src_n;
     uint32_t v = 0;
     std::memcpy(&v, src + j * w, w);
-    if (rep) v ^= uint32_t(rep * 0x9E3779B1u) & (w == 2 ? 0x0007u : 0x0000FFFFu);  // perturb the mantissa
+    if (rep) v ^= uint32_t(rep * 0x9E3779B1u) & (w == 4 ? 0x0000FFFFu : 0x0007u);  // perturb the mantissa
     v = Shape(v, dtype, mode, src[j * w]);
     std::memcpy(x.data() + i * w, &v, w);
   }

@@ -48,10 +48,10 @@ newer() {  # newer TARGET SOURCES...: true if TARGET is missing or older than an
   return 1
 }
 t0=$(date +%s)
-codec_obj="$BUILD/codec_cpu.o"
-if newer "$codec_obj" "$CODEC"/*.h "$CODEC"/codec_cpu.cc "$0"; then
+codec_obj="$BUILD/cpu_driver.o"
+if newer "$codec_obj" "$CODEC"/*.h "$CODEC"/cpu_driver.cc "$0"; then
   echo "fuzz: compiling the codec with -fsanitize=fuzzer-no-link,address,undefined"
-  "$CXX" "${FLAGS[@]}" -O2 -fsanitize=fuzzer-no-link -c "$CODEC/codec_cpu.cc" -o "$codec_obj" || exit 2
+  "$CXX" "${FLAGS[@]}" -O2 -fsanitize=fuzzer-no-link -c "$CODEC/cpu_driver.cc" -o "$codec_obj" || exit 2
 fi
 for f in "${FUZZERS[@]}"; do
   if newer "$BUILD/$f" "$HERE/$f.cc" "$codec_obj" "$CODEC"/*.h; then

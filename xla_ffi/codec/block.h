@@ -30,6 +30,18 @@ ZIPCCL_HD uint32_t Raw32(uint32_t v) { return Rotl32(v) & 0xFFFFFFu; }
 ZIPCCL_HD uint32_t Merge32(int sym, uint32_t raw) {
   return sym == kZeroSymbol ? 0u : Rotr32((uint32_t(sym) << 24) | raw);
 }
+// One-byte floats: the symbol is the whole rotated byte, and there are no raw
+// bytes (FORMAT.md "Symbols"). Rotl8(v) is 0 only for v == 0, which is ZERO,
+// so symbol 0 never occurs in a compliant frame.
+ZIPCCL_HD uint32_t Rotl8(uint32_t v) { return ((v << 1) | (v >> 7)) & 0xFFu; }
+ZIPCCL_HD uint32_t Rotr8(uint32_t v) { return ((v >> 1) | (v << 7)) & 0xFFu; }
+ZIPCCL_HD int Symbol8(uint32_t v) { return v ? int(Rotl8(v)) : kZeroSymbol; }
+ZIPCCL_HD uint32_t Merge8(int sym) { return sym == kZeroSymbol ? 0u : Rotr8(uint32_t(sym)); }
+// The symbol of an element of width sizeof(T).
+template <typename T>
+ZIPCCL_HD int SymbolOf(uint32_t v) {
+  return sizeof(T) == 1 ? Symbol8(v) : sizeof(T) == 2 ? Symbol16(v) : Symbol32(v);
+}
 // Note: for a float32 whose low 16 bits are zero, Symbol32(v) equals
 // Symbol16(v >> 16), so one histogram serves both the plain and LOW16 coding.
 

@@ -61,17 +61,66 @@ constexpr uint8_t kBlockFlagsReserved = 0xFE;
 
 // ---- Huffman alphabet ---------------------------------------------------
 // Symbol s < 256 is the top byte of rotl(v, 1) (the exponent for bfloat16 and
-// float32); kZeroSymbol stands for the all-zero element (+0.0), which carries
-// no raw bytes.
+// float32, the whole rotated byte for the one-byte floats); kZeroSymbol stands
+// for the all-zero element (+0.0), which carries no raw bytes.
 constexpr int kNumSymbols = 257;
 constexpr int kZeroSymbol = 256;
 constexpr int kMaxCodeLen = 11;  // bits; also the decoder's lookup width
 constexpr uint64_t kStreamDirEntryBytes = 4;  // u16 stream_bits, u16 nnz
 
-enum DType : uint8_t { kDTypeInvalid = 0, kBF16 = 1, kF16 = 2, kF32 = 3 };
+// Codes 4..11 are the one-byte floats (FORMAT.md "Dtype codes"); the codec
+// treats them all alike, as bytes, and only the rejected-frame fill differs.
+enum DType : uint8_t {
+  kDTypeInvalid = 0,
+  kBF16 = 1,
+  kF16 = 2,
+  kF32 = 3,
+  kF8E4M3FN = 4,
+  kF8E5M2 = 5,
+  kF8E4M3FNUZ = 6,
+  kF8E5M2FNUZ = 7,
+  kF8E4M3B11FNUZ = 8,
+  kF8E4M3 = 9,
+  kF8E3M4 = 10,
+  kF8E8M0FNU = 11,
+};
 
 ZIPCCL_HD int ElemBytes(uint8_t dtype) {
-  return dtype == kF32 ? 4 : (dtype == kBF16 || dtype == kF16) ? 2 : 0;
+  return dtype == kF32                                  ? 4
+         : (dtype == kBF16 || dtype == kF16)            ? 2
+         : (dtype >= kF8E4M3FN && dtype <= kF8E8M0FNU)  ? 1
+                                                        : 0;
+}
+
+// What a decoder writes to every element of a rejected frame (a status result
+// says why): a quiet NaN of the dtype, so corruption cannot pass silently into
+// training. The CPU handler and the CUDA poison kernel write the same bits.
+constexpr uint32_t kRejectedFillBF16 = 0x7FC0u;
+constexpr uint32_t kRejectedFillF16 = 0x7E00u;
+constexpr uint32_t kRejectedFillF32 = 0x7FC00000u;
+// One-byte floats: a NaN each (the quiet-NaN bit set where the type has one;
+// the fnuz types have a single NaN, 0x80; e8m0fnu's is 0xFF).
+constexpr uint32_t kRejectedFillF8E4M3FN = 0x7Fu;
+constexpr uint32_t kRejectedFillF8E5M2 = 0x7Eu;
+constexpr uint32_t kRejectedFillF8Fnuz = 0x80u;  // e4m3fnuz, e5m2fnuz, e4m3b11fnuz
+constexpr uint32_t kRejectedFillF8E4M3 = 0x7Cu;
+constexpr uint32_t kRejectedFillF8E3M4 = 0x78u;
+constexpr uint32_t kRejectedFillF8E8M0FNU = 0xFFu;
+
+ZIPCCL_HD uint32_t RejectedFillBits(uint8_t dtype) {
+  switch (dtype) {
+    case kBF16: return kRejectedFillBF16;
+    case kF32: return kRejectedFillF32;
+    case kF8E4M3FN: return kRejectedFillF8E4M3FN;
+    case kF8E5M2: return kRejectedFillF8E5M2;
+    case kF8E4M3FNUZ:
+    case kF8E5M2FNUZ:
+    case kF8E4M3B11FNUZ: return kRejectedFillF8Fnuz;
+    case kF8E4M3: return kRejectedFillF8E4M3;
+    case kF8E3M4: return kRejectedFillF8E3M4;
+    case kF8E8M0FNU: return kRejectedFillF8E8M0FNU;
+    default: return kRejectedFillF16;
+  }
 }
 
 ZIPCCL_HD uint64_t NumBlocks(uint64_t n_elems) {

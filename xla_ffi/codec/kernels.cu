@@ -1,12 +1,13 @@
 // CUDA driver of the zipccl codec: __global__ wrappers around the kernel bodies
-// of codec_cuda.cuh, CUB scans, and the asynchronous host entry points. No XLA
-// includes; no allocation and no synchronisation (the caller provides scratch).
+// of cuda_encode.cuh / cuda_decode.cuh, CUB scans, and the asynchronous host
+// entry points of cuda_launch.cuh. No XLA includes; no allocation and no
+// synchronisation (the caller provides scratch).
 #include <cuda_runtime.h>
 
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 
-#include "codec_cuda.cuh"
+#include "cuda_launch.cuh"
 
 namespace zipccl::cuda {
 namespace {

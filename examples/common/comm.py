@@ -11,8 +11,9 @@ Every collective of the models and of the FSDP helpers goes through a :class:`Co
 ``backend="lax"`` calls plain ``jax.lax`` (an uncompressed baseline whose reductions follow XLA's order) and
 must be asked for explicitly: the examples never fall back to it on their own.
 
-Byte accounting follows zipccl_jax's model (bytes one device sends per call: all_to_all and reduce-scatter
-``S (n-1)/n``, all_gather ``S (n-1)``, all-reduce ``2 S (n-1)/n`` for an operand of ``S`` bytes).
+Byte accounting, for both backends, is zipccl_jax's one model, ``zipccl_jax.accounting.sent_bytes`` (bytes one
+device sends per call: all_to_all and reduce-scatter ``S (n-1)/n``, all_gather ``S (n-1)``, all-reduce
+``2 S (n-1)/n`` for an operand of ``S`` bytes).
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ import jax
 
 try:
     import zipccl_jax as _zipccl
+    from zipccl_jax.accounting import sent_bytes as _sent_bytes
     _ZIPCCL_ERROR: Exception | None = None
 except Exception as e:  # noqa: BLE001  (reported when the zipccl backend is requested)
-    _zipccl, _ZIPCCL_ERROR = None, e
+    _zipccl, _sent_bytes, _ZIPCCL_ERROR = None, None, e
 
 OPS = ("all_to_all", "all_gather", "psum_scatter", "psum")
 MODES = {"on": True, "auto": "auto", "off": False}
@@ -34,18 +36,6 @@ MODES = {"on": True, "auto": "auto", "off": False}
 def _axis_size(axis_name) -> int:
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     return math.prod(jax.lax.axis_size(a) for a in names)
-
-
-def _sent_bytes(op: str, operand_bytes: int, n: int) -> int:
-    if n <= 1:
-        return 0
-    if op in ("all_to_all", "psum_scatter"):
-        return operand_bytes * (n - 1) // n
-    if op == "all_gather":
-        return operand_bytes * (n - 1)
-    if op == "psum":
-        return 2 * operand_bytes * (n - 1) // n
-    raise ValueError(op)
 
 
 def zipccl_available() -> bool:

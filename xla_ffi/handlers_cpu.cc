@@ -17,8 +17,8 @@
 // CUDA decoder does. With it a bad frame is not an error: its entry receives
 // the Status code of codec/format.h (the first error, as DecodeFrame reports
 // it; 0 = ok, and 0 for a skipped frame) and its whole output row is set to the
-// quiet NaN of the CUDA poison kernel (0x7FC0 bfloat16, 0x7E00 float16,
-// 0x7FC00000 float32), so both platforms give the same bits. Without it the
+// quiet NaN of the CUDA poison kernel (RejectedFillBits of codec/format.h), so
+// both platforms give the same bits. Without it the
 // first bad frame fails the call with INVALID_ARGUMENT naming frame and block.
 #include <cstdint>
 #include <cstdio>
@@ -26,9 +26,9 @@
 #include <exception>
 #include <string>
 
-#include "codec/codec_cpu.h"
+#include "codec/cpu_driver.h"
 #include "codec/format.h"
-#include "frames.h"
+#include "operands.h"
 #include "handlers.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -36,15 +36,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-using zipccl::ffi_frames::Invalid;
+using zipccl::ffi_operands::Invalid;
 
 ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::RemainingArgs extra, bool checksum,
                       ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::AnyBuffer> nbytes) try {
-  zipccl::ffi_frames::EncodeCall call;
-  if (ffi::Error e = zipccl::ffi_frames::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
+  zipccl::ffi_operands::EncodeCall call;
+  if (ffi::Error e = zipccl::ffi_operands::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
   const uint8_t* skip = nullptr;
-  if (ffi::Error e = zipccl::ffi_frames::CheckEncodeSkip(extra, *nbytes, &skip); e.failure()) return e;
+  if (ffi::Error e = zipccl::ffi_operands::CheckEncodeSkip(extra, *nbytes, &skip); e.failure()) return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   const uint64_t w = uint64_t(zipccl::ElemBytes(dtype));
@@ -81,9 +81,11 @@ ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::RemainingArgs extra, bool checksum,
 // Every element of a rejected frame's output row (n elements of width w) set
 // to the quiet NaN of the CUDA poison kernel.
 void FillRejected(uint8_t* row, uint64_t n, uint64_t w, uint8_t dtype) {
-  const uint32_t bits = zipccl::ffi_frames::RejectedFillBits(dtype);
+  const uint32_t bits = zipccl::RejectedFillBits(dtype);
   if (w == 4) {
     for (uint64_t e = 0; e < n; ++e) std::memcpy(row + e * 4, &bits, 4);
+  } else if (w == 1) {
+    std::memset(row, int(bits), n);
   } else {
     const uint16_t b16 = uint16_t(bits);
     for (uint64_t e = 0; e < n; ++e) std::memcpy(row + e * 2, &b16, 2);
@@ -92,12 +94,12 @@ void FillRejected(uint8_t* row, uint64_t n, uint64_t w, uint8_t dtype) {
 
 ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
                       ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra_rets) try {
-  zipccl::ffi_frames::DecodeCall call;
-  if (ffi::Error e = zipccl::ffi_frames::CheckDecode(payload, *out, &call); e.failure()) return e;
+  zipccl::ffi_operands::DecodeCall call;
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, *out, &call); e.failure()) return e;
   const uint8_t* skip = nullptr;
-  if (ffi::Error e = zipccl::ffi_frames::CheckDecodeSkip(extra, payload, &skip); e.failure()) return e;
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeSkip(extra, payload, &skip); e.failure()) return e;
   int32_t* status = nullptr;
-  if (ffi::Error e = zipccl::ffi_frames::CheckDecodeStatus(extra_rets, call.frames, &status);
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeStatus(extra_rets, call.frames, &status);
       e.failure())
     return e;
   const uint8_t dtype = call.dtype;

@@ -10,7 +10,7 @@
 #include "codec/format.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace zipccl::ffi_frames {
+namespace zipccl::ffi_operands {
 
 namespace ffi = ::xla::ffi;
 
@@ -19,9 +19,22 @@ inline uint8_t DTypeCode(ffi::DataType t) {
     case ffi::DataType::BF16: return kBF16;
     case ffi::DataType::F16: return kF16;
     case ffi::DataType::F32: return kF32;
+    case ffi::DataType::F8E4M3FN: return kF8E4M3FN;
+    case ffi::DataType::F8E5M2: return kF8E5M2;
+    case ffi::DataType::F8E4M3FNUZ: return kF8E4M3FNUZ;
+    case ffi::DataType::F8E5M2FNUZ: return kF8E5M2FNUZ;
+    case ffi::DataType::F8E4M3B11FNUZ: return kF8E4M3B11FNUZ;
+    case ffi::DataType::F8E4M3: return kF8E4M3;
+    case ffi::DataType::F8E3M4: return kF8E3M4;
+    case ffi::DataType::F8E8M0FNU: return kF8E8M0FNU;
     default: return kDTypeInvalid;
   }
 }
+
+// The names of DTypeCode's dtypes, for error messages.
+constexpr char kSupportedDTypeNames[] =
+    "bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, "
+    "float8_e4m3b11fnuz, float8_e4m3, float8_e3m4, float8_e8m0fnu";
 
 inline ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument(msg); }
 
@@ -37,7 +50,7 @@ inline ffi::Error CheckEncode(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::U8
                               const ffi::AnyBuffer& nbytes, EncodeCall* call) {
   call->dtype = DTypeCode(x.element_type());
   if (call->dtype == kDTypeInvalid)
-    return Invalid("zipccl encode: x has an unsupported dtype; supported: bfloat16, float16, float32");
+    return Invalid(std::string("zipccl encode: x has an unsupported dtype; supported: ") + kSupportedDTypeNames);
   const ffi::DataType nb_type = nbytes.element_type();
   if (nb_type != ffi::DataType::S32 && nb_type != ffi::DataType::S64)
     return Invalid("zipccl encode: nbytes must be int32 or int64");
@@ -67,7 +80,7 @@ inline ffi::Error CheckDecode(const ffi::Buffer<ffi::U8>& payload, const ffi::An
                               DecodeCall* call) {
   call->dtype = DTypeCode(out.element_type());
   if (call->dtype == kDTypeInvalid)
-    return Invalid("zipccl decode: unsupported output dtype; supported: bfloat16, float16, float32");
+    return Invalid(std::string("zipccl decode: unsupported output dtype; supported: ") + kSupportedDTypeNames);
   auto pdims = payload.dimensions();
   if (pdims.size() == 0) return Invalid("zipccl decode: payload must have rank >= 1");
   call->cap_bytes = uint64_t(pdims[pdims.size() - 1]);
@@ -158,10 +171,4 @@ inline ffi::Error CheckDecodeStatus(const ffi::RemainingRets& extra, uint64_t fr
   return ffi::Error::Success();
 }
 
-// The quiet-NaN bit pattern a rejected frame's elements get (the CUDA poison
-// kernel's): 0x7FC0 bfloat16, 0x7E00 float16, 0x7FC00000 float32.
-inline uint32_t RejectedFillBits(uint8_t dtype) {
-  return dtype == kF32 ? 0x7FC00000u : dtype == kBF16 ? 0x7FC0u : 0x7E00u;
-}
-
-}  // namespace zipccl::ffi_frames
+}  // namespace zipccl::ffi_operands

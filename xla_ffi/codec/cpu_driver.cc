@@ -1,4 +1,4 @@
-#include "codec_cpu.h"
+#include "cpu_driver.h"
 
 #include <cstring>
 #include <initializer_list>
@@ -40,10 +40,16 @@ struct Analysis {
   uint32_t first;
 };
 
-// Bit position of the exponent byte: Symbol16/Symbol32 of a non-zero element
-// is (v >> kExpShift) & 0xFF.
+// The symbol byte of an element: SymbolOf<T>(v) for v != 0, and 0 for v == 0
+// (zeros are counted apart and move to kZeroSymbol). For 16- and 32-bit
+// elements it is the byte at bit 7 / 23 (the exponent), for bytes rotl8(v).
 template <typename T>
-constexpr int kExpShift = sizeof(T) == 2 ? 7 : 23;
+inline uint32_t SymbolByte(T v) {
+  if constexpr (sizeof(T) == 1)
+    return Rotl8(v);
+  else
+    return (v >> (sizeof(T) == 2 ? 7 : 23)) & 0xFF;
+}
 
 template <typename T>
 void Analyse(const T* x, uint64_t n, Analysis* a) {
@@ -68,12 +74,12 @@ void Analyse(const T* x, uint64_t n, Analysis* a) {
   std::memset(h, 0, sizeof(h));
   uint64_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    ++h[0][(x[j] >> kExpShift<T>) & 0xFF];
-    ++h[1][(x[j + 1] >> kExpShift<T>) & 0xFF];
-    ++h[2][(x[j + 2] >> kExpShift<T>) & 0xFF];
-    ++h[3][(x[j + 3] >> kExpShift<T>) & 0xFF];
+    ++h[0][SymbolByte(x[j])];
+    ++h[1][SymbolByte(x[j + 1])];
+    ++h[2][SymbolByte(x[j + 2])];
+    ++h[3][SymbolByte(x[j + 3])];
   }
-  for (; j < n; ++j) ++h[0][(x[j] >> kExpShift<T>) & 0xFF];
+  for (; j < n; ++j) ++h[0][SymbolByte(x[j])];
   for (int s = 0; s < 256; ++s) a->hist[s] = h[0][s] + h[1][s] + h[2][s] + h[3][s];
   a->hist[0] -= uint32_t(zeros);
   a->hist[kZeroSymbol] = uint32_t(zeros);
@@ -103,7 +109,7 @@ uint64_t PackStreams(const T* x, uint64_t n, const BlockPlan& p, const uint32_t*
   // is 0, so entry 0 then carries the ZERO symbol's code.
   if (!kZeros && p.lens[0] == 0) enc[0] = enc[kZeroSymbol];
   auto sym = [](T v) -> uint32_t {
-    uint32_t e = (v >> kExpShift<T>) & 0xFF;
+    uint32_t e = SymbolByte(v);
     return (!kZeros || v) ? e : uint32_t(kZeroSymbol);
   };
   uint64_t acc = 0;
@@ -226,6 +232,7 @@ void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& 
                                   : PackStreams<T, true, true>)(x, n, p, a.stream_zeros, dir, bits);
   else
     PackStreams<T, false, true>(x, n, p, a.stream_zeros, dir, bits);
+  if constexpr (sizeof(T) == 1) return;  // one-byte floats: the symbols are everything
 
   // Raw bytes of the non-zero elements, in element order.
   if (p.nnz == n) {
@@ -440,6 +447,15 @@ bool FinishStream(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
 template <typename T, typename S>
 bool MergeStream(const S* syms, uint64_t count, S zero_code, const uint8_t* raw, uint64_t nnz,
                  bool low16, T* out) {
+  if constexpr (sizeof(T) == 1) {  // one-byte floats: the element is the symbol, rotated back
+    uint64_t r = 0;
+    for (uint64_t j = 0; j < count; ++j) {
+      const bool nz = syms[j] != zero_code;
+      out[j] = nz ? T(Rotr8(syms[j])) : T(0);
+      r += nz;
+    }
+    return r == nnz;
+  }
   if (nnz == count) {  // no zeros: straight, vectorisable loops
     uint32_t bad = 0;
     if (sizeof(T) == 2) {
@@ -800,7 +816,9 @@ DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
       std::memcpy(ob, blk + kBlockHeaderBytes, nbe * sizeof(T));
     } else if (mode == kModeConst) {
       if (flags) return {kErrBlockMode, int64_t(b)};
-      if (sizeof(T) == 2 && (value >> 16)) return {kErrReserved, int64_t(b)};
+      if constexpr (sizeof(T) < 4) {  // the bits above the element are reserved
+        if (value >> (8 * sizeof(T))) return {kErrReserved, int64_t(b)};
+      }
       if (bb != kBlockHeaderBytes) return {kErrBlockSize, int64_t(b)};
       for (uint64_t j = 0; j < nbe; ++j) ob[j] = T(value);
     } else if (mode == kModeHuff) {
@@ -821,6 +839,8 @@ DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
 
 uint64_t EncodeFrame(const void* x, uint64_t n, uint8_t dtype, bool checksum, uint8_t* out,
                      uint64_t cap) {
+  if (ElemBytes(dtype) == 1)
+    return EncodeTyped(static_cast<const uint8_t*>(x), n, dtype, checksum, out, cap);
   if (ElemBytes(dtype) == 4)
     return EncodeTyped(static_cast<const uint32_t*>(x), n, dtype, checksum, out, cap);
   return EncodeTyped(static_cast<const uint16_t*>(x), n, dtype, checksum, out, cap);
@@ -829,6 +849,8 @@ uint64_t EncodeFrame(const void* x, uint64_t n, uint8_t dtype, bool checksum, ui
 DecodeResult DecodeFrame(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, uint64_t n,
                          void* out) {
   if (ElemBytes(dtype) == 0) return {kErrDType, -1};
+  if (ElemBytes(dtype) == 1)
+    return DecodeTyped(in, in_bytes, dtype, n, static_cast<uint8_t*>(out));
   if (ElemBytes(dtype) == 4)
     return DecodeTyped(in, in_bytes, dtype, n, static_cast<uint32_t*>(out));
   return DecodeTyped(in, in_bytes, dtype, n, static_cast<uint16_t*>(out));

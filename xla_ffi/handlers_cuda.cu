@@ -2,7 +2,7 @@
 // scratch from XLA's allocator, then enqueue the codec kernels on XLA's stream.
 // No format logic, no cudaMalloc, no stream synchronisation.
 //
-// Operands and results are those of the CPU handlers (xla_ffi/codec_cpu.cc):
+// Operands and results are those of the CPU handlers (xla_ffi/handlers_cpu.cc):
 // the last payload dimension is the per-frame capacity and every leading
 // dimension counts frames. The decoder additionally accepts an optional second
 // result, int32[frames], that receives each frame's status (0 = ok, else the
@@ -25,9 +25,9 @@
 #include <cstdint>
 #include <string>
 
-#include "codec/codec_cuda.cuh"
+#include "codec/cuda_launch.cuh"
 #include "codec/format.h"
-#include "frames.h"
+#include "operands.h"
 #include "handlers.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -35,7 +35,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-using zipccl::ffi_frames::Invalid;
+using zipccl::ffi_operands::Invalid;
 
 ffi::Error CudaError(const char* what, int err) {
   return ffi::Error::Internal(std::string(what) + ": " + zipccl::cuda::ErrorString(err));
@@ -56,10 +56,10 @@ ffi::Error EncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
                       ffi::RemainingArgs extra, bool checksum,
                       ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::AnyBuffer> nbytes) {
-  zipccl::ffi_frames::EncodeCall call;
-  if (ffi::Error e = zipccl::ffi_frames::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
+  zipccl::ffi_operands::EncodeCall call;
+  if (ffi::Error e = zipccl::ffi_operands::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
   const uint8_t* skip = nullptr;
-  if (ffi::Error e = zipccl::ffi_frames::CheckEncodeSkip(extra, *nbytes, &skip); e.failure()) return e;
+  if (ffi::Error e = zipccl::ffi_operands::CheckEncodeSkip(extra, *nbytes, &skip); e.failure()) return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
@@ -88,13 +88,13 @@ ffi::Error EncodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
 ffi::Error DecodeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
                       ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra_args,
                       ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra) {
-  zipccl::ffi_frames::DecodeCall call;
-  if (ffi::Error e = zipccl::ffi_frames::CheckDecode(payload, *out, &call); e.failure()) return e;
+  zipccl::ffi_operands::DecodeCall call;
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, *out, &call); e.failure()) return e;
   const uint8_t* skip = nullptr;
-  if (ffi::Error e = zipccl::ffi_frames::CheckDecodeSkip(extra_args, payload, &skip); e.failure())
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeSkip(extra_args, payload, &skip); e.failure())
     return e;
   int32_t* status = nullptr;
-  if (ffi::Error e = zipccl::ffi_frames::CheckDecodeStatus(extra, call.frames, &status); e.failure())
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeStatus(extra, call.frames, &status); e.failure())
     return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;

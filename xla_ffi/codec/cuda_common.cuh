@@ -1,0 +1,390 @@
+// CUDA driver of the zipccl codec, common part: geometry, platform primitives,
+// kernel parameters, scratch layout and frame arithmetic. No XLA includes
+// (xla_ffi/handlers_cuda.cu adapts the driver to XLA FFI).
+//
+// The driver is split the way dietgpu splits GpuFloatCompress/Decompress:
+//   cuda_common.cuh  this file
+//   cuda_encode.cuh  encoder kernel bodies
+//   cuda_decode.cuh  decoder kernel bodies
+//   cuda_launch.cuh  launch sequences (RunEncode/RunDecode) and the host API
+//
+// Everything a kernel does lives in a `Run` template over a "CTA" type that
+// provides the thread index, barriers and a CTA-wide exclusive scan:
+//   - codec/kernels.cu instantiates the bodies with DeviceCta (threadIdx,
+//     __syncthreads, cub::BlockScan) inside __global__ wrappers, and runs the
+//     launch sequence (RunEncode/RunDecode) with CUB's DeviceScan;
+//   - xla_ffi/cuda_host_bindings.cc instantiates the same bodies and the same
+//     launch sequence with a host SIMT emulator (one fiber per thread, barriers
+//     as context switches, threads run in a shuffled order between barriers,
+//     shared and scratch memory filled with garbage), so the kernels' bytes are
+//     checked against the CPU driver on a machine without a GPU.
+// The format logic itself is not here: the bodies call the shared
+// __host__ __device__ functions of format.h, block.h, huffman.h and xxhash32.h
+// (PlanBlock, WriteBlockHeader, WriteTable, ParseHuffLayout, BuildEncodeTable,
+// BuildDecodeTable, Symbol16/32, Merge16/32, ValidateFrameHeader, FrameChecksum).
+//
+// These headers compile with nvcc and with a plain C++17 host compiler.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "block.h"
+#include "format.h"
+#include "huffman.h"
+#include "xxhash32.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*; no CUDA headers needed here.
+
+namespace zipccl::cuda {
+
+// ---- Geometry ---------------------------------------------------------------
+// Per-block kernels (histogram, block writer, block decoder, poison): one CTA of
+// kThreads threads per 65536-element block. A tile is one 2048-element stream:
+// each thread owns kElemsPerThread consecutive elements of it.
+constexpr int kThreads = 256;
+constexpr int kElemsPerThread = 8;
+static_assert(kThreads * kElemsPerThread == kStreamElems, "one tile is one stream");
+// Per-item kernels (plan, directory gather, frame check/finish, status): one
+// thread per block or per frame, in CTAs of kItemThreads.
+constexpr int kItemThreads = 64;
+// Decoder: each stream's thread decodes kRoundSyms symbols per round into
+// shared memory; then all threads merge them with the raw bytes, 8 threads
+// (kElemsPerThread elements each) per stream.
+constexpr int kRoundSyms = kElemsPerThread * (kThreads / kMaxStreamsPerBlock);
+static_assert(kRoundSyms == 64, "8 merge threads of 8 elements per stream");
+static_assert(kStreamElems % kRoundSyms == 0, "rounds tile a stream");
+// Encoder staging, per tile: the bitstream words a tile can touch (up to 31
+// bits of carry from the previous tile + 11 bits per element, plus one word of
+// slack for a 128-bit OR), and the raw bytes (3 alignment bytes + 3 per element).
+constexpr int kBitStageWords = (31 + kStreamElems * kMaxCodeLen) / 32 + 4;
+constexpr int kRawStageWords = (3 + kStreamElems * 3) / 4 + 2;
+
+constexpr unsigned long long kNoError = ~0ull;
+// Frame-level key of a frame the caller asked to skip (DecodeParams::skip): its
+// blocks are not decoded, its output is zero and its status is 0. Above every
+// real error key, so an error is never hidden behind it (none can occur: a
+// skipped frame is not read).
+constexpr unsigned long long kSkippedKey = ~0ull - 1;
+
+// Error key of a frame: frame-level errors (header, checksum, directory sum)
+// are key = status, block errors key = (block + 1) << 8 | status. The smallest
+// key wins (atomicMin), which is what the CPU driver reports: frame errors
+// first, then the first bad block.
+ZIPCCL_HD unsigned long long BlockErrorKey(uint64_t block, int status) {
+  return ((unsigned long long)(block + 1) << 8) | (unsigned long long)status;
+}
+ZIPCCL_HD int KeyStatus(unsigned long long key) {
+  return key == kNoError || key == kSkippedKey ? int(kOk) : int(key & 0xFF);
+}
+ZIPCCL_HD int64_t KeyBlock(unsigned long long key) {
+  return key == kNoError || key == kSkippedKey ? -1 : int64_t(key >> 8) - 1;
+}
+
+ZIPCCL_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// ---- Platform primitives (device intrinsics; plain code in the emulator) ----
+// The emulator runs one fiber at a time, so plain read-modify-writes are exact.
+ZIPCCL_HD void AtomicAddShared(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(p, v);
+#else
+  *p += v;
+#endif
+}
+ZIPCCL_HD void AtomicOrShared(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  atomicOr(p, v);
+#else
+  *p |= v;
+#endif
+}
+ZIPCCL_HD void AtomicMinGlobal(unsigned long long* p, unsigned long long v) {
+#if defined(__CUDA_ARCH__)
+  atomicMin(p, v);
+#else
+  if (v < *p) *p = v;
+#endif
+}
+// 16 aligned bytes as four little-endian words.
+ZIPCCL_HD void Load16B(const uint8_t* p, uint32_t* w) {
+#if defined(__CUDA_ARCH__)
+  uint4 v = *reinterpret_cast<const uint4*>(p);
+  w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+#else
+  std::memcpy(w, p, 16);
+#endif
+}
+ZIPCCL_HD void Store16B(uint8_t* p, const uint32_t* w) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+#else
+  std::memcpy(p, w, 16);
+#endif
+}
+ZIPCCL_HD uint32_t LoadAligned32(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+#endif
+}
+ZIPCCL_HD void StoreAligned32(uint8_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint32_t*>(p) = v;
+#else
+  std::memcpy(p, &v, 4);
+#endif
+}
+
+// Elements are read and written as unsigned integers of their width through
+// element-aligned pointers (XLA buffers are aligned; frames start at multiples
+// of the element width).
+template <typename T>
+ZIPCCL_HD uint32_t LoadElem(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return uint32_t(*reinterpret_cast<const T*>(p));
+#else
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return uint32_t(v);
+#endif
+}
+template <typename T>
+ZIPCCL_HD void StoreElem(uint8_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<T*>(p) = T(v);
+#else
+  T t = T(v);
+  std::memcpy(p, &t, sizeof(T));
+#endif
+}
+
+// Loads the kElemsPerThread elements [first, first + 8) of a block of m
+// elements at xb (16-byte vector loads, or two words for one-byte elements,
+// when aligned and complete). Returns how many exist.
+template <typename T>
+ZIPCCL_HD int LoadElems8(const uint8_t* xb, uint64_t m, uint64_t first, uint32_t* v) {
+  if (first >= m) return 0;
+  const uint64_t left = m - first;
+  const int cnt = left < uint64_t(kElemsPerThread) ? int(left) : kElemsPerThread;
+  const uint8_t* p = xb + first * sizeof(T);
+  if (sizeof(T) == 1 && cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+    // One-byte elements: two aligned words (a warp reads 256 contiguous bytes).
+    const uint32_t lo = LoadAligned32(p), hi = LoadAligned32(p + 4);
+    for (int j = 0; j < 4; ++j) {
+      v[j] = (lo >> (8 * j)) & 0xFFu;
+      v[4 + j] = (hi >> (8 * j)) & 0xFFu;
+    }
+    return cnt;
+  }
+  if (sizeof(T) > 1 && cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    uint32_t w[8];
+    Load16B(p, w);
+    if (sizeof(T) == 4) {
+      Load16B(p + 16, w + 4);
+      for (int j = 0; j < 8; ++j) v[j] = w[j];
+    } else {
+      for (int j = 0; j < 4; ++j) {
+        v[2 * j] = w[j] & 0xFFFFu;
+        v[2 * j + 1] = w[j] >> 16;
+      }
+    }
+    return cnt;
+  }
+  for (int j = 0; j < cnt; ++j) v[j] = LoadElem<T>(p + j * sizeof(T));
+  return cnt;
+}
+
+// Stores the 32-bit word `v` destined for the 4-aligned address `word`, but
+// only its bytes that fall in [lo, hi); a whole word store when all do.
+ZIPCCL_HD void StoreWordClipped(uint8_t* word, uint32_t v, const uint8_t* lo, const uint8_t* hi) {
+  if (word >= lo && word + 4 <= hi) {
+    StoreAligned32(word, v);
+    return;
+  }
+  for (int i = 0; i < 4; ++i)
+    if (word + i >= lo && word + i < hi) word[i] = uint8_t(v >> (8 * i));
+}
+// Reads the 4-aligned word at `word`, with bytes outside [lo, hi) as zero.
+ZIPCCL_HD uint32_t LoadWordClipped(const uint8_t* word, const uint8_t* lo, const uint8_t* hi) {
+  if (word >= lo && word + 4 <= hi) return LoadAligned32(word);
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i)
+    if (word + i >= lo && word + i < hi) v |= uint32_t(word[i]) << (8 * i);
+  return v;
+}
+
+// ---- Parameters ---------------------------------------------------------------
+// Per-block statistics of the histogram pass (what PlanBlock needs).
+struct BlockStats {
+  uint32_t hist[kNumSymbols];
+  uint32_t first;      // bits of the block's first element
+  uint32_t all_equal;  // every element equals `first`
+  uint32_t low16;      // float32 only: every element has zero low 16 bits
+};
+
+struct EncodeParams {
+  const uint8_t* x;    // frames * n elements
+  uint64_t frames, n, nb, total;  // nb blocks per frame, total = frames * nb
+  uint8_t dtype;
+  bool checksum;
+  uint8_t* payload;    // frames * cap bytes
+  uint64_t cap;
+  void* nbytes;        // frames sizes, int32 or int64
+  bool nbytes64;
+  const uint8_t* skip; // [frames] or null: non-zero = not a frame (zero row, size 0)
+  BlockStats* stats;   // [total]
+  BlockPlan* plans;    // [total]
+  uint64_t* sizes;     // [total + 1]: block_bytes, then 0
+  uint64_t* offsets;   // [total + 1]: exclusive prefix sum of sizes
+};
+
+struct DecodeParams {
+  const uint8_t* payload;  // frames * cap bytes
+  uint64_t frames, cap, n, nb, total;
+  uint8_t dtype;
+  uint8_t* out;             // frames * n elements
+  int32_t* status;          // [frames] or null
+  const uint8_t* skip;      // [frames] or null: non-zero = not read, output zero, status 0
+  uint64_t* sizes;          // [total + 1]: directory entries, then 0
+  uint64_t* offsets;        // [total + 1]
+  unsigned long long* ferr; // [frames]: frame-level error key (header, checksum)
+  unsigned long long* berr; // [frames]: min over block error keys
+};
+
+// ---- Scratch layout -----------------------------------------------------------
+// One scratch allocation per call, carved into 256-byte aligned sections. The
+// CUB temporary storage size is queried at run time (it depends on the device)
+// and passed in.
+constexpr uint64_t kScratchAlign = 256;
+ZIPCCL_HD uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+struct EncodeLayout {
+  uint64_t frames, n, nb, total;
+  uint64_t stats_off, plans_off, sizes_off, offsets_off, cub_off, cub_bytes;
+  uint64_t scratch_bytes;  // 0 when there is no block to code
+};
+
+struct DecodeLayout {
+  uint64_t frames, n, nb, total;
+  uint64_t sizes_off, offsets_off, ferr_off, berr_off, cub_off, cub_bytes;
+  uint64_t scratch_bytes;
+};
+
+inline EncodeLayout MakeEncodeLayout(uint64_t frames, uint64_t n, uint64_t cub_bytes) {
+  EncodeLayout L{};
+  L.frames = frames;
+  L.n = n;
+  L.nb = NumBlocks(n);
+  L.total = frames * L.nb;
+  if (L.total == 0) return L;  // only frame headers: no scratch
+  uint64_t at = 0;
+  L.stats_off = at;
+  at = AlignUp(at + L.total * sizeof(BlockStats), kScratchAlign);
+  L.plans_off = at;
+  at = AlignUp(at + L.total * sizeof(BlockPlan), kScratchAlign);
+  L.sizes_off = at;
+  at = AlignUp(at + (L.total + 1) * sizeof(uint64_t), kScratchAlign);
+  L.offsets_off = at;
+  at = AlignUp(at + (L.total + 1) * sizeof(uint64_t), kScratchAlign);
+  L.cub_off = at;
+  L.cub_bytes = cub_bytes;
+  L.scratch_bytes = AlignUp(at + cub_bytes, kScratchAlign);
+  return L;
+}
+
+inline DecodeLayout MakeDecodeLayout(uint64_t frames, uint64_t n, uint64_t cub_bytes) {
+  DecodeLayout L{};
+  L.frames = frames;
+  L.n = n;
+  L.nb = NumBlocks(n);
+  L.total = frames * L.nb;
+  uint64_t at = 0;
+  L.ferr_off = at;
+  at = AlignUp(at + frames * sizeof(unsigned long long), kScratchAlign);
+  L.berr_off = at;
+  at = AlignUp(at + frames * sizeof(unsigned long long), kScratchAlign);
+  if (L.total) {
+    L.sizes_off = at;
+    at = AlignUp(at + (L.total + 1) * sizeof(uint64_t), kScratchAlign);
+    L.offsets_off = at;
+    at = AlignUp(at + (L.total + 1) * sizeof(uint64_t), kScratchAlign);
+    L.cub_off = at;
+    L.cub_bytes = cub_bytes;
+    at = AlignUp(at + cub_bytes, kScratchAlign);
+  }
+  L.scratch_bytes = at;
+  return L;
+}
+
+inline EncodeParams MakeEncodeParams(const EncodeLayout& L, const void* x, uint8_t dtype,
+                                     bool checksum, uint8_t* payload, uint64_t cap, void* nbytes,
+                                     bool nbytes64, const uint8_t* skip, uint8_t* scratch) {
+  EncodeParams p{};
+  p.x = static_cast<const uint8_t*>(x);
+  p.frames = L.frames;
+  p.n = L.n;
+  p.nb = L.nb;
+  p.total = L.total;
+  p.dtype = dtype;
+  p.checksum = checksum;
+  p.payload = payload;
+  p.cap = cap;
+  p.nbytes = nbytes;
+  p.nbytes64 = nbytes64;
+  p.skip = skip;
+  if (L.total) {
+    p.stats = reinterpret_cast<BlockStats*>(scratch + L.stats_off);
+    p.plans = reinterpret_cast<BlockPlan*>(scratch + L.plans_off);
+    p.sizes = reinterpret_cast<uint64_t*>(scratch + L.sizes_off);
+    p.offsets = reinterpret_cast<uint64_t*>(scratch + L.offsets_off);
+  }
+  return p;
+}
+
+inline DecodeParams MakeDecodeParams(const DecodeLayout& L, const uint8_t* payload, uint64_t cap,
+                                     uint8_t dtype, void* out, int32_t* status,
+                                     const uint8_t* skip, uint8_t* scratch) {
+  DecodeParams p{};
+  p.payload = payload;
+  p.frames = L.frames;
+  p.cap = cap;
+  p.n = L.n;
+  p.nb = L.nb;
+  p.total = L.total;
+  p.dtype = dtype;
+  p.out = static_cast<uint8_t*>(out);
+  p.status = status;
+  p.skip = skip;
+  p.ferr = reinterpret_cast<unsigned long long*>(scratch + L.ferr_off);
+  p.berr = reinterpret_cast<unsigned long long*>(scratch + L.berr_off);
+  if (L.total) {
+    p.sizes = reinterpret_cast<uint64_t*>(scratch + L.sizes_off);
+    p.offsets = reinterpret_cast<uint64_t*>(scratch + L.offsets_off);
+  }
+  return p;
+}
+
+// ---- Frame arithmetic shared by the kernels -------------------------------------
+// Whether the caller asked to skip frame f (EncodeParams / DecodeParams).
+template <class Params>
+ZIPCCL_HD bool Skipped(const Params& p, uint64_t f) {
+  return p.skip != nullptr && p.skip[f] != 0;
+}
+// Size of frame f from the exclusive prefix sum of all frames' block sizes.
+ZIPCCL_HD uint64_t FrameBytesFromOffsets(const uint64_t* offsets, uint64_t nb, uint64_t f) {
+  uint64_t body = nb ? offsets[(f + 1) * nb] - offsets[f * nb] : 0;
+  return kFrameHeaderBytes + nb * kDirEntryBytes + body;
+}
+// Offset of block g (= f * nb + b) from the start of its frame.
+ZIPCCL_HD uint64_t BlockOffsetInFrame(const uint64_t* offsets, uint64_t nb, uint64_t g) {
+  uint64_t f = g / nb;
+  return kFrameHeaderBytes + nb * kDirEntryBytes + (offsets[g] - offsets[f * nb]);
+}
+
+
+}  // namespace zipccl::cuda

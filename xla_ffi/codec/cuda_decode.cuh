@@ -1,0 +1,363 @@
+// CUDA driver of the zipccl codec: the decoder's kernel bodies (frame check,
+// directory gather, block decoder, poison, status), in launch order. Templates
+// over a CTA type (see cuda_common.cuh); compiles with nvcc and a host compiler.
+#pragma once
+
+#include "cuda_common.cuh"
+
+namespace zipccl::cuda {
+
+// =============================================================================
+// Decoder kernels
+// =============================================================================
+
+// 1. Frame check: one thread per frame validates the header and, if present,
+//    the checksum (XXH32 is sequential by definition: ~1-2 GB/s per frame).
+//    A skipped frame is not read: it gets kSkippedKey, which keeps the block
+//    decoder away from it and makes the poison kernel write zeros.
+struct FrameCheckKernel {
+  static constexpr const char* kName = "zipccl_frame_check";
+  static constexpr int kBlockThreads = kItemThreads;
+  using Params = DecodeParams;
+  struct Shared {
+    int unused;
+  };
+  template <class Cta>
+  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
+    const uint64_t f = cta.block() * kItemThreads + cta.tid();
+    if (f >= p.frames) return;
+    const uint8_t* in = p.payload + f * p.cap;
+    unsigned long long key = kNoError;
+    if (Skipped(p, f)) {
+      key = kSkippedKey;
+    } else if (p.cap < kFrameHeaderBytes) {
+      key = kErrTruncated;
+    } else {
+      const FrameHeader h = ParseFrameHeader(in);
+      const Status st = ValidateFrameHeader(h, p.dtype, p.n, p.cap);
+      if (st != kOk)
+        key = st;
+      else if ((h.flags & kFrameFlagChecksum) && FrameChecksum(in, h.frame_bytes) != h.checksum)
+        key = kErrChecksum;
+    }
+    p.ferr[f] = key;
+    p.berr[f] = kNoError;
+  }
+};
+
+// 2. Directory gather: one thread per block copies its directory entry (0 if
+//    the payload cannot hold it; such a frame fails its header check anyway;
+//    0 without reading it for a skipped frame).
+struct DirKernel {
+  static constexpr const char* kName = "zipccl_dir";
+  static constexpr int kBlockThreads = kItemThreads;
+  using Params = DecodeParams;
+  struct Shared {
+    int unused;
+  };
+  template <class Cta>
+  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
+    const uint64_t g = cta.block() * kItemThreads + cta.tid();
+    if (g > p.total) return;
+    if (g == p.total) {
+      p.sizes[g] = 0;
+      return;
+    }
+    const uint64_t f = g / p.nb, b = g % p.nb;
+    const uint64_t at = kFrameHeaderBytes + b * kDirEntryBytes;
+    p.sizes[g] = !Skipped(p, f) && at + kDirEntryBytes <= p.cap
+                     ? Load32(p.payload + f * p.cap + at)
+                     : 0;
+  }
+};
+
+// 3. (between 2 and 4) cub::DeviceScan::ExclusiveSum(sizes -> offsets).
+
+// 4. Block decoder: one CTA per block.
+//    - Thread 0 checks the block header, parses the table and stream directory
+//      (ParseHuffLayout) and builds the single-symbol lookup table in shared
+//      memory (BuildEncodeTable + BuildDecodeTable). Two CTA scans turn the
+//      per-stream bit counts and nnz into stream bit offsets and raw offsets.
+//    - Rounds: thread k < n_streams decodes the next 64 symbols of stream k
+//      (a 64-bit bit buffer refilled with aligned 32-bit loads) into shared
+//      memory; then 8 threads per stream join 8 symbols each with their raw
+//      bytes and store the elements (coalesced 16-byte stores).
+template <typename T>
+struct DecodeBlockKernel {
+  static constexpr const char* kName = "zipccl_decode_block";
+  static constexpr int kBlockThreads = kThreads;
+  using Params = DecodeParams;
+  struct Shared {
+    DecodeEntry table[kTableSize];
+    uint32_t enc[kNumSymbols];
+    uint16_t syms[kMaxStreamsPerBlock][kRoundSyms];
+    uint32_t round_nz[kMaxStreamsPerBlock];   // nnz of the stream before this round
+    uint32_t stream_raw[kMaxStreamsPerBlock]; // first raw byte of the stream
+    uint32_t merge_nz[kThreads];
+    uint8_t lens[kNumSymbols];
+    HuffLayout L;
+    int status;
+    uint32_t value;
+    uint8_t mode, flags;
+  };
+  template <class Cta>
+  ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
+    const uint64_t g = cta.block();
+    const uint64_t f = g / p.nb, b = g % p.nb;
+    if (p.ferr[f] != kNoError) return;  // the frame is rejected as a whole, or skipped
+    const uint8_t* in = p.payload + f * p.cap;
+    const uint32_t tid = cta.tid();
+    // The blocks must tile the frame (the same test in every CTA of the frame).
+    if (FrameBytesFromOffsets(p.offsets, p.nb, f) != Load64(in + 16)) {
+      if (tid == 0) AtomicMinGlobal(&p.berr[f], kErrFrameSize);
+      return;
+    }
+    const uint64_t m = BlockElems(p.n, b);
+    const uint64_t bb = p.sizes[g];
+    const uint8_t* blk = in + BlockOffsetInFrame(p.offsets, p.nb, g);
+    uint8_t* out = p.out + (f * p.n + (b << kBlockLog2)) * sizeof(T);
+    const int w = int(sizeof(T));
+    if (tid == 0) {
+      Status st = kOk;
+      uint8_t mode = 0, flags = 0;
+      uint32_t value = 0;
+      if (bb < kBlockHeaderBytes) {
+        st = kErrBlockSize;
+      } else {
+        mode = blk[0];
+        flags = blk[1];
+        value = Load32(blk + 4);
+        if (blk[2] || blk[3]) {
+          st = kErrReserved;
+        } else if (mode == kModeRaw) {
+          if (flags) st = kErrBlockMode;
+          else if (value) st = kErrReserved;
+          else if (bb != kBlockHeaderBytes + m * w) st = kErrBlockSize;
+        } else if (mode == kModeConst) {
+          if (flags) st = kErrBlockMode;
+          else if (uint64_t(value) >> (8 * w)) st = kErrReserved;  // bits above the element
+          else if (bb != kBlockHeaderBytes) st = kErrBlockSize;
+        } else if (mode == kModeHuff) {
+          if (flags & kBlockFlagsReserved) st = kErrReserved;
+          else if (value) st = kErrReserved;
+          else st = ParseHuffLayout(blk, bb, m, w, flags, sm.lens, &sm.L);
+          if (st == kOk) {
+            if (!BuildEncodeTable(sm.lens, sm.enc))
+              st = kErrTable;
+            else
+              BuildDecodeTable(sm.enc, sm.table);
+          }
+        } else {
+          st = kErrBlockMode;
+        }
+      }
+      sm.status = st;
+      sm.mode = mode;
+      sm.flags = flags;
+      sm.value = value;
+    }
+    cta.sync();
+    if (sm.status != kOk) {
+      if (tid == 0) AtomicMinGlobal(&p.berr[f], BlockErrorKey(b, sm.status));
+      return;
+    }
+    if (sm.mode == kModeRaw) {
+      const uint8_t* body = blk + kBlockHeaderBytes;
+      for (uint64_t e = tid; e < m; e += kThreads) {
+        uint32_t v = 0;
+        for (int i = 0; i < w; ++i) v |= uint32_t(body[e * w + i]) << (8 * i);
+        StoreElem<T>(out + e * w, v);
+      }
+      return;
+    }
+    if (sm.mode == kModeConst) {
+      for (uint64_t e = tid; e < m; e += kThreads) StoreElem<T>(out + e * w, sm.value);
+      return;
+    }
+    // HUFF: stream offsets from two CTA scans over the directory.
+    const HuffLayout L = sm.L;
+    const int n_streams = L.n_streams;
+    const uint8_t* dir = blk + L.dir_off;
+    uint32_t my_sb = 0, my_nnz = 0;
+    if (tid < uint32_t(n_streams)) {
+      my_sb = Load16(dir + tid * kStreamDirEntryBytes);
+      my_nnz = Load16(dir + tid * kStreamDirEntryBytes + 2);
+    }
+    uint32_t agg = 0;
+    const uint32_t bit0 = cta.exclusive_sum(my_sb, &agg);
+    const uint32_t raw0 = cta.exclusive_sum(my_nnz, &agg);
+    const bool low16 = (sm.flags & kBlockFlagLow16) != 0;
+    const int raw_w = L.raw_width;
+    const uint8_t* bits = blk + L.bits_off;
+    const uint64_t bit_bytes = (L.total_bits + 7) / 8;
+    const uint8_t* raw = blk + L.raw_off;
+    if (tid < uint32_t(n_streams)) sm.stream_raw[tid] = raw0;
+    // Decoder state of stream `tid` (threads >= n_streams only merge).
+    const bool decoder = tid < uint32_t(n_streams);
+    const uint64_t my_count =
+        decoder ? (m - uint64_t(tid) * kStreamElems < uint64_t(kStreamElems)
+                       ? m - uint64_t(tid) * kStreamElems
+                       : uint64_t(kStreamElems))
+                : 0;
+    const uint8_t* const bits_base = bits - (reinterpret_cast<uintptr_t>(bits) & 3);
+    uint64_t word = 0;  // next aligned word to load, relative to bits_base
+    uint64_t buf = 0;
+    uint32_t nbuf = 0, consumed = 0, nz_seen = 0;
+    if (decoder) {
+      const uint64_t q = (reinterpret_cast<uintptr_t>(bits) & 3) * 8 + bit0;
+      word = q >> 5;
+      buf = LoadWordClipped(bits_base + 4 * word, bits, bits + bit_bytes) >> (q & 31);
+      nbuf = 32 - uint32_t(q & 31);
+      ++word;
+    }
+    int bad = 0;
+    const uint64_t span = m < uint64_t(kStreamElems) ? m : uint64_t(kStreamElems);
+    const int rounds = int(CeilDiv(span, kRoundSyms));
+    for (int r = 0; r < rounds; ++r) {
+      if (decoder && !bad) {
+        const uint64_t done = uint64_t(r) * kRoundSyms;
+        const int cnt = done >= my_count ? 0
+                        : (my_count - done < uint64_t(kRoundSyms) ? int(my_count - done)
+                                                                  : kRoundSyms);
+        sm.round_nz[tid] = nz_seen;
+        for (int i = 0; i < cnt; ++i) {
+          if (nbuf < uint32_t(kMaxCodeLen)) {
+            buf |= uint64_t(LoadWordClipped(bits_base + 4 * word, bits, bits + bit_bytes)) << nbuf;
+            nbuf += 32;
+            ++word;
+          }
+          const DecodeEntry e = sm.table[buf & (kTableSize - 1)];
+          consumed += e.len;
+          if (e.len == 0 || consumed > my_sb) {
+            bad = 1;
+            break;
+          }
+          buf >>= e.len;
+          nbuf -= e.len;
+          sm.syms[tid][i] = e.sym;
+          nz_seen += e.sym != kZeroSymbol;
+        }
+      }
+      if (cta.sync_or(bad)) break;
+      // Merge: thread -> (stream k, elements [j0, j0 + 8) of this round).
+      const uint32_t k = tid / (kThreads / kMaxStreamsPerBlock);
+      const uint32_t j0 = (tid % (kThreads / kMaxStreamsPerBlock)) * kElemsPerThread;
+      uint64_t first = uint64_t(k) * kStreamElems + uint64_t(r) * kRoundSyms + j0;
+      int cnt = 0;
+      if (k < uint32_t(n_streams) && first < m) {
+        const uint64_t stream_end = uint64_t(k) * kStreamElems + kStreamElems < m
+                                        ? uint64_t(k) * kStreamElems + kStreamElems
+                                        : m;
+        cnt = stream_end - first < uint64_t(kElemsPerThread) ? int(stream_end - first)
+                                                             : kElemsPerThread;
+      }
+      uint32_t nz = 0;
+      for (int j = 0; j < cnt; ++j) nz += sm.syms[k][j0 + j] != kZeroSymbol;
+      sm.merge_nz[tid] = nz;
+      cta.sync();
+      int merge_bad = 0;
+      if (cnt > 0) {
+        uint32_t ri = sm.round_nz[k];
+        for (uint32_t t = tid & ~uint32_t(kThreads / kMaxStreamsPerBlock - 1); t < tid; ++t)
+          ri += sm.merge_nz[t];
+        const uint32_t stream_nnz = Load16(dir + k * kStreamDirEntryBytes + 2);
+        const uint8_t* sraw = raw + uint64_t(sm.stream_raw[k]) * raw_w;
+        uint32_t v[kElemsPerThread];
+        for (int j = 0; j < cnt; ++j) {
+          const int s = sm.syms[k][j0 + j];
+          v[j] = 0;
+          if (s == kZeroSymbol) continue;
+          if (ri >= stream_nnz) {
+            merge_bad = 1;
+            break;
+          }
+          const uint8_t* q = sraw + uint64_t(ri) * raw_w;
+          if (sizeof(T) == 1) {
+            v[j] = Merge8(s);  // one-byte floats: no raw bytes (raw_w is 0)
+          } else if (sizeof(T) == 2) {
+            v[j] = Merge16(s, q[0]);
+          } else if (low16) {
+            v[j] = Merge16(s, q[0]) << 16;
+          } else {
+            v[j] = Merge32(s, q[0] | (uint32_t(q[1]) << 8) | (uint32_t(q[2]) << 16));
+          }
+          ++ri;
+        }
+        if (!merge_bad) {
+          uint8_t* o = out + first * sizeof(T);
+          if (sizeof(T) == 1 && cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(o) & 7) == 0) {
+            StoreAligned32(o, v[0] | (v[1] << 8) | (v[2] << 16) | (v[3] << 24));
+            StoreAligned32(o + 4, v[4] | (v[5] << 8) | (v[6] << 16) | (v[7] << 24));
+          } else if (sizeof(T) > 1 && cnt == kElemsPerThread &&
+                     (reinterpret_cast<uintptr_t>(o) & 15) == 0) {
+            uint32_t wv[8];
+            if (sizeof(T) == 4) {
+              for (int j = 0; j < 8; ++j) wv[j] = v[j];
+              Store16B(o, wv);
+              Store16B(o + 16, wv + 4);
+            } else {
+              for (int j = 0; j < 4; ++j) wv[j] = v[2 * j] | (v[2 * j + 1] << 16);
+              Store16B(o, wv);
+            }
+          } else {
+            for (int j = 0; j < cnt; ++j) StoreElem<T>(o + j * sizeof(T), v[j]);
+          }
+        }
+      }
+      if (cta.sync_or(merge_bad)) {
+        bad = 1;
+        break;
+      }
+    }
+    // Every stream must use exactly its bits and non-zero count.
+    if (decoder && !bad && (consumed != my_sb || nz_seen != my_nnz)) bad = 1;
+    int status = cta.sync_or(bad) ? kErrStream : kOk;
+    if (status == kOk && (L.total_bits & 7) &&
+        (bits[bit_bytes - 1] >> (L.total_bits & 7)) != 0)
+      status = kErrReserved;  // padding bits after the last code
+    if (status != kOk && tid == 0) AtomicMinGlobal(&p.berr[f], BlockErrorKey(b, status));
+  }
+};
+
+// 5. Poison: the elements of a rejected frame are all set to a quiet NaN, so
+//    a decode error cannot pass silently (the status output, when requested,
+//    says why); those of a skipped frame to zero. One CTA per block.
+template <typename T>
+struct PoisonKernel {
+  static constexpr const char* kName = "zipccl_poison";
+  static constexpr int kBlockThreads = kThreads;
+  using Params = DecodeParams;
+  struct Shared {
+    int unused;
+  };
+  template <class Cta>
+  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
+    const uint64_t g = cta.block();
+    const uint64_t f = g / p.nb, b = g % p.nb;
+    if (p.ferr[f] == kNoError && p.berr[f] == kNoError) return;
+    const uint32_t fill = p.ferr[f] == kSkippedKey ? 0u : RejectedFillBits(p.dtype);
+    const uint64_t m = BlockElems(p.n, b);
+    uint8_t* out = p.out + (f * p.n + (b << kBlockLog2)) * sizeof(T);
+    for (uint64_t e = cta.tid(); e < m; e += kThreads) StoreElem<T>(out + e * sizeof(T), fill);
+  }
+};
+
+// 6. Status (only when the caller asked for it): int32 per frame, 0 or the
+//    Status code of format.h.
+struct StatusKernel {
+  static constexpr const char* kName = "zipccl_status";
+  static constexpr int kBlockThreads = kItemThreads;
+  using Params = DecodeParams;
+  struct Shared {
+    int unused;
+  };
+  template <class Cta>
+  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
+    const uint64_t f = cta.block() * kItemThreads + cta.tid();
+    if (f >= p.frames) return;
+    const unsigned long long key = p.ferr[f] < p.berr[f] ? p.ferr[f] : p.berr[f];
+    p.status[f] = KeyStatus(key);
+  }
+};
+
+}  // namespace zipccl::cuda

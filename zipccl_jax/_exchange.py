@@ -1,0 +1,378 @@
+"""The wire protocol, written once: exchange rows, gather a row, permute a row.
+
+Every compressed collective is one of three exchanges of coded rows, each followed by a
+uniform overflow test and a `lax.cond` between the coded result and the raw fallback:
+
+* `exchange_rows`: row j of each sender's `(n, m)` rows goes to rank j (all_to_all,
+  psum_scatter and psum's first phase);
+* `gather_row`: each sender's row goes to every rank (all_gather, psum's second phase);
+* `permute_row`: each sender's row goes to its destination in `perm` (ppermute).
+
+Padded transport (everywhere)
+-----------------------------
+Each row of ``m`` elements is encoded into exactly ``C = capacity`` bytes, and the ``jax.lax``
+collective moves ``C`` bytes per row. What crosses the wire per sender, for an axis of size
+``n``::
+
+  exchange_rows:  uint8[n, C]   (row j goes to rank j)
+  gather_row:     uint8[C]      (to every rank)
+  permute_row:    uint8[C]      (+ one int32 psum, see below)
+
+The row a rank keeps (row ``me`` of `exchange_rows`, its own row of `gather_row`) never crosses
+the network, so it is not coded: the codec skips that row (an all-zero row of ``C`` bytes goes
+to itself) and the result takes the raw row in its place (`with_own_row`). That saves ``1/n``
+of the codec work and changes no result bit.
+
+Ragged transport (``transport="ragged"``, or ``"auto"`` off CPU)
+-----------------------------------------------------------------
+The same frames go through ``jax.lax.ragged_all_to_all``, so only each frame's ``nbytes`` move
+(an overflowed frame sends its 32-byte header only), after a tiny int32 exchange of the sizes.
+XLA:CPU does not implement ragged-all-to-all. A device-invariant gather (psum's second phase,
+``all_gather(to="invarying")``) stays padded.
+
+Overflow (uniform fallback)
+---------------------------
+A row whose frame does not fit in ``C`` overflows: the codec writes only the 32-byte header,
+whose ``frame_bytes`` field (bytes [16, 24)) is the needed size, > C. If any row of a sender
+overflows, the sender also sets ``frame_bytes = 2**64 - 1`` in every other frame it sends
+(`codec.poison_overflow`). In `exchange_rows` every receiver gets one frame from every sender,
+and in `gather_row` every frame, so every rank sees the same set of poisoned senders and
+computes the same predicate ``any(frame_bytes > C)`` (`codec.any_overflow`) without an extra
+collective; then every rank takes the same branch: the raw ``jax.lax`` collective on the bits of
+the original operand (the coded bytes already moved are wasted), inside the named scope
+`accounting.FALLBACK_SCOPE`. The predicate agrees within each group of the collective; XLA
+lowers these collectives to per-group operations, so groups may decide differently. A
+`permute_row` receiver sees one sender only, and XLA lowers a ppermute over one mesh axis to a
+single collective-permute that every device joins, so there the flag goes through a 4-byte
+``psum`` over every manual mesh axis.
+
+Under ``jax.vmap`` the predicate is per example and the cond becomes a select: both branches run
+(both collectives run everywhere, still matched), `decode_guarded` skips the examples that fell
+back, and the select works on uint views (`cond_bits`) so NaN payloads survive.
+
+Ordered sum
+-----------
+`ordered_sum` adds rows in ascending rank order in float32 and rounds once, raw or coded, so
+reductions return the same bits whatever the transport.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from zipccl_jax import accounting, codec
+from zipccl_jax import format as fmt
+from zipccl_jax._shard import manual_axes, vary, vary_like, axes_of
+
+# Fixed-order sums are unrolled up to this many ranks, then use a sequential loop.
+_UNROLL_MAX = 64
+_UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+# --------------------------------------------------------------------------- #
+# Bits, branches and the own row
+# --------------------------------------------------------------------------- #
+
+def raw_bits(fn, x):
+  """`fn` (a data-movement collective) applied to the bit pattern of `x`.
+
+  Moving bits instead of floats keeps NaN payloads intact and stops XLA:CPU
+  from widening 16-bit float collectives to float32.
+  """
+  dt = x.dtype
+  u = lax.bitcast_convert_type(x, _UINT_OF_SIZE[np.dtype(dt).itemsize])
+  return lax.bitcast_convert_type(fn(u), dt)
+
+
+def in_fallback(fn):
+  """`fn()` inside the raw-fallback named scope (what `hlo_collectives` calls fallback)."""
+  with jax.named_scope(accounting.FALLBACK_SCOPE):
+    return fn()
+
+
+def cond_bits(pred, raw_fn: Callable, coded_fn: Callable):
+  """`lax.cond(pred, raw_fn, coded_fn)` carried as bit patterns.
+
+  Under `jax.vmap` a cond with a batched predicate becomes a select, which
+  XLA:CPU evaluates on floats and which may rewrite NaN payloads; selecting
+  the uint views keeps every bit.
+  """
+  box = {}
+
+  def as_bits(fn):
+    def g():
+      y = fn()
+      box["dtype"] = y.dtype
+      return lax.bitcast_convert_type(y, _UINT_OF_SIZE[np.dtype(y.dtype).itemsize])
+    return g
+
+  out = lax.cond(pred, as_bits(raw_fn), as_bits(coded_fn))
+  return lax.bitcast_convert_type(out, box["dtype"])
+
+
+def own_row(axis_name, n: int):
+  """The (n,) mask of this rank's own row on `axis_name` (never coded, see the docstring)."""
+  return jnp.arange(n, dtype=jnp.int32) == lax.axis_index(axis_name).astype(jnp.int32)
+
+
+def with_own_row(decoded, rows, skip):
+  """`decoded` (n, m) with the rows flagged in `skip` (n,) taken from `rows` ((n, m), or (m,) for all).
+
+  One select on the bit patterns, which XLA fuses with the decoder's output: a row update
+  (dynamic_update_slice on the bit view) cost three passes over it on XLA:CPU (bitcast, copy,
+  update), as a 16-bit float array cannot be bitcast in place.
+  """
+  u = _UINT_OF_SIZE[np.dtype(rows.dtype).itemsize]
+  own = lax.bitcast_convert_type(rows, u)
+  bits = jnp.where(skip[:, None], own if own.ndim == 2 else own[None, :],
+                   lax.bitcast_convert_type(decoded, u))
+  return lax.bitcast_convert_type(bits, rows.dtype)
+
+
+def ordered_sum(rows, dtype):
+  """((f32(r0) + f32(r1)) + ...) in ascending row order, rounded once to `dtype`."""
+  n = rows.shape[0]
+  if n <= _UNROLL_MAX:
+    acc = rows[0].astype(jnp.float32)
+    for j in range(1, n):
+      acc = acc + rows[j].astype(jnp.float32)
+  else:
+    acc = lax.fori_loop(1, n, lambda j, a: a + rows[j].astype(jnp.float32),
+                        rows[0].astype(jnp.float32))
+  return acc.astype(dtype)
+
+
+# --------------------------------------------------------------------------- #
+# Coding
+# --------------------------------------------------------------------------- #
+
+def encode_rows(rows, capacity: int, skip=None):
+  """rows (F, m) -> payload uint8 (F, C), nbytes (F,), any_overflow (bool).
+
+  If any frame overflowed, every frame's `frame_bytes` is poisoned to 2^64-1.
+  Rows flagged in `skip` (F,) are not coded (zero row, nbytes 0).
+  """
+  payload, nbytes = codec.encode_frames(rows, capacity=capacity, skip=skip)
+  payload, over = codec.poison_overflow(payload, nbytes, capacity)
+  return payload, nbytes, over
+
+
+def decode_guarded(recv, fallback, m: int, dtype, skip=None):
+  """Decode in the coded branch of `lax.cond(fallback, raw, coded)`.
+
+  Unbatched, the cond never runs this on poisoned frames. Under `jax.vmap`
+  the predicate is per example and the cond becomes a select that runs both
+  branches, so the batching rule decodes example by example and skips the
+  ones that fell back (their rows are discarded by the select). Rows flagged
+  in `skip` (R,) are not read and come out as zeros.
+  """
+  if skip is None:
+    skip = jnp.zeros((recv.shape[0],), jnp.bool_)
+
+  @jax.custom_batching.custom_vmap
+  def dec(recv, fallback, skip):
+    return codec.decode_frames(recv, shape=(m,), dtype=dtype, skip=skip)
+
+  @dec.def_vmap
+  def dec_vmap(axis_size, in_batched, recv, fallback, skip):
+    rb, fb, sb = in_batched
+    if not rb:
+      recv = jnp.broadcast_to(recv, (axis_size,) + recv.shape)
+    if not fb:
+      fallback = jnp.broadcast_to(fallback, (axis_size,))
+    if not sb:
+      skip = jnp.broadcast_to(skip, (axis_size,) + skip.shape)
+
+    def one(args):
+      r, f, k = args
+      return lax.cond(f, lambda: vary_like(jnp.zeros((r.shape[0], m), dtype), r),
+                      lambda: dec(r, f, k))
+
+    return lax.map(one, (recv, fallback, skip)), True
+
+  return dec(recv, fallback, skip)
+
+
+# --------------------------------------------------------------------------- #
+# Transport: padded or ragged
+# --------------------------------------------------------------------------- #
+
+def _send_sizes(nbytes, capacity: int):
+  """Bytes of each frame to send on the ragged transport (header only if overflowed)."""
+  nb = nbytes.astype(jnp.int32) if nbytes.dtype != jnp.int32 else nbytes
+  over = jnp.any(nbytes > capacity)
+  return jnp.where(over | (nbytes > capacity), jnp.int32(fmt.FRAME_HEADER_BYTES), nb)
+
+
+def _zero_like_batch(p):
+  """An int32 zero that is batched exactly when `p` is (ragged_all_to_all's
+  batching rule needs every offset/size operand batched)."""
+  return (p.reshape(-1)[0] & 0).astype(jnp.int32)
+
+
+def _by_transport(transport: str, padded: Callable, ragged: Callable, *args):
+  if transport == "padded":
+    return padded(*args)
+  if transport == "ragged":
+    return ragged(*args)
+  if transport != "auto":
+    raise ValueError(f"zipccl_jax: transport must be 'auto', 'padded' or 'ragged', got "
+                     f"{transport!r}")
+  return lax.platform_dependent(*args, cpu=padded, default=ragged)
+
+
+def _move_rows(payload, nbytes, axis_name, n: int, capacity: int, transport: str):
+  """Row j of each sender's (n, C) payload goes to rank j; returns (n, C), row s from rank s."""
+  def padded(p, s):
+    return lax.all_to_all(p, axis_name, 0, 0, tiled=True)
+
+  def ragged(p, s):
+    send = _send_sizes(s, capacity)
+    recv_sizes = lax.all_to_all(send, axis_name, 0, 0, tiled=True)
+    me = lax.axis_index(axis_name).astype(jnp.int32)
+    z = _zero_like_batch(p)
+    in_off = vary_like(jnp.arange(n, dtype=jnp.int32) * capacity, p) + z
+    out_off = jnp.full((n,), capacity, jnp.int32) * me + z
+    out = vary_like(jnp.zeros((n * capacity,), jnp.uint8), p)
+    r = lax.ragged_all_to_all(p.reshape(n * capacity), out, in_off, send, out_off, recv_sizes,
+                              axis_name=axis_name)
+    return r.reshape(n, capacity)
+
+  return _by_transport(transport, padded, ragged, payload, nbytes)
+
+
+def _move_row_to_all(payload, nbytes, axis_name, n: int, capacity: int, transport: str,
+                     invariant: bool = False):
+  """Every sender's (C,) payload to every rank; returns (n, C), row s from rank s."""
+  def padded(p, s):
+    if invariant:
+      return lax.all_gather(p, axis_name, to="invarying")
+    return lax.all_gather(p, axis_name)
+
+  def ragged(p, s):
+    send1 = _send_sizes(s[None], capacity)
+    send = jnp.broadcast_to(send1, (n,))
+    recv_sizes = lax.all_gather(send1, axis_name, tiled=True)
+    me = lax.axis_index(axis_name).astype(jnp.int32)
+    z = _zero_like_batch(p)
+    in_off = vary_like(jnp.zeros((n,), jnp.int32), p) + z
+    out_off = jnp.full((n,), capacity, jnp.int32) * me + z
+    out = vary_like(jnp.zeros((n * capacity,), jnp.uint8), p)
+    r = lax.ragged_all_to_all(p, out, in_off, send, out_off, recv_sizes, axis_name=axis_name)
+    return r.reshape(n, capacity)
+
+  if invariant:
+    return padded(payload, nbytes)
+  return _by_transport(transport, padded, ragged, payload, nbytes)
+
+
+def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, transport: str):
+  """ppermute of one (C,) frame; returns (C,) (zeros on ranks that receive nothing)."""
+  def padded(p, s):
+    return lax.ppermute(p, axis_name, perm)
+
+  def ragged(p, s):
+    dest = np.full((n,), -1, np.int32)
+    for src, dst in perm:
+      dest[src] = dst
+    me = lax.axis_index(axis_name).astype(jnp.int32)
+    send1 = _send_sizes(s[None], capacity)[0]
+    my_dest = jnp.asarray(dest)[me]
+    send = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_dest, send1, 0).astype(jnp.int32)
+    got = lax.ppermute(send1, axis_name, perm)  # size my source sends me (0 if none)
+    src_of = np.full((n,), -1, np.int32)
+    for src, dst in perm:
+      src_of[dst] = src
+    my_src = jnp.asarray(src_of)[me]
+    recv_sizes = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_src, got, 0).astype(jnp.int32)
+    zeros = vary_like(jnp.zeros((n,), jnp.int32), p) + _zero_like_batch(p)
+    out = vary_like(jnp.zeros((capacity,), jnp.uint8), p)
+    return lax.ragged_all_to_all(p, out, zeros, send, zeros, recv_sizes, axis_name=axis_name)
+
+  return _by_transport(transport, padded, ragged, payload, nbytes)
+
+
+def _row_size(nbytes, transport: str, invariant: bool = False):
+  """`nbytes[0]` where the ragged transport may need it, else None (the padded path moves no
+  sizes; computing them anyway leaves a dead value wherever a body is lowered without DCE)."""
+  return None if transport == "padded" or invariant else nbytes[0]
+
+
+# --------------------------------------------------------------------------- #
+# The three coded exchanges
+# --------------------------------------------------------------------------- #
+
+def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, site: str,
+                  raw: Callable, finish: Callable = lambda out: out):
+  """rows (n, m), row j for rank j -> `finish(got)`, got (n, m) with row s from rank s.
+
+  `raw()` is the fallback branch (the `jax.lax` collective on the operand's bits), traced in
+  the fallback scope; it must return what `finish` returns.
+  """
+  skip = own_row(axis_name, n)
+  payload, nbytes, _ = encode_rows(rows, capacity, skip)
+  recv = _move_rows(payload, nbytes, axis_name, n, capacity, transport)
+  fallback = codec.any_overflow(recv, capacity)
+  accounting.count(site, fallback)
+
+  def coded():
+    m = rows.shape[1]
+    return finish(with_own_row(decode_guarded(recv, fallback, m, rows.dtype, skip), rows, skip))
+
+  return cond_bits(fallback, lambda: in_fallback(raw), coded)
+
+
+def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str,
+               invariant: bool, raw: Callable, finish: Callable = lambda out: out):
+  """Every rank's `x` (coded as one row of x.size elements) -> `finish(got)`, got (n, x.size).
+
+  `invariant`: the result must not depend on the rank (padded transport, every row decoded).
+  """
+  m = x.size
+  payload, nbytes, _ = encode_rows(x.reshape(1, m), capacity)
+  recv = _move_row_to_all(payload[0], _row_size(nbytes, transport, invariant), axis_name, n,
+                          capacity, transport, invariant=invariant)
+  fallback = codec.any_overflow(recv, capacity)
+  accounting.count(site, fallback)
+
+  def coded():
+    if invariant:  # the result must not depend on the rank: decode every row
+      return finish(decode_guarded(recv, fallback, m, x.dtype))
+    skip = own_row(axis_name, n)
+    return finish(with_own_row(decode_guarded(recv, fallback, m, x.dtype, skip), x.reshape(m),
+                               skip))
+
+  return cond_bits(fallback, lambda: in_fallback(raw), coded)
+
+
+def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, site: str,
+                raw: Callable):
+  """`x` of rank s to rank d for (s, d) in `perm` (zeros where no one sends), coded as one row.
+
+  The overflow flag goes through a 4-byte psum over every manual axis (see the docstring).
+  """
+  m = x.size
+  payload, nbytes, over = encode_rows(x.reshape(1, m), capacity)
+  flag_axes = manual_axes(axis_name)
+  any_over = lax.psum(vary(over.astype(jnp.int32), flag_axes), flag_axes) > 0
+  recv = _move_row_by_perm(payload[0], _row_size(nbytes, transport), axis_name, n, perm, capacity,
+                           transport)
+  accounting.count(site, any_over)
+  receivers = np.zeros((n,), bool)
+  for _, d in perm:
+    receivers[d] = True
+
+  def coded():
+    def dec():
+      return decode_guarded(recv[None], any_over, m, x.dtype).reshape(x.shape)
+    if receivers.all():
+      return dec()
+    is_recv = jnp.asarray(receivers)[lax.axis_index(axis_name)]
+    return cond_bits(is_recv, dec, lambda: vary(jnp.zeros(x.shape, x.dtype), axes_of(axis_name)))
+
+  return cond_bits(any_over, lambda: in_fallback(raw), coded)

@@ -1,0 +1,167 @@
+"""Trace-time helpers for code inside `jax.shard_map`: axes, manual-axis types, argument checks.
+
+Nothing here moves data; every function runs at trace time (or adds a `pcast`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import jax
+import numpy as np
+from jax import lax
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def axes_of(axis_name) -> tuple:
+  """`axis_name` (a name or a tuple of names) as a tuple."""
+  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def axis_size(axis_name, api: str) -> int:
+  """Ranks along `axis_name` (the product over a tuple); NameError if an axis is not bound."""
+  axes = axes_of(axis_name)
+  if not axes:
+    raise ValueError(f"zipccl_jax.{api}: axis_name must name at least one mesh axis")
+  try:
+    from jax._src import core as _core
+    bound = tuple(_core.get_axis_env().axis_names())
+  except Exception:  # pragma: no cover - internal API moved
+    bound = None
+  if bound is not None:
+    for a in axes:
+      if a not in bound:
+        if not bound:
+          raise NameError(
+              f"zipccl_jax.{api}: axis name {a!r} is not bound. This collective must be called "
+              f"inside jax.shard_map over a mesh that has the axis {a!r} (no mesh axes are "
+              "bound here).")
+        raise NameError(f"zipccl_jax.{api}: unknown axis name {a!r}; the axes bound here are "
+                        f"{bound}.")
+  try:
+    return int(math.prod(lax.axis_size(a) for a in axes))
+  except NameError as e:
+    raise NameError(f"zipccl_jax.{api}: {e}; call it inside jax.shard_map") from None
+
+
+def manual_axes(axis_name) -> tuple:
+  """Every manual mesh axis of the enclosing shard_map (at least `axis_name`'s)."""
+  axes = ()
+  try:
+    axes = tuple(jax.sharding.get_abstract_mesh().manual_axes)
+  except Exception:  # pragma: no cover - API moved
+    pass
+  for a in axes_of(axis_name):
+    if a not in axes:
+      axes += (a,)
+  return axes
+
+
+def check_vma_on() -> bool:
+  """Whether the enclosing shard_map checks varying manual axes (`check_vma`)."""
+  try:
+    from jax._src import config as _cfg
+    return bool(_cfg._check_vma.value)
+  except Exception:  # pragma: no cover
+    return True
+
+
+def vary(x, axes):
+  """pcast `x` to varying over `axes` where it is not already (check_vma only)."""
+  if not check_vma_on():
+    return x
+  try:
+    varying = jax.typeof(x).mat.varying
+  except AttributeError:  # pragma: no cover
+    return x
+  missing = tuple(a for a in axes if a not in varying)
+  return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def vary_like(z, ref):
+  """pcast `z` to the varying axes of `ref` (check_vma only)."""
+  if not check_vma_on():
+    return z
+  try:
+    axes = tuple(sorted(jax.typeof(ref).mat.varying - jax.typeof(z).mat.varying, key=str))
+  except AttributeError:  # pragma: no cover
+    return z
+  return lax.pcast(z, axes, to="varying") if axes else z
+
+
+def canonical_axis(axis: int, ndim: int, what: str, api: str) -> int:
+  """`axis` in [0, ndim); TypeError/ValueError naming the argument `what`."""
+  if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+    raise TypeError(f"zipccl_jax.{api}: {what} must be an int, got {axis!r}")
+  a = int(axis)
+  if not -ndim <= a < ndim:
+    raise ValueError(f"zipccl_jax.{api}: {what}={axis} is out of range for an operand of "
+                     f"rank {ndim}")
+  return a % ndim
+
+
+def check_split(x, dim: int, what: str, n: int, tiled: bool, axis_name, api: str) -> None:
+  """The dimension split across `n` ranks: divisible by n (tiled) or equal to n."""
+  size = x.shape[dim]
+  if tiled and size % n:
+    raise ValueError(
+        f"zipccl_jax.{api}: x.shape[{what}={dim}] = {size} is not divisible by the size {n} "
+        f"of axis {axis_name!r} (tiled=True)")
+  if not tiled and size != n:
+    raise ValueError(
+        f"zipccl_jax.{api}: x.shape[{what}={dim}] = {size} must equal the size {n} of axis "
+        f"{axis_name!r} (tiled=False)")
+
+
+def check_no_groups(axis_index_groups, api):
+  if axis_index_groups is not None:
+    raise NotImplementedError(f"zipccl_jax.{api}: axis_index_groups is not supported; use a "
+                              "mesh axis instead")
+
+
+def check_perm(perm, n, api):
+  """`perm` as a tuple of (source, destination) int pairs in range, without repeats."""
+  try:
+    pairs = [(int(s), int(d)) for s, d in perm]
+  except (TypeError, ValueError):
+    raise TypeError(f"zipccl_jax.{api}: perm must be a sequence of (source, destination) int "
+                    f"pairs, got {perm!r}") from None
+  srcs = [s for s, _ in pairs]
+  dsts = [d for _, d in pairs]
+  for v in srcs + dsts:
+    if not 0 <= v < n:
+      raise ValueError(f"zipccl_jax.{api}: perm index {v} is out of range for an axis of "
+                       f"size {n}")
+  if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
+    raise ValueError(f"zipccl_jax.{api}: perm has a repeated source or destination: {pairs}")
+  return tuple(pairs)
+
+
+def itemsize(x) -> int:
+  return np.dtype(x.dtype).itemsize
+
+
+def tree_apply(fn, x, name):
+  """`fn(leaf, site)` on every leaf of `x`; leaf `i` of several is named `name[i]`."""
+  leaves, treedef = jax.tree_util.tree_flatten(x)
+  if len(leaves) == 1:
+    return jax.tree_util.tree_unflatten(treedef, [fn(leaves[0], name)])
+  return jax.tree_util.tree_unflatten(
+      treedef, [fn(leaf, f"{name}[{i}]") for i, leaf in enumerate(leaves)])
+
+
+def call_site(op: str, name) -> str:
+  """`name`, or `op@file:line` of the first caller outside zipccl_jax and jax."""
+  if name is not None:
+    return str(name)
+  jax_dir = os.path.dirname(os.path.abspath(jax.__file__))
+  f = sys._getframe(1)
+  while f is not None:
+    fn = os.path.abspath(f.f_code.co_filename)
+    if os.path.dirname(fn) != _PACKAGE_DIR and not fn.startswith(jax_dir):
+      return f"{op}@{os.path.basename(fn)}:{f.f_lineno}"
+    f = f.f_back
+  return op

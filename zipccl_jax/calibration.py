@@ -1,0 +1,349 @@
+"""Measures a `Profile`: the link per collective, the codec per dtype, and the codec in situ.
+
+See :func:`calibrate`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from zipccl_jax import _exchange, accounting, codec, strategy
+from zipccl_jax.accounting import sent_bytes
+from zipccl_jax.capacity import padded_capacity
+from zipccl_jax.collectives import all_to_all
+from zipccl_jax.observation import allgather_json
+from zipccl_jax.profile import (CodecModel, LinkModel, Profile, axis_key, get_profile, np_dtype,
+                                platform_key, set_profile)
+
+__all__ = ["calibrate"]
+
+_MIN_FIT_TIME_S = 1e-6  # net times below this (after the null program's) are not resolved: floor them
+
+
+def _fit(xs: Iterable[float], ts: Iterable[float]) -> tuple[float, float]:
+  """Least squares ``t = a + x / b`` -> (a >= 0, b > 0).
+
+  Net times can come out at zero or below when the work is lost in the noise
+  of the null program's time (a fast codec on small sizes, a loaded host);
+  they are floored at ``_MIN_FIT_TIME_S`` so the bandwidth stays finite.
+  """
+  xs = np.asarray(list(xs), np.float64)
+  ts = np.maximum(np.asarray(list(ts), np.float64), _MIN_FIT_TIME_S)
+  if xs.size < 2 or np.ptp(xs) == 0:
+    raise ValueError("zipccl_jax: calibration needs at least two different sizes")
+  slope, icpt = np.polyfit(xs, ts, 1)
+  if not slope > 0:  # noise swamped the size dependence: all of it is throughput
+    slope = float(ts.max() / xs.max())
+    icpt = 0.0
+  if icpt < 0:  # no negative latencies: refit through the origin
+    icpt = 0.0
+    slope = float(np.dot(xs, ts) / np.dot(xs, xs))
+  return float(icpt), float(1.0 / slope)
+
+
+def _time_all(jobs: list, reps: int, warmup: int, barrier=None) -> dict[str, float]:
+  """Median seconds per job ``(name, fn, args)``; jobs are interleaved rep by rep.
+
+  ``barrier()`` (untimed) runs before every timed call, so that processes start
+  together, as they do inside a real collective step.
+  """
+  for _, f, args in jobs:
+    for _ in range(max(1, warmup)):
+      jax.block_until_ready(f(*args))
+  ts: dict[str, list] = {name: [] for name, _, _ in jobs}
+  for _ in range(reps):
+    for name, f, args in jobs:
+      if barrier is not None:
+        barrier()
+      t0 = time.perf_counter()
+      jax.block_until_ready(f(*args))
+      ts[name].append(time.perf_counter() - t0)
+  return {k: float(statistics.median(v)) for k, v in ts.items()}
+
+
+class _Harness:
+  """Runs per-device programs on every device of `mesh` (the collectives over `axis_name`)."""
+
+  def __init__(self, mesh, axis_name):
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    for a in axes:
+      if a not in mesh.axis_names:
+        raise ValueError(f"zipccl_jax.calibrate: mesh has no axis {a!r} (axes {mesh.axis_names})")
+    self.mesh, self.axis_name = mesh, axis_name
+    self.n = int(math.prod(mesh.shape[a] for a in axes))
+    self.all_axes = tuple(mesh.axis_names)
+    self.ndev = int(mesh.devices.size)
+    self.plat = platform_key(mesh.devices.flat[0].platform)
+    self.spec = P(self.all_axes)
+    self.sharding = NamedSharding(mesh, self.spec)
+    self.akey = axis_key(axis_name)
+
+  def smap(self, body):
+    return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=self.spec, out_specs=self.spec,
+                                 check_vma=False))
+
+  def put(self, local_rows: np.ndarray):
+    """A global array whose block on every device is ``local_rows``."""
+    glob_shape = (self.ndev * local_rows.shape[0],) + local_rows.shape[1:]
+    full = np.broadcast_to(local_rows[None], (self.ndev,) + local_rows.shape).reshape(glob_shape)
+    return jax.make_array_from_callback(glob_shape, self.sharding, lambda idx: full[idx])
+
+  def barrier(self):
+    """An untimed barrier across processes (None with one process)."""
+    if jax.process_count() == 1:
+      return None
+    # First cross-process collective: a modest all_to_all, then a tiny psum barrier.
+    warm = self.smap(lambda v: lax.all_to_all(v, self.all_axes, 0, 0, tiled=True))
+    jax.block_until_ready(warm(self.put(np.zeros((self.ndev, 4096), np.uint8))))
+    bar_fn = self.smap(lambda v: lax.psum(v, self.all_axes))
+    bar_x = self.put(np.ones((1, 1), np.float32))
+    return lambda: jax.block_until_ready(bar_fn(bar_x))
+
+
+def _link_job(h: _Harness, coll: str, size: int):
+  """(program, operand, bytes one device sends) of the jax.lax collective `coll` at `size` bytes."""
+  n, axis_name = h.n, h.axis_name
+  if coll == "all_to_all":
+    per = max(1, -(-int(size) // max(1, n - 1)))   # bytes per destination
+    f = h.smap(lambda c: lax.all_to_all(c, axis_name, 0, 0, tiled=True))
+    return f, h.put(np.zeros((n, per), np.uint8)), sent_bytes("all_to_all", float(n * per), n)
+  if coll == "all_gather":
+    per = max(1, -(-int(size) // max(1, n - 1)))
+    f = h.smap(lambda c: lax.all_gather(c, axis_name, tiled=True)[:1])
+    return f, h.put(np.zeros((1, per), np.uint8)), sent_bytes("all_gather", float(per), n)
+  if coll == "ppermute":
+    ring = [(i, (i + 1) % n) for i in range(n)]
+    f = h.smap(lambda c: lax.ppermute(c, axis_name, ring))
+    return f, h.put(np.zeros((1, int(size)), np.uint8)), float(size)
+  if coll == "psum":
+    per = max(1, -(-int(size) * n // max(1, 2 * (n - 1)) // 4))
+    f = h.smap(lambda c: lax.psum(c, axis_name))
+    return f, h.put(np.zeros((1, per), np.float32)), sent_bytes("psum", float(4 * per), n)
+  raise ValueError(f"zipccl_jax.calibrate: unknown collective {coll!r}")
+
+
+def _link_jobs(h: _Harness, collectives, link_bytes, jobs: list, sizes: dict) -> None:
+  for coll in collectives:
+    for size in link_bytes:
+      f, x, sent = _link_job(h, coll, size)
+      name = f"link/{coll}/{size}"
+      jobs.append((name, f, (x,)))
+      sizes[name] = float(sent)
+
+
+def _codec_programs(h: _Harness, m: int, dt):
+  """The coded path's own pieces at a capacity that fits: encode + overflow poisoning on the
+  sender; overflow check, branch and decode on the receiver."""
+  cap = int(codec.max_encoded_bytes(m, dt))
+
+  def enc_side(v):
+    payload, nbytes, _ = _exchange.encode_rows(v, cap)
+    return payload, nbytes[:, None]
+
+  def dec_side(p):
+    fb = codec.any_overflow(p, cap)
+    return _exchange.cond_bits(fb, lambda: jnp.zeros((p.shape[0], m), dt),
+                               lambda: _exchange.decode_guarded(p, fb, m, dt))
+
+  return h.smap(enc_side), h.smap(dec_side)
+
+
+def _codec_jobs(h: _Harness, dtypes, codec_bytes, sample_np, jobs: list, sizes: dict) -> dict:
+  """Appends encode/decode jobs per dtype and size; returns the sample's coded ratio per dtype."""
+  rng = np.random.default_rng(0)
+  ratio_obs: dict[str, float] = {}
+  for dname in dtypes:
+    dt = np_dtype(dname)
+    for size in codec_bytes:
+      m = max(1, int(size) // dt.itemsize // h.n)
+      if sample_np is not None:
+        rows = np.resize(sample_np.reshape(-1), h.n * m).reshape(h.n, m).astype(dt)
+      else:
+        rows = (rng.standard_normal((h.n, m), np.float32) * 0.02).astype(dt)
+      x = h.put(rows)
+      enc, dec = _codec_programs(h, m, dt)
+      payload, nbytes = enc(x)
+      jobs.append((f"enc/{dname}/{size}", enc, (x,)))
+      jobs.append((f"dec/{dname}/{size}", dec, (payload,)))
+      sizes[f"enc/{dname}/{size}"] = sizes[f"dec/{dname}/{size}"] = float(h.n * m * dt.itemsize)
+      if sample_np is not None:
+        nb = np.asarray(nbytes.addressable_data(0)).reshape(-1).astype(np.float64)
+        ratio_obs[dt.name] = float(nb.sum()) / (nb.size * m * dt.itemsize)
+  return ratio_obs
+
+
+def _agree(timings: dict, ratio_obs: dict):
+  """Every process uses the slowest process's time for every measurement: (times, gathered)."""
+  names = sorted(timings)
+  allv = allgather_json({"t": [timings[k] for k in names], "r": ratio_obs, "names": names})
+  if any(v["names"] != names for v in allv):
+    raise RuntimeError("zipccl_jax.calibrate: processes measured different things")
+  return {k: max(v["t"][i] for v in allv) for i, k in enumerate(names)}, allv
+
+
+def _fit_links(prof: Profile, akey: str, collectives, link_bytes, sizes: dict, net) -> None:
+  tab = dict(prof.links.get(akey, {}))
+  for i, coll in enumerate(collectives):
+    ks = [f"link/{coll}/{size}" for size in link_bytes]
+    lat, bw = _fit([sizes[k] for k in ks], [net(k) for k in ks])
+    tab[coll] = LinkModel(lat, bw)
+    if i == 0:
+      tab["*"] = LinkModel(lat, bw)
+  prof.links[akey] = tab
+  if "*" not in prof.links:
+    prof.links["*"] = {"*": tab["*"]}
+
+
+def _fit_codec(prof: Profile, plat: str, dtypes, codec_bytes, sizes: dict, net, role: str,
+               ratios) -> None:
+  """Codec models per dtype; `ratios` (gathered sample ratios, or None) -> expected_ratio."""
+  ctab = dict(prof.codec.get(plat, {}))
+  for dname in dtypes:
+    dname = np_dtype(dname).name
+    ke = [f"enc/{dname}/{size}" for size in codec_bytes]
+    kd = [f"dec/{dname}/{size}" for size in codec_bytes]
+    eo, ebw = _fit([sizes[k] for k in ke], [net(k) for k in ke])
+    do, dbw = _fit([sizes[k] for k in kd], [net(k) for k in kd])
+    ctab[dname] = CodecModel(ebw, dbw, eo, do)
+    if ratios is not None:
+      rs = [v["r"][dname] for v in ratios if dname in v["r"]]
+      if rs:
+        prof.expected_ratio.setdefault(role, {})[dname] = float(max(rs))
+  prof.codec[plat] = ctab
+
+
+def _in_situ(prof: Profile, h: _Harness, dname: str, raw_sent: int, role: str, sample_np,
+             reps: int, warmup: int, barrier, base: float) -> dict:
+  """Scales ``prof.codec[plat]`` to the codec cost measured inside a compressed all_to_all."""
+  n, axis_name, plat = h.n, h.axis_name, h.plat
+  dt = np_dtype(dname)
+  m = max(1, int(raw_sent) // dt.itemsize // max(1, n - 1))
+  if sample_np is not None:
+    rows = np.resize(sample_np.reshape(-1), n * m).reshape(n, m).astype(dt)
+    cap = int(codec.max_encoded_bytes(m, dt))
+  else:
+    rows = (np.random.default_rng(1).standard_normal((n, m), np.float32) * 0.02).astype(dt)
+    cap = int(padded_capacity(m, dt, ratio=prof.ratio("capacity_ratio", role, dt)))
+  site = "zipccl_jax.calibrate/in_situ"
+  f = h.smap(lambda v: all_to_all(v, axis_name, 0, 0, tiled=True, compress=True, capacity=cap,
+                                  transport="padded", name=site))
+  t_local = _time_all([("c", f, (h.put(rows),))], reps, warmup, barrier)["c"]
+  strategy.forget_decision(site)
+  accounting.forget_site(site)
+  t_c = max(v["t"] for v in allgather_json({"t": t_local})) - base
+  lk, _ = prof.link(axis_name, "all_to_all", plat)
+  raw_b = n * m * dt.itemsize
+  k_meas = t_c - lk.time(sent_bytes("all_to_all", float(n * cap), n))
+  cm, _ = prof.codec_model(dt, plat)
+  k_iso = cm.encode_time(raw_b) + cm.decode_time(raw_b)
+  factor = float(min(16.0, max(0.25, k_meas / k_iso))) if k_iso > 0 else 1.0
+  prof.codec[plat] = {d: CodecModel(c.encode_Bps / factor, c.decode_Bps / factor,
+                                    c.encode_overhead_s * factor, c.decode_overhead_s * factor)
+                      for d, c in prof.codec.get(plat, {}).items()}
+  return {"dtype": dt.name, "chunk_elems": m, "capacity": cap, "compressed_a2a_s": t_c,
+          "codec_measured_s": k_meas, "codec_isolated_s": k_iso, "factor": factor}
+
+
+def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = True,
+              codec: bool = True, collectives: Iterable[str] = ("all_to_all", "all_gather"),
+              link_bytes: tuple = (256 << 10, 4 << 20), codec_bytes: tuple = (64 << 10, 1 << 20),
+              dtypes: Iterable[str] = ("bfloat16", "float32"), sample=None,
+              role: str = "activation", in_situ: bool = True, reps: int = 7, warmup: int = 1,
+              save=None, activate: bool = True) -> Profile:
+  """Measures the link over ``axis_name`` of ``mesh`` and the codec; returns a Profile.
+
+  Link: for each collective in ``collectives`` ("all_to_all", "all_gather",
+  "ppermute", "psum"), a jitted ``shard_map`` over ``mesh`` runs the
+  ``jax.lax`` collective on uint8 messages of which each device sends about
+  ``link_bytes`` (two or more sizes). The median time over ``reps`` (all
+  measurements interleaved), minus that of an empty ``shard_map``
+  (dispatch), is fitted to ``latency + sent_bytes / bandwidth`` (least
+  squares). The first
+  collective's fit is also the axis's ``"*"`` entry and, if the profile has
+  none, the ``"*"`` (any axis) entry.
+
+  Codec: per dtype, every device encodes (then, separately, decodes)
+  ``axis_size`` frames totalling about ``codec_bytes`` raw bytes at once, as a
+  coded all_to_all does (so devices sharing cores slow each other down as in
+  a real call); the fit gives throughput and per-call overhead per side.
+  Data: Gaussian (std 0.02), or ``sample`` (resized; its dtype replaces
+  ``dtypes``), whose mean coded ratio then also goes to
+  ``profile.expected_ratio[role]``.
+
+  In situ (``in_situ``, when both the link over all_to_all and the codec are
+  measured): a compressed ``zipccl_jax.all_to_all`` whose raw size matches the
+  largest ``link_bytes`` is timed too. Its time minus the link model's time for
+  its wire bytes is the codec's real cost inside a collective step, where all
+  devices code at once and compete with the transport for cores; every
+  codec model of the platform is scaled by (that cost / the isolated
+  estimate), clamped to [1/4, 16]. ``meta["calibration"]["in_situ"]`` keeps
+  the figures.
+
+  Choose ``link_bytes`` to span the messages of the program: the fit is linear,
+  and small messages on shaped or congested links are not (bursts, windows).
+
+  Multi-process: every process runs the same measurements at the same time
+  (this is a collective), then all use the slowest process's time for every
+  measurement, so every rank computes the same profile (equal
+  :meth:`Profile.fingerprint`) and makes the same decisions.
+
+  Args:
+    mesh: a ``jax.sharding.Mesh``.
+    axis_name: a mesh axis name (or tuple of names).
+    profile: the profile to update, in a copy (default: the active one).
+    link, codec: what to measure.
+    save: a path; process 0 writes the JSON there.
+    activate: make the result the active profile (:func:`set_profile`).
+  """
+  prof = (profile if profile is not None else get_profile()).copy()
+  h = _Harness(mesh, axis_name)
+  collectives, dtypes = tuple(collectives), tuple(dtypes)
+  sample_np = None if sample is None else np.asarray(sample)
+  if sample_np is not None:
+    dtypes = (sample_np.dtype.name,)
+  jobs: list = []                  # (name, fn, args)
+  sizes: dict[str, float] = {}     # name -> bytes (x of the fit)
+  # Dispatch of an (almost) empty program, subtracted from every measurement.
+  jobs.append(("null", h.smap(lambda v: v + jnp.uint8(1)), (h.put(np.zeros((1, 64), np.uint8)),)))
+  if link:
+    _link_jobs(h, collectives, link_bytes, jobs, sizes)
+  ratio_obs = _codec_jobs(h, dtypes, codec_bytes, sample_np, jobs, sizes) if codec else {}
+  barrier = h.barrier()
+  t, allv = _agree(_time_all(jobs, reps, warmup, barrier), ratio_obs)
+  base = t["null"]
+
+  def net(k):
+    return max(0.0, t[k] - base)
+
+  if link:
+    _fit_links(prof, h.akey, collectives, link_bytes, sizes, net)
+  if codec:
+    _fit_codec(prof, h.plat, dtypes, codec_bytes, sizes, net, role,
+               allv if sample_np is not None else None)
+  in_situ_info = None
+  if codec and link and in_situ and h.n > 1 and "all_to_all" in collectives:
+    in_situ_info = _in_situ(prof, h, dtypes[0], max(link_bytes), role, sample_np, reps, warmup,
+                            barrier, base)
+  prof.platform = h.plat
+  prof.meta = dict(prof.meta)
+  prof.meta["calibration"] = {
+      "mesh": {str(k): int(v) for k, v in mesh.shape.items()}, "axis": h.akey, "axis_size": h.n,
+      "processes": int(jax.process_count()), "devices": h.ndev, "platform": h.plat,
+      "reps": reps, "dispatch_s": base,
+      "net_s": {k: net(k) for k in sorted(t) if k != "null"},
+      "bytes": {k: sizes[k] for k in sorted(t) if k in sizes}, "in_situ": in_situ_info}
+  prof.validate()
+  if save is not None and jax.process_index() == 0:
+    prof.save(save)
+  if activate:
+    set_profile(prof)
+  return prof

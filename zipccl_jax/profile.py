@@ -1,0 +1,421 @@
+"""The cost model's inputs: link and codec models, `Profile`, the documented defaults.
+
+:func:`zipccl_jax.calibrate` measures a profile; :func:`set_profile`,
+:func:`use_profile`, :func:`load_profile` and the ``ZIPCCL_PROFILE``
+environment variable (a JSON path read at first use) make one active. With no
+profile, these documented defaults apply (:data:`DEFAULT_LINKS`,
+:data:`DEFAULT_CODEC`, ratios from ``zipccl_jax.capacity.EXPECTED_RATIO``):
+
+==========  ======================  ===========================================
+platform    link (per device)       codec (per device)
+==========  ======================  ===========================================
+cpu         1 Gbit/s (0.125 GB/s),  bf16/f16: encode 1.0 GB/s, decode 1.5 GB/s,
+            100 us latency          f32: 1.5 / 2.0 GB/s; 30 us overhead per side
+gpu / tpu   25 GB/s, 15 us          400 GB/s each way, 10 us overhead per side
+==========  ======================  ===========================================
+
+The CPU defaults describe the deployment zipccl targets (hosts joined by a
+slow network, a 1 Gbit/s reference link), not the virtual devices of
+a single process, whose "link" is a memcpy: calibrate there and ``auto``
+stays raw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+
+import ml_dtypes
+import numpy as np
+
+from zipccl_jax.capacity import EXPECTED_RATIO
+
+__all__ = [
+    "Profile", "LinkModel", "CodecModel", "SiteObservation", "DEFAULT_LINKS", "DEFAULT_CODEC",
+    "get_profile", "set_profile", "use_profile", "load_profile",
+]
+
+_LOG = logging.getLogger("zipccl_jax.strategy")
+
+PROFILE_VERSION = 1
+_FP8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+              "float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4", "float8_e8m0fnu")
+_DTYPE_NAMES = ("bfloat16", "float16", "float32") + _FP8_NAMES
+
+# --------------------------------------------------------------------------- #
+# Models
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass
+class LinkModel:
+  """``time(sent_bytes) = latency_s + sent_bytes / bandwidth_Bps`` for one collective.
+
+  ``sent_bytes`` counts the bytes one device sends (the model of
+  :func:`zipccl_jax.hlo_wire_bytes`), so ``bandwidth_Bps`` is a per-device rate.
+  """
+  latency_s: float
+  bandwidth_Bps: float
+
+  def time(self, sent_bytes: float) -> float:
+    return self.latency_s + float(sent_bytes) / self.bandwidth_Bps
+
+
+@dataclasses.dataclass
+class CodecModel:
+  """Per-device codec speed: ``t = overhead + bytes / throughput`` per side.
+
+  Bytes are the raw (uncompressed) bytes encoded or decoded. The overheads
+  cover the per-call fixed costs of the coded path (FFI launch, header check,
+  branch).
+  """
+  encode_Bps: float
+  decode_Bps: float
+  encode_overhead_s: float = 0.0
+  decode_overhead_s: float = 0.0
+
+  def encode_time(self, nbytes: float) -> float:
+    return self.encode_overhead_s + float(nbytes) / self.encode_Bps
+
+  def decode_time(self, nbytes: float) -> float:
+    return self.decode_overhead_s + float(nbytes) / self.decode_Bps
+
+
+@dataclasses.dataclass
+class SiteObservation:
+  """Frame sizes observed at one call site (see :func:`observe`)."""
+  op: str
+  dtype: str
+  chunk_elems: int
+  max_frame_bytes: int
+  frames: int = 0
+  total_frame_bytes: int = 0
+
+  @property
+  def raw_chunk_bytes(self) -> int:
+    return int(self.chunk_elems) * np.dtype(np_dtype(self.dtype)).itemsize
+
+  @property
+  def max_ratio(self) -> float:
+    return self.max_frame_bytes / max(1, self.raw_chunk_bytes)
+
+  @property
+  def mean_ratio(self) -> float:
+    if not self.frames:
+      return self.max_ratio
+    return self.total_frame_bytes / (self.frames * max(1, self.raw_chunk_bytes))
+
+  def merge(self, other: "SiteObservation") -> "SiteObservation":
+    if (other.dtype, other.chunk_elems) != (self.dtype, self.chunk_elems):
+      # a site traced with another shape: keep the larger ratio, scaled to our chunk
+      mine, theirs = self.max_ratio, other.max_ratio
+      if theirs <= mine:
+        return self
+      return dataclasses.replace(other)
+    return SiteObservation(self.op, self.dtype, self.chunk_elems,
+                           max(self.max_frame_bytes, other.max_frame_bytes),
+                           self.frames + other.frames,
+                           self.total_frame_bytes + other.total_frame_bytes)
+
+
+# Documented defaults (no profile, or a profile without the entry).
+DEFAULT_LINKS: dict[str, LinkModel] = {
+    "cpu": LinkModel(latency_s=100e-6, bandwidth_Bps=0.125e9),
+    "gpu": LinkModel(latency_s=15e-6, bandwidth_Bps=25e9),
+    "tpu": LinkModel(latency_s=15e-6, bandwidth_Bps=25e9),
+}
+DEFAULT_CODEC: dict[str, dict[str, CodecModel]] = {
+    "cpu": {
+        "bfloat16": CodecModel(1.0e9, 1.5e9, 30e-6, 30e-6),
+        "float16": CodecModel(1.0e9, 1.5e9, 30e-6, 30e-6),
+        "float32": CodecModel(1.5e9, 2.0e9, 30e-6, 30e-6),
+        # one-byte floats: ~0.8x (encode) and ~0.7x (decode) the bfloat16 element rate
+        # (benchmarks/codec_fp8.py), i.e. ~0.4x its byte rate
+        **{d: CodecModel(0.4e9, 0.5e9, 30e-6, 30e-6) for d in _FP8_NAMES},
+    },
+    "gpu": {d: CodecModel(400e9, 400e9, 10e-6, 10e-6) for d in _DTYPE_NAMES},
+    "tpu": {d: CodecModel(400e9, 400e9, 10e-6, 10e-6) for d in _DTYPE_NAMES},
+}
+
+
+def _default_capacity_ratio() -> dict:
+  return {role: {np.dtype(dt).name: float(r) for dt, r in tab.items()}
+          for role, tab in EXPECTED_RATIO.items()}
+
+
+# One-byte floats: dense amax-scaled Gaussian (benchmarks/codec_fp8.py: e4m3fn 1.21x, e5m2
+# 1.44x); zero-heavy tensors code far smaller, so this errs towards raw.
+_FP8_MEAN_RATIO = {"float8_e4m3fn": 0.83, "float8_e5m2": 0.70, "float8_e4m3fnuz": 0.83,
+                   "float8_e5m2fnuz": 0.70, "float8_e4m3b11fnuz": 0.83, "float8_e4m3": 0.83,
+                   "float8_e3m4": 0.90, "float8_e8m0fnu": 0.30}
+# Mean coded size / raw size (what the ragged transport moves), from the
+# measurements quoted in padded_capacity's docstring.
+_DEFAULT_EXPECTED_RATIO = {
+    "activation": {"bfloat16": 0.67, "float16": 0.85, "float32": 0.835, **_FP8_MEAN_RATIO},
+    "gradient": {"bfloat16": 0.70, "float16": 0.86, "float32": 0.845, **_FP8_MEAN_RATIO},
+}
+
+
+def np_dtype(name):
+  """The numpy dtype of a dtype name ("bfloat16" included)."""
+  if hasattr(ml_dtypes, str(name)):  # bfloat16 and the float8 family
+    return np.dtype(getattr(ml_dtypes, str(name)))
+  return np.dtype(name)
+
+
+def platform_key(p: str | None) -> str:
+  p = (p or "cpu").lower()
+  if p in ("gpu", "cuda", "rocm"):
+    return "gpu"
+  return p
+
+
+def current_platform() -> str:
+  """`jax.default_backend()` as a profile platform key ("cpu", "gpu", "tpu")."""
+  import jax  # jax's backend only when asked: profiles load without initialising it
+  try:
+    return platform_key(jax.default_backend())
+  except Exception:  # pragma: no cover
+    return "cpu"
+
+
+def axis_key(axis_name) -> str:
+  if isinstance(axis_name, (tuple, list)):
+    return ",".join(str(a) for a in axis_name)
+  return str(axis_name)
+
+
+# --------------------------------------------------------------------------- #
+# Profile
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass
+class Profile:
+  """Everything the cost model knows; JSON round-trippable (:meth:`save`/:meth:`load`).
+
+  Attributes:
+    links: ``{axis_key: {collective: LinkModel}}``. ``axis_key`` is the mesh
+      axis name (``"a,b"`` for a tuple of axes) or ``"*"`` (any axis);
+      ``collective`` is ``"all_to_all"``, ``"all_gather"``, ``"ppermute"``,
+      ``"psum"`` or ``"*"`` (any). Missing entries fall back to ``"*"``, then
+      to :data:`DEFAULT_LINKS` for the platform.
+    codec: ``{platform: {dtype name: CodecModel}}`` (platform ``"cpu"``,
+      ``"gpu"``, ``"tpu"``); missing entries fall back to float16 <->
+      bfloat16, then to :data:`DEFAULT_CODEC`.
+    capacity_ratio: ``{role: {dtype name: ratio}}`` for the padded capacity
+      (``padded_capacity(..., ratio=)``); defaults to ``EXPECTED_RATIO``.
+    expected_ratio: ``{role: {dtype name: ratio}}``, the mean coded size over
+      raw size (wire bytes of the ragged transport).
+    sites: ``{site name: SiteObservation}``, per-call-site frame sizes.
+    margin: safety margin on observed capacities.
+    min_gain: compress only if the estimate beats raw by this fraction.
+    fallback_risk: expected fraction of calls taking the raw fallback; adds
+      ``fallback_risk * t_raw`` to the compressed estimate.
+    platform: the platform the measurements were taken on (informative).
+    meta: free-form notes (mesh, sizes, raw timings); not part of
+      :meth:`fingerprint`.
+  """
+  links: dict = dataclasses.field(default_factory=dict)
+  codec: dict = dataclasses.field(default_factory=dict)
+  capacity_ratio: dict = dataclasses.field(default_factory=_default_capacity_ratio)
+  expected_ratio: dict = dataclasses.field(
+      default_factory=lambda: copy.deepcopy(_DEFAULT_EXPECTED_RATIO))
+  sites: dict = dataclasses.field(default_factory=dict)
+  margin: float = 0.02
+  min_gain: float = 0.02
+  fallback_risk: float = 0.0
+  platform: str | None = None
+  meta: dict = dataclasses.field(default_factory=dict)
+
+  # ---- lookups ----------------------------------------------------------- #
+  def link(self, axis_name, collective: str, platform: str | None = None) -> tuple[LinkModel, str]:
+    """The link model for ``collective`` over ``axis_name``, and where it came from."""
+    key = axis_key(axis_name) if axis_name is not None else None
+    for ak in ((key, "*") if key is not None else ("*",)):
+      tab = self.links.get(ak)
+      if not tab:
+        continue
+      for ck in (collective, "*"):
+        if ck in tab:
+          return tab[ck], f"profile[{ak}][{ck}]"
+    plat = platform_key(platform)
+    return DEFAULT_LINKS.get(plat, DEFAULT_LINKS["cpu"]), f"default[{plat}]"
+
+  def codec_model(self, dtype, platform: str | None = None) -> tuple[CodecModel, str]:
+    plat = platform_key(platform)
+    name = np.dtype(np_dtype(np.dtype(dtype).name)).name
+    alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(name)
+    tab = self.codec.get(plat, {})
+    for n in (name, alias):
+      if n is not None and n in tab:
+        return tab[n], f"profile[{plat}][{n}]"
+    dflt = DEFAULT_CODEC.get(plat, DEFAULT_CODEC["cpu"])
+    return dflt[name], f"default[{plat}]"
+
+  def ratio(self, table: str, role: str, dtype) -> float:
+    name = np.dtype(dtype).name
+    tab = getattr(self, table)
+    r = tab.get(role, {}).get(name)
+    if r is None:
+      r = (_default_capacity_ratio() if table == "capacity_ratio"
+           else _DEFAULT_EXPECTED_RATIO)[role][name]
+    return float(r)
+
+  # ---- serialisation ----------------------------------------------------- #
+  def to_dict(self) -> dict:
+    return {
+        "version": PROFILE_VERSION,
+        "platform": self.platform,
+        "links": {ak: {ck: dataclasses.asdict(m) for ck, m in tab.items()}
+                  for ak, tab in self.links.items()},
+        "codec": {p: {d: dataclasses.asdict(m) for d, m in tab.items()}
+                  for p, tab in self.codec.items()},
+        "capacity_ratio": copy.deepcopy(self.capacity_ratio),
+        "expected_ratio": copy.deepcopy(self.expected_ratio),
+        "sites": {s: dataclasses.asdict(o) for s, o in self.sites.items()},
+        "margin": self.margin,
+        "min_gain": self.min_gain,
+        "fallback_risk": self.fallback_risk,
+        "meta": copy.deepcopy(self.meta),
+    }
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "Profile":
+    v = d.get("version", PROFILE_VERSION)
+    if v != PROFILE_VERSION:
+      raise ValueError(f"zipccl_jax: profile version {v} is not supported (expected "
+                       f"{PROFILE_VERSION})")
+    p = cls()
+    p.platform = d.get("platform")
+    p.links = {ak: {ck: LinkModel(**m) for ck, m in tab.items()}
+               for ak, tab in d.get("links", {}).items()}
+    p.codec = {pl: {dt: CodecModel(**m) for dt, m in tab.items()}
+               for pl, tab in d.get("codec", {}).items()}
+    for table in ("capacity_ratio", "expected_ratio"):
+      if table in d:
+        merged = getattr(p, table)
+        for role, tab in d[table].items():
+          merged.setdefault(role, {}).update({k: float(v) for k, v in tab.items()})
+    p.sites = {s: SiteObservation(**o) for s, o in d.get("sites", {}).items()}
+    p.margin = float(d.get("margin", p.margin))
+    p.min_gain = float(d.get("min_gain", p.min_gain))
+    p.fallback_risk = float(d.get("fallback_risk", p.fallback_risk))
+    p.meta = dict(d.get("meta", {}))
+    p.validate()
+    return p
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+  @classmethod
+  def from_json(cls, text: str) -> "Profile":
+    return cls.from_dict(json.loads(text))
+
+  def save(self, path) -> None:
+    """Writes the profile as JSON (atomically: a temporary file, then rename)."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+      f.write(self.to_json())
+      f.write("\n")
+    os.replace(tmp, path)
+
+  @classmethod
+  def load(cls, path) -> "Profile":
+    with open(os.fspath(path)) as f:
+      return cls.from_json(f.read())
+
+  def fingerprint(self) -> str:
+    """A short hash of everything that can change a decision (not ``meta``)."""
+    d = self.to_dict()
+    d.pop("meta", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+  def copy(self) -> "Profile":
+    return Profile.from_dict(self.to_dict())
+
+  def validate(self) -> None:
+    for ak, tab in self.links.items():
+      for ck, m in tab.items():
+        if not (m.bandwidth_Bps > 0 and m.latency_s >= 0 and math.isfinite(m.bandwidth_Bps)):
+          raise ValueError(f"zipccl_jax: profile link [{ak}][{ck}] is not sane: {m}")
+    for pl, tab in self.codec.items():
+      for dt, m in tab.items():
+        if not (m.encode_Bps > 0 and m.decode_Bps > 0 and m.encode_overhead_s >= 0
+                and m.decode_overhead_s >= 0):
+          raise ValueError(f"zipccl_jax: profile codec [{pl}][{dt}] is not sane: {m}")
+    if not (0 <= self.margin < 1 and self.min_gain >= 0 and 0 <= self.fallback_risk <= 1):
+      raise ValueError("zipccl_jax: profile margin/min_gain/fallback_risk out of range")
+
+
+# --------------------------------------------------------------------------- #
+# The active profile
+# --------------------------------------------------------------------------- #
+
+_STATE_LOCK = threading.RLock()
+_ACTIVE: Profile | None = None
+_ENV_LOADED = False
+
+
+def get_profile() -> Profile:
+  """The active profile: the one set last, else ``$ZIPCCL_PROFILE``, else the defaults.
+
+  The returned object is the active one (mutating it changes later decisions).
+  """
+  global _ACTIVE, _ENV_LOADED
+  with _STATE_LOCK:
+    if _ACTIVE is None and not _ENV_LOADED:
+      _ENV_LOADED = True
+      path = os.environ.get("ZIPCCL_PROFILE")
+      if path:
+        _ACTIVE = Profile.load(path)
+        _LOG.info("zipccl_jax: loaded profile %s (%s)", path, _ACTIVE.fingerprint())
+    if _ACTIVE is None:
+      _ACTIVE = Profile()
+    return _ACTIVE
+
+
+def set_profile(profile: Profile | str | os.PathLike | None) -> Profile | None:
+  """Makes ``profile`` (a Profile or a JSON path; None: defaults) active; returns the previous one.
+
+  Functions already traced keep their decisions; trace again to apply it.
+  """
+  global _ACTIVE, _ENV_LOADED
+  if profile is not None and not isinstance(profile, Profile):
+    profile = Profile.load(profile)
+  with _STATE_LOCK:
+    prev = _ACTIVE
+    _ACTIVE = profile
+    _ENV_LOADED = True
+  return prev
+
+
+def load_profile(path) -> Profile:
+  """Loads a JSON profile and makes it active."""
+  p = Profile.load(path)
+  set_profile(p)
+  return p
+
+
+@contextlib.contextmanager
+def use_profile(profile: Profile | str | os.PathLike | None):
+  """``with use_profile(p): ...`` traces the body's collectives with ``p``."""
+  global _ACTIVE
+  if profile is not None and not isinstance(profile, Profile):
+    profile = Profile.load(profile)
+  with _STATE_LOCK:
+    prev = _ACTIVE
+    _ACTIVE = profile if profile is not None else Profile()
+  try:
+    yield _ACTIVE
+  finally:
+    with _STATE_LOCK:
+      _ACTIVE = prev
