@@ -2,7 +2,9 @@
 
 Codec: `encode`, `decode`, `max_encoded_bytes` (see FORMAT.md for the bytes).
 Collectives (inside `jax.shard_map`): `all_to_all`, `all_gather`,
-`psum_scatter`, `psum`, `ppermute`, with `jax.lax` signatures.
+`psum_scatter`, `psum`, `ppermute`, `pmean`, `all_gather_invariant`, with `jax.lax`
+signatures; `use_defaults` sets their default `compress`/`capacity` once;
+`export_disabled_checks` lets `jax.export` serialize compressed code.
 Strategy behind `compress="auto"`: `calibrate`, `Profile`, `load_profile`,
 `use_profile`, `observe`, `explain`, `decisions`.
 Introspection: `stats`, `totals`, `hlo_wire_bytes`.
@@ -15,7 +17,10 @@ from zipccl_jax.accounting import (CallSiteStats, hlo_collectives, hlo_wire_byte
 from zipccl_jax.calibration import calibrate
 from zipccl_jax.capacity import padded_capacity
 from zipccl_jax.codec import decode, encode, max_encoded_bytes
-from zipccl_jax.collectives import all_gather, all_to_all, ppermute, psum, psum_scatter
+from zipccl_jax._ffi import export_disabled_checks
+from zipccl_jax.collectives import (all_gather, all_gather_invariant, all_to_all, pmean, ppermute,
+                                    psum, psum_scatter)
+from zipccl_jax.defaults import get_defaults, use_defaults
 from zipccl_jax.observation import observe
 from zipccl_jax.profile import Profile, get_profile, load_profile, set_profile, use_profile
 from zipccl_jax.strategy import decisions, explain
@@ -24,7 +29,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "encode", "decode", "max_encoded_bytes", "format",
-    "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute",
+    "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean", "all_gather_invariant",
+    "use_defaults", "get_defaults", "export_disabled_checks",
     "padded_capacity", "CallSiteStats", "stats", "totals", "reset_stats", "set_runtime_stats",
     "hlo_collectives", "hlo_wire_bytes",
     "Profile", "calibrate", "explain", "decisions", "observe", "get_profile", "set_profile",
