@@ -119,6 +119,16 @@ def test_hessian_vector_product_gives_reference_bits(op):
   assert_bits(hvp(ours(op))(x, v), hvp(reference(op, grad=True))(x, v), f"hvp {op}")
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_grad_of_grad_gives_reference_bits(op):
+  def gg(f):
+    loss = lambda x: jnp.sum(jnp.sin(f(x)) ** 2)
+    return jax.jit(jax.grad(lambda x: jnp.sum(jax.grad(loss)(x) ** 2)))
+
+  x = put(X)
+  assert_bits(gg(ours(op))(x), gg(reference(op, grad=True))(x), f"grad of grad {op}")
+
+
 def test_linear_transpose_is_the_compressed_transpose():
   x = put(X)
   got = jax.linear_transpose(ours("all_to_all"), x)(x)

@@ -26,9 +26,21 @@ __all__ = ["linear"]
 
 
 def linear(impl: Callable, transpose: Callable, x):
-  """`impl(x)` for a linear `impl` whose transpose is `transpose`."""
-  return jax.custom_derivatives.linear_call(lambda _, t: impl(t), lambda _, ct: transpose(ct),
-                                            (), x)
+  """`impl(x)` for a linear `impl` whose transpose is `transpose`.
+
+  `impl`'s constants (index tables, masks) are passed as residual arguments, not left for
+  ``linear_call`` to hoist: ``linear_call``'s transpose keeps its callee's hoisted constants in a
+  closure, so a second transposition (``jax.grad`` of ``jax.grad``) would read values of a
+  finished trace. Residuals are passed afresh at every transposition.
+  """
+  closed = jax.make_jaxpr(impl)(x)
+
+  def fun(consts, t):
+    (y,) = jax.core.eval_jaxpr(closed.jaxpr, consts, t)
+    return y
+
+  return jax.custom_derivatives.linear_call(fun, lambda _, ct: transpose(ct),
+                                            list(closed.consts), x)
 
 
 def _linear_call_batch(axis_data, args, dims, *, callee, transpose_thunk, num_callee_consts,

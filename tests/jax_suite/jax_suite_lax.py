@@ -66,7 +66,10 @@ def _ours(name, mode):
   if fn is None:
     return _missing(name)
   if mode == "raw":
-    return functools.partial(fn, compress=False)
+    @functools.wraps(fn)  # keeps the name: parameterized tests name their cases after it
+    def raw(*args, **kwargs):
+      return fn(*args, compress=False, **kwargs)
+    return raw
   if mode == "compressed" and not hasattr(zipccl_jax, "use_defaults"):
     return _floats_compressed(fn)  # a zipccl_jax without the default-setting context manager
   return fn  # "compressed": plugin.py sets compress=True once with zipccl_jax.use_defaults

@@ -124,7 +124,15 @@ def rewrite(path: str) -> int:
   return len(edits)
 
 
-def run_mode(mode: str, src: str, files, out_jsonl: str, *, select=None, prefilter=()):
+def _load(path: str) -> dict:
+  with open(path) as f:
+    return {r["nodeid"]: r for r in map(json.loads, f)}
+
+
+def run_mode(mode: str, src: str, files, out_jsonl: str, *, select=None, prefilter=(), reuse=False):
+  if reuse and os.path.exists(out_jsonl):
+    print(f"[{mode}] reusing {out_jsonl}", file=sys.stderr)
+    return _load(out_jsonl)
   if os.path.exists(out_jsonl):
     os.remove(out_jsonl)
   env = dict(os.environ, ZIPCCL_SUITE_MODE=mode, ZIPCCL_SUITE_OUT=out_jsonl,
@@ -148,13 +156,7 @@ def run_mode(mode: str, src: str, files, out_jsonl: str, *, select=None, prefilt
   proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True)
   tail = proc.stdout.strip().splitlines()[-1:] or proc.stderr.strip().splitlines()[-3:]
   print(f"[{mode}] pytest: {' | '.join(tail)}", file=sys.stderr, flush=True)
-  records = {}
-  if os.path.exists(out_jsonl):
-    with open(out_jsonl) as f:
-      for line in f:
-        r = json.loads(line)
-        records[r["nodeid"]] = r
-  return records
+  return _load(out_jsonl) if os.path.exists(out_jsonl) else {}
 
 
 def mismatches(ref, ours, raw=None) -> tuple[int, int]:
@@ -227,6 +229,7 @@ def main(argv=None):
   ap.add_argument("--modes", default="default,compressed", help="zipccl modes to compare")
   ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "zipccl_jax_suite"))
   ap.add_argument("--lax-from", help="reuse this lax.jsonl (an earlier run's jax.lax results)")
+  ap.add_argument("--reuse", default="", help="comma-separated modes whose DIR/<mode>.jsonl to reuse")
   args = ap.parse_args(argv)
   version = jax_version()
   os.makedirs(args.out, exist_ok=True)
@@ -236,17 +239,19 @@ def main(argv=None):
   print(f"jax {version}: rewrote {sum(n_rewritten.values())} call sites in {len(files)} files",
         file=sys.stderr)
   prefilter = [os.path.basename(f) for f in files]  # plugin._mentions_swapped: a static first cut
+  reuse = set(args.reuse.split(","))
   if args.lax_from:
-    with open(args.lax_from) as f:
-      lax_runs = {r["nodeid"]: r for r in map(json.loads, f)}
+    lax_runs = _load(args.lax_from)
   else:
-    lax_runs = run_mode("lax", src, files, os.path.join(args.out, "lax.jsonl"), prefilter=prefilter)
+    lax_runs = run_mode("lax", src, files, os.path.join(args.out, "lax.jsonl"), prefilter=prefilter,
+                        reuse="lax" in reuse)
   suite = sorted(k for k, r in lax_runs.items() if r.get("calls") and r["outcome"] != "skipped")
   modes = [m for m in args.modes.split(",") if m]
-  runs = {m: run_mode(m, src, files, os.path.join(args.out, f"{m}.jsonl"), select=suite)
-          for m in modes}
+  runs = {m: run_mode(m, src, files, os.path.join(args.out, f"{m}.jsonl"), select=suite,
+                      reuse=m in reuse) for m in modes}
   reducing = [k for k in suite if set(lax_runs[k]["calls"]) & {"psum", "psum_scatter", "pmean"}]
-  raw_runs = run_mode("raw", src, files, os.path.join(args.out, "raw.jsonl"), select=reducing)
+  raw_runs = run_mode("raw", src, files, os.path.join(args.out, "raw.jsonl"), select=reducing,
+                      reuse="raw" in reuse)
   result = summarize(lax_runs, runs, raw_runs)
   result.update(jax_version=version, files=files, rewritten=n_rewritten)
   with open(os.path.join(args.out, "results.json"), "w") as f:
