@@ -561,9 +561,10 @@ def test_auto_sends_small_and_integer_messages_raw():
   assert not st["int"].compressed and "int32" in st["int"].reason
   assert not st["tiny"].compressed and st["tiny"].wire_bytes == st["tiny"].raw_bytes
   assert st["big"].compressed and st["big"].wire_bytes < 0.75 * st["big"].raw_bytes
-  with pytest.raises(TypeError, match="bfloat16, float16, float32"):
-    jax.jit(jax.shard_map(lambda a: zj.all_to_all(a, "i", 0, 0, tiled=True, compress=True),
-                          mesh=mesh, in_specs=P("i"), out_specs=P("i"))).trace(xi)
+  # compress=True codes what the codec covers; other dtypes go through jax.lax unchanged
+  h = jax.jit(jax.shard_map(lambda a: zj.all_to_all(a, "i", 0, 0, tiled=True, compress=True),
+                            mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+  assert_bits_equal(h(xi), a)
 
 
 def test_runtime_stats_count_fallbacks():
@@ -678,11 +679,12 @@ def test_trace_time_errors():
   def trace(body):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))).trace(x)
 
-  with pytest.raises(NameError, match="unknown axis name 'j'"):
+  # an axis that is not bound: jax.lax's own error (tests/test_dropin.py compares the wording)
+  with pytest.raises(NameError, match="unbound axis name: j"):
     trace(lambda v: zj.all_to_all(v, "j", 0, 0, tiled=True))
-  with pytest.raises(NameError, match="inside jax.shard_map"):
+  with pytest.raises(NameError, match="unbound axis name: i"):
     jax.jit(lambda v: zj.all_gather(v, "i")).trace(jnp.ones((4,), jnp.bfloat16))
-  with pytest.raises(NameError, match="inside jax.shard_map"):
+  with pytest.raises(NameError, match="unbound axis name: i"):
     zj.psum(jnp.ones((4,), jnp.bfloat16), "i")
   with pytest.raises(ValueError, match="not divisible"):
     trace(lambda v: zj.all_to_all(v[:6], "i", 0, 0, tiled=True))
@@ -696,10 +698,10 @@ def test_trace_time_errors():
     trace(lambda v: zj.ppermute(v, "i", [(0, 1), (0, 2)]))
   with pytest.raises(ValueError, match="out of range"):
     trace(lambda v: zj.ppermute(v, "i", [(0, 8)]))
-  with pytest.raises(TypeError, match="supports bfloat16, float16, float32"):
-    trace(lambda v: zj.all_gather(v.astype(jnp.int8), "i", compress=True).astype(v.dtype))
-  with pytest.raises(NotImplementedError, match="axis_index_groups"):
-    trace(lambda v: zj.psum(v, "i", axis_index_groups=[[0, 1]]))
+  with pytest.raises(NotImplementedError):  # as jax.lax.psum inside shard_map
+    trace(lambda v: zj.psum(v, "i", axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]]))
+  with pytest.raises(ValueError, match="axis_index_groups must split"):
+    trace(lambda v: zj.all_gather(v, "i", axis_index_groups=[[0, 1]]))
   with pytest.raises(ValueError, match="compress must be"):
     trace(lambda v: zj.all_gather(v, "i", compress="yes"))
   with pytest.raises(ValueError, match="capacity must be >= 32"):

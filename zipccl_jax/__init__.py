@@ -2,8 +2,10 @@
 
 Codec: `encode`, `decode`, `max_encoded_bytes` (see FORMAT.md for the bytes).
 Collectives (inside `jax.shard_map`): `all_to_all`, `all_gather`,
-`psum_scatter`, `psum`, `ppermute`, `ragged_all_to_all`, with `jax.lax`
-signatures.
+`psum_scatter`, `psum`, `ppermute`, `pmean`, `all_gather_invariant`, `ragged_all_to_all`, with
+`jax.lax` signatures; `use_defaults` sets their default `compress`/`capacity` once;
+`export_disabled_checks` lets `jax.export` serialize compressed code; `use_algorithm` pins the
+two-level algorithm; `info()` describes the build.
 Strategy behind `compress="auto"`: `calibrate`, `Profile`, `load_profile`,
 `use_profile`, `observe`, `explain`, `decisions`.
 Introspection: `stats`, `totals`, `hlo_wire_bytes`.
@@ -16,7 +18,10 @@ from zipccl_jax.accounting import (CallSiteStats, hlo_collectives, hlo_wire_byte
 from zipccl_jax.calibration import calibrate
 from zipccl_jax.capacity import padded_capacity
 from zipccl_jax.codec import decode, encode, max_encoded_bytes
-from zipccl_jax.collectives import all_gather, all_to_all, ppermute, psum, psum_scatter
+from zipccl_jax._ffi import export_disabled_checks
+from zipccl_jax.collectives import (all_gather, all_gather_invariant, all_to_all, pmean, ppermute,
+                                    psum, psum_scatter)
+from zipccl_jax.defaults import get_defaults, use_defaults
 from zipccl_jax.hierarchical import use_algorithm
 from zipccl_jax.info import info
 from zipccl_jax.observation import observe
@@ -28,8 +33,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "encode", "decode", "max_encoded_bytes", "format", "info",
-    "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "ragged_all_to_all",
-    "use_algorithm",
+    "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean", "all_gather_invariant",
+    "ragged_all_to_all", "use_algorithm", "use_defaults", "get_defaults", "export_disabled_checks",
     "padded_capacity", "CallSiteStats", "stats", "totals", "reset_stats", "set_runtime_stats",
     "hlo_collectives", "hlo_wire_bytes",
     "Profile", "calibrate", "explain", "decisions", "observe", "get_profile", "set_profile",

@@ -43,3 +43,23 @@ def register() -> None:
         jax.ffi.register_ffi_target(name, capsule, platform=platform)
       _log.debug("registered %s for platform %s", sorted(targets), platform)
     _registered = True
+
+
+def export_disabled_checks() -> list:
+  """The ``disabled_checks=`` with which ``jax.export`` serializes code holding our custom calls.
+
+  ``jax.export`` refuses custom-call targets that are not in its list of targets with a
+  compatibility guarantee. Ours have one of their own: the bytes they exchange follow FORMAT.md,
+  whose version every frame carries and every decoder checks. So::
+
+    exp = jax.export.export(jax.jit(f), disabled_checks=zipccl_jax.export_disabled_checks())(x)
+    blob = exp.serialize()
+    # later, in a process that has imported zipccl_jax (which registers the targets):
+    jax.export.deserialize(blob).call(x)
+
+  The serialized module needs the same targets at run time: zipccl_jax installed and imported,
+  with a build whose FORMAT.md version decodes the frames the module writes (the module encodes
+  and decodes its own frames, so any build of the same format version does).
+  """
+  return [jax.export.DisabledSafetyCheck.custom_call(t)
+          for t in (ENCODE_TARGET, DECODE_TARGET, COUNT_TARGET)]

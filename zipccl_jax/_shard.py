@@ -125,10 +125,42 @@ def check_split(x, dim: int, what: str, n: int, tiled: bool, axis_name, api: str
         f"{axis_name!r} (tiled=False)")
 
 
-def check_no_groups(axis_index_groups, api):
-  if axis_index_groups is not None:
-    raise NotImplementedError(f"zipccl_jax.{api}: axis_index_groups is not supported; use a "
-                              "mesh axis instead")
+def check_groups(groups, axis_name, api):
+  """`axis_index_groups` as a tuple of equal-sized tuples of ranks covering the axis once, or None."""
+  if groups is None:
+    return None
+  try:
+    grp = tuple(tuple(int(r) for r in g) for g in groups)
+  except (TypeError, ValueError):
+    raise TypeError(f"zipccl_jax.{api}: axis_index_groups must be a sequence of sequences of "
+                    f"ints, got {groups!r}") from None
+  n = axis_size(axis_name, api)
+  if not grp or len({len(g) for g in grp}) != 1 or sorted(r for g in grp for r in g) != list(range(n)):
+    raise ValueError(f"zipccl_jax.{api}: axis_index_groups must split the {n} ranks of "
+                     f"{axis_name!r} into groups of equal size, each rank once; got {groups!r}")
+  return grp
+
+
+def lax_only_reason(x, axis_name) -> str | None:
+  """Why a call has no wire of ours and is exactly `jax.lax`'s (None: zipccl_jax handles it).
+
+  * an axis that is not a manual axis of the enclosing ``shard_map`` (bound by ``jax.vmap`` or
+    ``pmap``, or not bound at all: jax.lax raises its own error);
+  * a symbolic dimension (``jax.export`` shape polymorphism: capacities need concrete sizes);
+  * a reduced or unreduced operand (shard_map's newer types: jax.lax gives the result types).
+  """
+  try:
+    manual = set(jax.sharding.get_abstract_mesh().manual_axes)
+  except Exception:  # pragma: no cover - no mesh context at all
+    manual = set()
+  if not all(a in manual for a in axes_of(axis_name)):
+    return "axis not a manual mesh axis"
+  if not all(isinstance(d, (int, np.integer)) for d in x.shape):
+    return "symbolic shape"
+  mat = getattr(jax.typeof(x), "mat", None)
+  if mat is not None and (getattr(mat, "reduced", None) or getattr(mat, "unreduced", None)):
+    return "reduced/unreduced operand"
+  return None
 
 
 def check_perm(perm, n, api):

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import core, dispatch, effects
+from jax._src.interpreters import batching, mlir
 
 from zipccl_jax import _ffi
 
@@ -252,16 +254,52 @@ def _site_id(name: str) -> int:
     return _SITE_IDS.setdefault(name, len(_SITE_IDS))
 
 
+class _CountEffect(effects.Effect):
+  """The runtime counter's side effect: it changes no value, so every transformation may keep,
+  repeat (remat recomputes a forward collective: it is counted again) or move it."""
+
+  def __str__(self):
+    return "ZipcclCount"
+
+
+_COUNT_EFFECT = _CountEffect()
+for _allowed in (effects.lowerable_effects, effects.control_flow_allowed_effects,
+                 effects.custom_derivatives_allowed_effects, effects.remat_allowed_effects):
+  _allowed.add_type(_CountEffect)
+
+# zipccl_count(fallback, site): adds one call (and a fallback if any element is set) to `site`.
+# Its own primitive rather than `jax.ffi.ffi_call(has_side_effect=True)`: that effect is not
+# allowed under jax.checkpoint, custom_jvp/custom_vjp or enable_checks, so counting would change
+# what a program may do.
+_count_p = core.Primitive("zipccl_count")
+_count_p.multiple_results = True
+_count_p.def_effectful_abstract_eval(lambda fallback, *, site: ([], {_COUNT_EFFECT}))
+_count_p.def_impl(lambda fallback, *, site: dispatch.apply_primitive(_count_p, fallback, site=site))
+batching.primitive_batchers[_count_p] = (
+    lambda args, dims, *, site: (_count_p.bind(*args, site=site), []))  # one call per execution
+mlir.register_lowering(_count_p, jax.ffi.ffi_lowering(_ffi.COUNT_TARGET, has_side_effect=True),
+                       platform="cpu")
+
+
+def _partially_automatic() -> bool:
+  """Inside a shard_map that leaves some mesh axes automatic (``axis_names=`` a subset)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return bool(set(mesh.axis_names) - set(mesh.manual_axes))
+
+
 def count(name: str, fallback) -> None:
-  """Counts one execution of call site `name` (and whether it fell back), if runtime stats are on."""
-  if not _RUNTIME_STATS:
+  """Counts one execution of call site `name` (and whether it fell back), if runtime stats are on.
+
+  Not inside a partially automatic shard_map: XLA's partitioner cannot replicate a side-effecting
+  op over the automatic axes, so there the call is not counted (its trace-time stats remain).
+  """
+  if not _RUNTIME_STATS or _partially_automatic():
     return
   flag = jnp.asarray(fallback, jnp.bool_)
 
   def on_cpu(fb):
     _ffi.register()
-    jax.ffi.ffi_call(_ffi.COUNT_TARGET, (), has_side_effect=True, vmap_method="broadcast_all")(
-        fb, site=np.int64(_site_id(name)))
+    _count_p.bind(fb, site=np.int64(_site_id(name)))
     return jnp.int32(0)
 
   def elsewhere(fb):

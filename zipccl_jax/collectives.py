@@ -1,26 +1,36 @@
 """Lossless compressed collectives: drop-in replacements for ``jax.lax``.
 
-``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum`` and ``ppermute`` take the same
-positional arguments as their ``jax.lax`` namesakes and must be called inside ``jax.shard_map``
-(under ``jit`` or not). Each one encodes its chunks with the zipccl codec, runs the ``jax.lax``
-collective on the uint8 payload, and decodes on the receiving side. Data-movement collectives
-return results bit-identical to ``jax.lax``; reductions return the documented fixed-order float32
-reduction (see `psum_scatter`). Whenever a float message goes raw (``compress=False``, ``"auto"``
-deciding raw, or the overflow fallback) its bit pattern moves as a uint16/uint32 view, so NaN
-payloads survive too (XLA:CPU's own 16-bit float collectives widen to float32 on the wire and
-quiet signalling NaNs).
+``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum``, ``ppermute``, ``pmean`` and
+``all_gather_invariant`` take the arguments of their ``jax.lax`` namesakes. Over the manual
+axes of a ``jax.shard_map`` (under ``jit`` or not) each one encodes its
+chunks with the zipccl codec, runs the ``jax.lax`` collective on the uint8
+payload, and decodes on the receiving side. Data-movement collectives return
+results bit-identical to ``jax.lax``; reductions return the documented
+fixed-order float32 reduction (see `psum_scatter`). Whenever a float message
+goes raw (``compress=False``, ``"auto"`` deciding raw, or the overflow
+fallback) its bit pattern moves as a uint16/uint32 view, so NaN payloads
+survive too (XLA:CPU's own 16-bit float collectives widen to float32 on the
+wire and quiet signalling NaNs).
 
-Keyword options shared by all five:
+Wherever else ``jax.lax`` accepts a call there is no wire of ours, and the call is exactly
+``jax.lax``'s (`_shard.lax_only_reason`): axes bound by ``jax.vmap(..., axis_name=)`` or
+``pmap`` (and unbound names, which raise ``jax.lax``'s error), symbolic shapes
+(``jax.export`` shape polymorphism), and reduced/unreduced operands.
+
+Keyword options shared by all:
 
 * ``compress``: ``True`` codes every bfloat16/float16/float32/float8 message
-  (``format.SUPPORTED_NAMES``; other dtypes raise ``TypeError``); ``False`` always sends raw; ``"auto"`` (default)
+  (``format.SUPPORTED_NAMES``; other dtypes go through ``jax.lax`` unchanged); ``False``
+  always sends raw; ``"auto"``
   asks the cost model of :mod:`zipccl_jax.strategy` at trace time (raw for
   dtypes the codec does not cover, for an axis of size 1, when the capacity
   would not save bytes, and whenever the estimated compressed time does not
   beat the raw one for the active :class:`~zipccl_jax.Profile`; see
   :func:`zipccl_jax.calibrate` and :func:`zipccl_jax.explain`).
   :func:`zipccl_jax.strategy.plan` is the one place the decision is made.
-* ``capacity``: padded bytes per chunk. ``None`` uses :func:`padded_capacity`;
+  ``None`` (the default) takes :func:`zipccl_jax.use_defaults`' setting, ``"auto"`` unless set.
+* ``capacity``: padded bytes per chunk. ``None`` takes :func:`zipccl_jax.use_defaults`'
+  setting, else :func:`padded_capacity`;
   an ``int`` is a byte count (>= 32); a ``float`` is a fraction of the chunk's
   raw bytes; ``"observed"`` is the largest frame :func:`zipccl_jax.observe`
   recorded for this call site (``name``) in the active profile, plus its margin,
@@ -37,10 +47,13 @@ fallback are the protocol of :mod:`zipccl_jax._exchange`.
 
 Autodiff
 --------
-Each collective is linear; one module-level ``jax.custom_vjp`` (`_bind`) runs its named transpose
-rule (``_all_to_all_transpose_rule``, ...): the compressed collective of the ``jax.lax``
-transpose, in the "gradient" role, with the ``backward`` half of a ``capacity`` pair.
-(``linear_call`` would add ``jax.jvp``, but has no batching rule in jax 0.10.2.)
+Each collective is linear in ``x`` and declared once as a linear function with a named
+transpose rule (``_all_to_all_transpose_rule``, ...; :mod:`zipccl_jax._linear`):
+``jax.jvp``/``jax.linearize``/``jax.jacfwd`` run the compressed collective on the tangent,
+``jax.grad``/``jax.vjp``/``jax.linear_transpose`` run the compressed collective the
+``jax.lax`` transpose uses on the cotangent, in the "gradient" role (its capacity ratio and
+decisions), with the ``backward`` half of a ``capacity`` pair. ``jax.vmap`` works over all of
+them.
 
 Reductions and statistics
 -------------------------
@@ -48,122 +61,36 @@ Reductions and statistics
 `_exchange.ordered_sum`, raw or coded (see `psum_scatter`). Each call site records the bytes one
 device sends (:mod:`zipccl_jax.accounting`, also home of :func:`set_runtime_stats`' counters).
 
-Not supported: ``axis_index_groups`` (``NotImplementedError``) and
-``all_gather(..., to="reduced")`` (sent raw through ``jax.lax``). Partially
-automatic ``shard_map`` (``axis_names=`` a subset) is untested.
+Differences from ``jax.lax`` (deliberate)
+-----------------------------------------
+* ``psum_scatter``/``psum``/``pmean`` of floats: the documented fixed-order float32 sum, not
+  XLA's order; equal to ``jax.lax`` within one rounding.
+* ``axis_index_groups`` (all_to_all, all_gather, psum_scatter; psum raises
+  ``NotImplementedError`` inside shard_map, as ``jax.lax.psum`` does): sent uncompressed, as raw
+  bits (``psum_scatter`` keeps the documented order, ranks being positions in a group).
+* A compiled program holds our custom calls and byte exchanges: cost and roofline estimates,
+  and HLO inspection, see those rather than ``jax.lax``'s collectives; ``jax.export`` needs
+  :func:`zipccl_jax.export_disabled_checks`.
+* :func:`zipccl_jax.set_runtime_stats` does not count calls inside a partially automatic
+  ``shard_map`` (a side-effecting op cannot be replicated there), and counts a rematerialized
+  collective once per execution.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from typing import Any, Callable
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from zipccl_jax import _exchange, accounting, hierarchical, strategy
-from zipccl_jax._shard import (axes_of, axis_size, call_site, canonical_axis, check_no_groups,
-                               check_perm, check_split, check_vma_on, itemsize, tree_apply, vary)
-from zipccl_jax.capacity import CODED_DTYPES, split_capacity
+from zipccl_jax import _exchange, _recipe, accounting
+from zipccl_jax._recipe import (Call, Recipe, check_positional, raw_path, run, size_of,
+                                transposed)
+from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_split,
+                               check_vma_on, itemsize, vary)
 from zipccl_jax.observation import record_frames
 
-__all__ = ["all_to_all", "all_gather", "psum_scatter", "psum", "ppermute"]
-
-
-# --------------------------------------------------------------------------- #
-# The shared path: plan, record, bind
-# --------------------------------------------------------------------------- #
-
-@dataclasses.dataclass(frozen=True)
-class _Call:
-  """The static parameters of one traced collective call (what its rules need)."""
-  op: str
-  axis_name: Any
-  params: tuple           # the op's own static arguments (see each _xx_params)
-  capacity: int           # bytes per chunk, 0 for the raw path
-  transport: str
-  site: str
-  backward: tuple         # (compress, capacity) of the transposed collective
-
-
-@dataclasses.dataclass(frozen=True)
-class _Recipe:
-  """One collective: how to check its arguments, count its bytes, run it and transpose it."""
-  op: str
-  role: str                                    # forward role: "activation" or "gradient"
-  params: Callable    # (x, n, axis_name, args) -> (params, chunk_elems, raw_reason)
-  wire: Callable      # (x, n, params, capacity) -> (raw bytes, coded bytes) one device sends
-  lax_fn: Callable    # (x, axis_name, params) -> the jax.lax collective (uncoded dtypes)
-  impl: Callable      # (call, x) -> y
-  transpose: Callable  # (call, ct) -> x_ct
-  # forced raw (`raw_reason`) goes to jax.lax itself (to="reduced"), not to the bit-exact raw path
-  lax_when_forced_raw: bool = False
-  prepare: Callable = lambda call, x: x  # (call, x) -> x, applied outside the linear function
-
-
-def _collective(recipe: _Recipe, x, axis_name, args, *, compress, capacity, transport, name,
-                role=None):
-  """Plans, records and runs `recipe` on every leaf of `x` (role: None = the recipe's)."""
-  fwd_cap, bwd_cap = split_capacity(capacity)
-  site = call_site(recipe.op, name)
-  role = role or recipe.role
-
-  def leaf(x, site):
-    x = jnp.asarray(x)
-    n = axis_size(axis_name, recipe.op)
-    params, m, raw_reason = recipe.params(x, n, axis_name, args)
-    if (lp := hierarchical.plan(recipe.op, x, axis_name, params, compress, fwd_cap, site, role)):
-      return hierarchical.run(lp, x, params, globals(), capacity=fwd_cap, transport=transport)
-    p = strategy.plan(recipe.op, x.dtype, m, axis_size=n, compress=compress, capacity=fwd_cap,
-                      role=role, site=site, axis_name=axis_name, transport=transport,
-                      raw_reason=raw_reason)
-    raw_b, wire_b = recipe.wire(x, n, params, p.capacity)
-    accounting.record(site, recipe.op, x, n, p, raw_b, wire_b)
-    if np.dtype(x.dtype) not in CODED_DTYPES or (raw_reason and recipe.lax_when_forced_raw):
-      return recipe.lax_fn(x, axis_name, params)
-    call = _Call(recipe.op, axis_name, params, p.capacity if p.compress else 0,
-                 p.transport or transport, site, (compress, bwd_cap))
-    return _bind(recipe, call, recipe.prepare(call, x))
-
-  return tree_apply(leaf, x, site)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _bind(recipe: _Recipe, call: _Call, x):
-  """`recipe.impl(call, x)`, differentiated through `recipe.transpose` (a linear collective)."""
-  return recipe.impl(call, x)
-
-
-def _bind_fwd(recipe: _Recipe, call: _Call, x):
-  return _bind(recipe, call, x), None  # linear: no residuals
-
-
-def _bind_bwd(recipe: _Recipe, call: _Call, _, ct):
-  return (recipe.transpose(call, ct),)
-
-
-_bind.defvjp(_bind_fwd, _bind_bwd)
-
-
-def _transposed(recipe: _Recipe, call: _Call, ct, args):
-  """The compressed `recipe` on the cotangent `ct`: the gradient role, site `<site>/bwd`."""
-  compress, capacity = call.backward
-  return _collective(recipe, ct, call.axis_name, args, compress=compress, capacity=capacity,
-                     transport=call.transport, name=call.site + "/bwd", role="gradient")
-
-
-def _raw_path(call: _Call, x, lax_fn):
-  """The uncoded path of a coded dtype (compress=False or auto deciding raw): bits via jax.lax."""
-  accounting.count(call.site, jnp.bool_(False))
-  return _exchange.raw_bits(lax_fn, x)
-
-
-def _check_positional(x, api):
-  if x.ndim == 0:
-    raise ValueError(f"zipccl_jax.{api}: x must have at least one positional axis")
+__all__ = ["all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean",
+           "all_gather_invariant"]
 
 
 # --------------------------------------------------------------------------- #
@@ -171,7 +98,7 @@ def _check_positional(x, api):
 # --------------------------------------------------------------------------- #
 
 def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tiled=False,
-               compress="auto", capacity=None, transport="auto", name=None):
+               compress=None, capacity=None, transport="auto", name=None):
   """Compressed :func:`jax.lax.all_to_all`: same signature, bit-identical result.
 
   Must be called inside ``jax.shard_map`` (``axis_name`` must be bound).
@@ -187,7 +114,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
       axis_size(axis_name)`` chunks (``x.shape[split_axis] == n`` when
       ``tiled=False``, divisible by ``n`` when ``tiled=True``).
     concat_axis: int, the output position of the mapped axis.
-    axis_index_groups: must be None.
+    axis_index_groups: as in ``jax.lax`` (sent uncompressed, see the module docstring).
     tiled: as in ``jax.lax.all_to_all``.
     compress, capacity, transport, name: see the module docstring.
 
@@ -221,14 +148,14 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
     rank 0: y = [[a0, a1, a2],          rank 1: y = [[b0, b1, b2],
                  [c0, c1, c2]]                       [d0, d1, d2]]
   """
-  check_no_groups(axis_index_groups, "all_to_all")
-  return _collective(_ALL_TO_ALL, x, axis_name, (split_axis, concat_axis, tiled),
-                     compress=compress, capacity=capacity, transport=transport, name=name)
+  return run(_ALL_TO_ALL, x, axis_name, (split_axis, concat_axis, tiled),
+                     compress=compress, capacity=capacity, transport=transport, name=name,
+                     groups=axis_index_groups)
 
 
 def _all_to_all_params(x, n, axis_name, args):
   split_axis, concat_axis, tiled = args
-  _check_positional(x, "all_to_all")
+  check_positional(x, "all_to_all")
   split = canonical_axis(split_axis, x.ndim, "split_axis", "all_to_all")
   concat = canonical_axis(concat_axis, x.ndim, "concat_axis", "all_to_all")
   check_split(x, split, "split_axis", n, tiled, axis_name, "all_to_all")
@@ -240,20 +167,20 @@ def _all_to_all_wire(x, n, params, capacity):
           accounting.sent_bytes("all-to-all", n * capacity, n))
 
 
-def _all_to_all_lax(x, axis_name, params):
+def _all_to_all_lax(x, axis_name, params, groups=None):
   split, concat, tiled = params
-  return lax.all_to_all(x, axis_name, split, concat, tiled=tiled)
+  return lax.all_to_all(x, axis_name, split, concat, tiled=tiled, axis_index_groups=groups)
 
 
-def _all_to_all_impl(call: _Call, x):
+def _all_to_all_impl(call: Call, x):
   split, concat, tiled = call.params
   axis_name = call.axis_name
-  n = axis_size(axis_name, "all_to_all")
+  n = size_of(call)
   x = vary(x, axes_of(axis_name))
   record_frames(call.site, "all_to_all",
                         lambda: jnp.moveaxis(x, split, 0).reshape(n, x.size // n))
   if not call.capacity:
-    return _raw_path(call, x, lambda u: _all_to_all_lax(u, axis_name, call.params))
+    return raw_path(call, x, lambda u: _all_to_all_lax(u, axis_name, call.params, call.groups))
   m = x.size // n
   k = x.shape[split] // n
   rows = jnp.moveaxis(x, split, 0).reshape(n, m)
@@ -279,12 +206,12 @@ def _all_to_all_impl(call: _Call, x):
                                  finish=assemble)
 
 
-def _all_to_all_transpose_rule(call: _Call, ct):
+def _all_to_all_transpose_rule(call: Call, ct):
   split, concat, tiled = call.params
-  return _transposed(_ALL_TO_ALL, call, ct, (concat, split, tiled))
+  return transposed(_ALL_TO_ALL, call, ct, (concat, split, tiled))
 
 
-_ALL_TO_ALL = _Recipe("all_to_all", "activation", _all_to_all_params, _all_to_all_wire,
+_ALL_TO_ALL = Recipe("all_to_all", "activation", _all_to_all_params, _all_to_all_wire,
                       _all_to_all_lax, _all_to_all_impl, _all_to_all_transpose_rule)
 
 
@@ -293,7 +220,7 @@ _ALL_TO_ALL = _Recipe("all_to_all", "activation", _all_to_all_params, _all_to_al
 # --------------------------------------------------------------------------- #
 
 def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to="varying",
-               compress="auto", capacity=None, transport="auto", name=None):
+               compress=None, capacity=None, transport="auto", name=None):
   """Compressed :func:`jax.lax.all_gather`: same signature, bit-identical result.
 
   Must be called inside ``jax.shard_map``.
@@ -301,7 +228,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
   Args:
     x: array(s) with a mapped axis named ``axis_name`` (pytree: per leaf).
     axis_name: a mesh axis name, or a tuple of them.
-    axis_index_groups: must be None.
+    axis_index_groups: as in ``jax.lax`` (sent uncompressed, see the module docstring).
     axis: output position of the gathered axis (``tiled=False``: a new axis,
       ``0 <= axis <= x.ndim``; ``tiled=True``: an existing axis, concatenated).
     tiled: as in ``jax.lax.all_gather``.
@@ -333,12 +260,12 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
                             [b0, b1]]
     all_gather(x, 'i', tiled=True) -> [a0, a1, b0, b1] on both ranks.
   """
-  check_no_groups(axis_index_groups, "all_gather")
   if to not in ("varying", "invarying", "reduced"):
     raise ValueError(f"zipccl_jax.all_gather: to must be 'varying', 'invarying' or 'reduced', "
                      f"got {to!r}")
-  return _collective(_ALL_GATHER, x, axis_name, (axis, tiled, to), compress=compress,
-                     capacity=capacity, transport=transport, name=name)
+  return run(_ALL_GATHER, x, axis_name, (axis, tiled, to), compress=compress,
+                     capacity=capacity, transport=transport, name=name,
+                     groups=axis_index_groups)
 
 
 def _all_gather_params(x, n, axis_name, args):
@@ -357,19 +284,19 @@ def _all_gather_wire(x, n, params, capacity):
           accounting.sent_bytes("all-gather", capacity, n))
 
 
-def _all_gather_lax(x, axis_name, params):
+def _all_gather_lax(x, axis_name, params, groups=None):
   ax, tiled, to = params
-  return lax.all_gather(x, axis_name, axis=ax, tiled=tiled, to=to)
+  return lax.all_gather(x, axis_name, axis=ax, tiled=tiled, to=to, axis_index_groups=groups)
 
 
-def _all_gather_impl(call: _Call, x):
+def _all_gather_impl(call: Call, x):
   ax, tiled, to = call.params
   axis_name = call.axis_name
-  n = axis_size(axis_name, "all_gather")
+  n = size_of(call)
   x = vary(x, axes_of(axis_name))
   record_frames(call.site, "all_gather", lambda: x.reshape(1, x.size))
   if not call.capacity:
-    return _raw_path(call, x, lambda u: _all_gather_lax(u, axis_name, call.params))
+    return raw_path(call, x, lambda u: _all_gather_lax(u, axis_name, call.params, call.groups))
 
   def arrange(out):  # (n, x.size), row s from rank s -> the jax.lax layout
     y = jnp.moveaxis(out.reshape((n,) + x.shape), 0, ax)
@@ -385,7 +312,7 @@ def _all_gather_impl(call: _Call, x):
       raw=lambda: _exchange.raw_bits(lambda u: _all_gather_lax(u, axis_name, call.params), x))
 
 
-def _all_gather_transpose_rule(call: _Call, ct):
+def _all_gather_transpose_rule(call: Call, ct):
   ax, tiled, to = call.params
   if to == "invarying":  # every rank holds the whole result: the transpose is a local slice
     n = axis_size(call.axis_name, "all_gather")
@@ -395,10 +322,10 @@ def _all_gather_transpose_rule(call: _Call, ct):
       size = ct.shape[ax] // n
       return lax.dynamic_slice_in_dim(ct, me * size, size, axis=ax)
     return lax.dynamic_index_in_dim(ct, me, axis=ax, keepdims=False)
-  return _transposed(_PSUM_SCATTER, call, ct, (ax, tiled))
+  return transposed(_PSUM_SCATTER, call, ct, (ax, tiled))
 
 
-_ALL_GATHER = _Recipe("all_gather", "activation", _all_gather_params, _all_gather_wire,
+_ALL_GATHER = Recipe("all_gather", "activation", _all_gather_params, _all_gather_wire,
                       _all_gather_lax, _all_gather_impl, _all_gather_transpose_rule,
                       lax_when_forced_raw=True)
 
@@ -408,7 +335,7 @@ _ALL_GATHER = _Recipe("all_gather", "activation", _all_gather_params, _all_gathe
 # --------------------------------------------------------------------------- #
 
 def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False,
-                 compress="auto", capacity=None, transport="auto", name=None):
+                 compress=None, capacity=None, transport="auto", name=None):
   """Compressed :func:`jax.lax.psum_scatter` with a fixed float32 reduction order.
 
   Must be called inside ``jax.shard_map``. For bfloat16/float16/float32/float8
@@ -429,7 +356,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     axis_name: a mesh axis name, or a tuple of them.
     scatter_dimension: positional axis of ``x`` to scatter; its size must
       equal ``n`` (``tiled=False``) or be divisible by ``n`` (``tiled=True``).
-    axis_index_groups: must be None.
+    axis_index_groups: as in ``jax.lax`` (sent uncompressed, see the module docstring).
     tiled: as in ``jax.lax.psum_scatter``.
     compress, capacity, transport, name: see the module docstring.
 
@@ -453,14 +380,14 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     psum_scatter(x, 'i')   # rank 0 sends frame([2]) to rank 1, rank 1 sends frame([10]) to rank 0
     rank 0: 1 + 10 = 11    rank 1: 2 + 20 = 22
   """
-  check_no_groups(axis_index_groups, "psum_scatter")
-  return _collective(_PSUM_SCATTER, x, axis_name, (scatter_dimension, tiled), compress=compress,
-                     capacity=capacity, transport=transport, name=name)
+  return run(_PSUM_SCATTER, x, axis_name, (scatter_dimension, tiled), compress=compress,
+                     capacity=capacity, transport=transport, name=name,
+                     groups=axis_index_groups)
 
 
 def _psum_scatter_params(x, n, axis_name, args):
   scatter_dimension, tiled = args
-  _check_positional(x, "psum_scatter")
+  check_positional(x, "psum_scatter")
   dim = canonical_axis(scatter_dimension, x.ndim, "scatter_dimension", "psum_scatter")
   check_split(x, dim, "scatter_dimension", n, tiled, axis_name, "psum_scatter")
   return (dim, tiled), x.size // n, None
@@ -471,15 +398,17 @@ def _psum_scatter_wire(x, n, params, capacity):
           accounting.sent_bytes("all-to-all", n * capacity, n))
 
 
-def _psum_scatter_lax(x, axis_name, params):
+def _psum_scatter_lax(x, axis_name, params, groups=None):
   dim, tiled = params
-  return lax.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled)
+  return lax.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=tiled,
+                          axis_index_groups=groups)
 
 
-def _reduce_scatter_rows(rows, axis_name, n, call: _Call):
+def _reduce_scatter_rows(rows, axis_name, n, call: Call):
   """rows (n, m) -> this rank's fixed-order sum of row `me` over ranks, (m,)."""
   def raw():
-    return _exchange.raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True), rows)
+    return _exchange.raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True,
+                                                       axis_index_groups=call.groups), rows)
 
   if call.capacity:
     got = _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
@@ -490,9 +419,9 @@ def _reduce_scatter_rows(rows, axis_name, n, call: _Call):
   return _exchange.ordered_sum(got, rows.dtype)
 
 
-def _psum_scatter_impl(call: _Call, x):
+def _psum_scatter_impl(call: Call, x):
   dim, tiled = call.params
-  n = axis_size(call.axis_name, "psum_scatter")
+  n = size_of(call)
   x = vary(x, axes_of(call.axis_name))
   m = x.size // n
   k = x.shape[dim] // n
@@ -504,12 +433,12 @@ def _psum_scatter_impl(call: _Call, x):
   return y if tiled else jnp.squeeze(y, dim)
 
 
-def _psum_scatter_transpose_rule(call: _Call, ct):
+def _psum_scatter_transpose_rule(call: Call, ct):
   dim, tiled = call.params
-  return _transposed(_ALL_GATHER, call, ct, (dim, tiled, "varying"))
+  return transposed(_ALL_GATHER, call, ct, (dim, tiled, "varying"))
 
 
-_PSUM_SCATTER = _Recipe("psum_scatter", "gradient", _psum_scatter_params, _psum_scatter_wire,
+_PSUM_SCATTER = Recipe("psum_scatter", "gradient", _psum_scatter_params, _psum_scatter_wire,
                         _psum_scatter_lax, _psum_scatter_impl, _psum_scatter_transpose_rule)
 
 
@@ -517,7 +446,7 @@ _PSUM_SCATTER = _Recipe("psum_scatter", "gradient", _psum_scatter_params, _psum_
 # psum
 # --------------------------------------------------------------------------- #
 
-def psum(x, axis_name, *, axis_index_groups=None, compress="auto", capacity=None,
+def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
          transport="auto", name=None):
   """Compressed :func:`jax.lax.psum` (all-reduce) with a fixed float32 order.
 
@@ -541,7 +470,8 @@ def psum(x, axis_name, *, axis_index_groups=None, compress="auto", capacity=None
   Args:
     x: array(s) with a mapped axis named ``axis_name``.
     axis_name: a mesh axis name, or a tuple of them.
-    axis_index_groups: must be None.
+    axis_index_groups: passed to ``jax.lax.psum``, which raises ``NotImplementedError`` for
+      them inside ``shard_map``.
     compress, capacity, transport, name: see the module docstring (both
       phases use the same options; the all-gather phase is always padded).
 
@@ -554,9 +484,9 @@ def psum(x, axis_name, *, axis_index_groups=None, compress="auto", capacity=None
     phase 1: rank 0 keeps 1 + 10 = 11, rank 1 keeps 2 + 20 = 22 (frames of one element)
     phase 2: all_gather -> [11, 22] on both ranks
   """
-  check_no_groups(axis_index_groups, "psum")
-  return _collective(_PSUM, x, axis_name, (), compress=compress, capacity=capacity,
-                     transport=transport, name=name)
+  return run(_PSUM, x, axis_name, (), compress=compress, capacity=capacity,
+                     transport=transport, name=name,
+                     groups=axis_index_groups)
 
 
 def _psum_params(x, n, axis_name, args):
@@ -569,11 +499,11 @@ def _psum_wire(x, n, params, capacity):
           + accounting.sent_bytes("all-gather", capacity, n))
 
 
-def _psum_lax(x, axis_name, params):
-  return lax.psum(x, axis_name)
+def _psum_lax(x, axis_name, params, groups=None):
+  return lax.psum(x, axis_name, axis_index_groups=groups)
 
 
-def _gather_sums(red, axis_name, n, call: _Call, invariant):
+def _gather_sums(red, axis_name, n, call: Call, invariant):
   """red (m,) per rank -> (n, m), row s from rank s (padded transport when invariant)."""
   def raw_gather(u):
     return lax.all_gather(u, axis_name, to="invarying" if invariant else "varying")
@@ -586,7 +516,7 @@ def _gather_sums(red, axis_name, n, call: _Call, invariant):
                               raw=lambda: _exchange.raw_bits(raw_gather, red))
 
 
-def _psum_impl(call: _Call, x):
+def _psum_impl(call: Call, x):
   n = axis_size(call.axis_name, "psum")
   x = vary(x, axes_of(call.axis_name))
   size = x.size
@@ -601,18 +531,18 @@ def _psum_impl(call: _Call, x):
   return got.reshape(n * m)[:size].reshape(x.shape)
 
 
-def _psum_transpose_rule(call: _Call, ct):
+def _psum_transpose_rule(call: Call, ct):
   if check_vma_on():  # the result is device-invariant: the transpose is a (free) pcast
     return vary(ct, axes_of(call.axis_name))
-  return _transposed(_PSUM, call, ct, ())
+  return transposed(_PSUM, call, ct, ())
 
 
-def _psum_prepare(call: _Call, x):
+def _psum_prepare(call: Call, x):
   # varying before the linear function, so that its input and the transpose's pcast agree
   return vary(x, axes_of(call.axis_name))
 
 
-_PSUM = _Recipe("psum", "gradient", _psum_params, _psum_wire, _psum_lax, _psum_impl,
+_PSUM = Recipe("psum", "gradient", _psum_params, _psum_wire, _psum_lax, _psum_impl,
                 _psum_transpose_rule, prepare=_psum_prepare)
 
 
@@ -620,7 +550,7 @@ _PSUM = _Recipe("psum", "gradient", _psum_params, _psum_wire, _psum_lax, _psum_i
 # ppermute
 # --------------------------------------------------------------------------- #
 
-def ppermute(x, axis_name, perm, *, compress="auto", capacity=None, transport="auto",
+def ppermute(x, axis_name, perm, *, compress=None, capacity=None, transport="auto",
              name=None):
   """Compressed :func:`jax.lax.ppermute`: same signature, bit-identical result.
 
@@ -660,7 +590,7 @@ def ppermute(x, axis_name, perm, *, compress="auto", capacity=None, transport="a
     rank 0 sends frame(a) to rank 1, rank 1 sends frame(b) to rank 0; then
     rank 0: y = [b0, b1]      rank 1: y = [a0, a1]
   """
-  return _collective(_PPERMUTE, x, axis_name, perm, compress=compress, capacity=capacity,
+  return run(_PPERMUTE, x, axis_name, perm, compress=compress, capacity=capacity,
                      transport=transport, name=name)
 
 
@@ -675,26 +605,70 @@ def _ppermute_wire(x, n, pairs, capacity):
           + accounting.sent_bytes("all-reduce", 4, n))
 
 
-def _ppermute_lax(x, axis_name, pairs):
+def _ppermute_lax(x, axis_name, pairs, groups=None):
   return lax.ppermute(x, axis_name, pairs)
 
 
-def _ppermute_impl(call: _Call, x):
+def _ppermute_impl(call: Call, x):
   axis_name, pairs = call.axis_name, call.params
   n = axis_size(axis_name, "ppermute")
   x = vary(x, axes_of(axis_name))
   record_frames(call.site, "ppermute", lambda: x.reshape(1, x.size))
   if not call.capacity:
-    return _raw_path(call, x, lambda u: lax.ppermute(u, axis_name, pairs))
+    return raw_path(call, x, lambda u: lax.ppermute(u, axis_name, pairs))
   return _exchange.permute_row(
       x, axis_name=axis_name, n=n, perm=pairs, capacity=call.capacity, transport=call.transport,
       site=call.site, raw=lambda: _exchange.raw_bits(lambda u: lax.ppermute(u, axis_name, pairs),
                                                      x))
 
 
-def _ppermute_transpose_rule(call: _Call, ct):
-  return _transposed(_PPERMUTE, call, ct, tuple((d, s) for s, d in call.params))
+def _ppermute_transpose_rule(call: Call, ct):
+  return transposed(_PPERMUTE, call, ct, tuple((d, s) for s, d in call.params))
 
 
-_PPERMUTE = _Recipe("ppermute", "activation", _ppermute_params, _ppermute_wire, _ppermute_lax,
+_PPERMUTE = Recipe("ppermute", "activation", _ppermute_params, _ppermute_wire, _ppermute_lax,
                     _ppermute_impl, _ppermute_transpose_rule)
+
+
+# --------------------------------------------------------------------------- #
+# Derived: pmean, all_gather_invariant
+# --------------------------------------------------------------------------- #
+
+def pmean(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
+          transport="auto", name=None):
+  """Compressed :func:`jax.lax.pmean`: :func:`psum`, then a division by the number of ranks.
+
+  As in ``jax.lax.pmean``, ``psum(x) / n`` with ``n`` the size of ``axis_name`` (a Python
+  int, so the quotient keeps ``x``'s float dtype; integers divide to floats). The sum is
+  :func:`psum`'s documented fixed-order float32 sum, so the bits are the same with and without
+  compression. Same arguments and options as :func:`psum`.
+
+  Example, two devices::
+
+    rank 0: x = [1., 2.]     rank 1: x = [3., 6.]
+    pmean(x, 'i')            # [2., 4.] on both ranks
+  """
+  summed = psum(x, axis_name, axis_index_groups=axis_index_groups, compress=compress,
+                capacity=capacity, transport=transport, name=name)
+  n = lax.psum(1, axis_name, axis_index_groups=axis_index_groups)  # jax.lax's own count
+  return jax.tree_util.tree_map(lambda v: v / n, summed)
+
+
+def all_gather_invariant(x, axis_name, *, axis=0, tiled=False, compress=None, capacity=None,
+                         transport="auto", name=None):
+  """:func:`all_gather` with ``to="invarying"``: a device-invariant result, bit-identical.
+
+  ``jax.lax.all_gather(x, axis_name, to="invarying")`` under its own name (newer jax versions
+  export ``jax.lax.all_gather_invariant``). The transpose is a local slice of the cotangent.
+
+  Example, two devices::
+
+    rank 0: x = [a0, a1]     rank 1: x = [b0, b1]
+    all_gather_invariant(x, 'i', tiled=True)   # [a0, a1, b0, b1], invariant over 'i'
+  """
+  return all_gather(x, axis_name, axis=axis, tiled=tiled, to="invarying", compress=compress,
+                    capacity=capacity, transport=transport, name=name)
+
+
+_recipe.PUBLIC.update(all_to_all=all_to_all, all_gather=all_gather, psum_scatter=psum_scatter,
+                      psum=psum, ppermute=ppermute)

@@ -41,7 +41,7 @@ from jax import lax
 
 from zipccl_jax import _exchange, _ragged, accounting, strategy
 from zipccl_jax import format as fmt
-from zipccl_jax._shard import axes_of, axis_size, call_site, check_no_groups, vary_together
+from zipccl_jax._shard import axes_of, axis_size, call_site, vary_together
 from zipccl_jax.capacity import split_capacity
 from zipccl_jax.observation import record_frames
 
@@ -108,7 +108,9 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     2 rows from rank 0 at 0 and 1 of its own at 2:
     rank 0: result = [1, 3, 0, 0]     rank 1: result = [2, 2, 4, 0]
   """
-  check_no_groups(axis_index_groups, _OP)
+  if axis_index_groups is not None:  # sent uncompressed, as the other collectives send groups
+    return _ragged.exchange(operand, output, input_offsets, send_sizes, output_offsets,
+                            recv_sizes, axis_name=axis_name, axis_index_groups=axis_index_groups)
   fwd_cap, bwd_cap = split_capacity(capacity)
   return _ragged_call(operand, output, (input_offsets, send_sizes, output_offsets, recv_sizes),
                       axis_name=axis_name, compress=compress, capacity=fwd_cap,

@@ -449,10 +449,6 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
                   role=role, capacity=cap, transport=transport, compress=mode,
                   raw_reason=reason)
 
-  if compress is True and not coded:
-    raise TypeError(
-        f"zipccl_jax.{op}: compress=True but x has dtype {dt.name}; the codec supports "
-        f"{fmt.SUPPORTED_NAMES} (use compress='auto' to send other dtypes raw)")
   if raw_reason is not None:
     return Plan(False, reason=raw_reason, decision=log(compress, reason=raw_reason))
   if compress is False:

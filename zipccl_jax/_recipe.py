@@ -1,0 +1,122 @@
+"""The path every collective shares: plan, record, and bind a linear function.
+
+A collective is a `Recipe` (how to check its arguments, count its bytes, run it raw or coded and
+transpose it); `run` applies one to every leaf of an operand. Calls that have no wire of ours
+(`_shard.lax_only_reason`: axes not manual, symbolic shapes, reduced/unreduced operands) go to
+``jax.lax`` as called; every other call is planned (`strategy.plan`), recorded
+(`accounting.record`) and bound as a linear function (`_linear.linear`) whose transpose is the
+recipe's named transpose rule, so jvp, grad, vmap and transposition all run the compressed
+collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from zipccl_jax import _exchange, accounting, defaults, hierarchical, strategy
+from zipccl_jax._linear import linear
+from zipccl_jax._shard import axis_size, call_site, check_groups, lax_only_reason, tree_apply
+from zipccl_jax.capacity import CODED_DTYPES, split_capacity
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """The static parameters of one traced collective call (what its rules need)."""
+  op: str
+  axis_name: Any
+  params: tuple           # the op's own static arguments (see each _xx_params)
+  capacity: int           # bytes per chunk, 0 for the raw path
+  transport: str
+  site: str
+  backward: tuple         # (compress, capacity) of the transposed collective
+  groups: tuple | None = None  # axis_index_groups (raw bits; ranks are positions in a group)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """One collective: how to check its arguments, count its bytes, run it and transpose it."""
+  op: str
+  role: str                                    # forward role: "activation" or "gradient"
+  params: Callable    # (x, n, axis_name, args) -> (params, chunk_elems, raw_reason)
+  wire: Callable      # (x, n, params, capacity) -> (raw bytes, coded bytes) one device sends
+  lax_fn: Callable    # (x, axis_name, params, groups) -> the jax.lax collective as called
+  impl: Callable      # (call, x) -> y
+  transpose: Callable  # (call, ct) -> x_ct
+  # a call planned raw for a `raw_reason` goes straight to jax.lax (all_gather to="reduced": a
+  # reduced result has no zipccl path); otherwise it takes the raw path below (bits, counted)
+  lax_when_forced_raw: bool = False
+  prepare: Callable = lambda call, x: x  # (call, x) -> x, applied outside the linear function
+
+
+# The public collectives by op name, filled in by collectives.py (which imports this module):
+# the two-level algorithms of `hierarchical` run them phase by phase.
+PUBLIC: dict[str, Callable] = {}
+
+
+def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, name,
+                role=None, groups=None):
+  """Plans, records and runs `recipe` on every leaf of `x` (role: None = the recipe's)."""
+  compress, capacity = defaults.resolve(compress, capacity)
+  fwd_cap, bwd_cap = split_capacity(capacity)
+  site = call_site(recipe.op, name)
+  role = role or recipe.role
+
+  def leaf(x, site):
+    x = jnp.asarray(x)
+    if lax_only_reason(x, axis_name) or (groups is not None and recipe.op == "psum"):
+      return recipe.lax_fn(x, axis_name, args, groups)  # no wire of ours: jax.lax as called
+    grp = check_groups(groups, axis_name, recipe.op)
+    n = len(grp[0]) if grp else axis_size(axis_name, recipe.op)
+    if n == 1:  # nothing crosses a wire: jax.lax's result, checks and types as they are
+      return recipe.lax_fn(x, axis_name, args, groups)
+    params, m, raw_reason = recipe.params(x, n, axis_name, args)
+    if grp and raw_reason is None:
+      raw_reason = "axis_index_groups"
+    if not grp and (lp := hierarchical.plan(recipe.op, x, axis_name, params, compress, fwd_cap,
+                                            site, role)):
+      return hierarchical.run(lp, x, params, PUBLIC, capacity=fwd_cap, transport=transport)
+    p = strategy.plan(recipe.op, x.dtype, m, axis_size=n, compress=compress, capacity=fwd_cap,
+                      role=role, site=site, axis_name=axis_name, transport=transport,
+                      raw_reason=raw_reason)
+    raw_b, wire_b = recipe.wire(x, n, params, p.capacity)
+    accounting.record(site, recipe.op, x, n, p, raw_b, wire_b)
+    lax_direct = raw_reason and raw_reason != "axis_index_groups" and recipe.lax_when_forced_raw
+    if np.dtype(x.dtype) not in CODED_DTYPES or lax_direct:
+      return recipe.lax_fn(x, axis_name, params, grp)
+    call = Call(recipe.op, axis_name, params, p.capacity if p.compress else 0,
+                 p.transport or transport, site, (compress, bwd_cap), grp)
+    x = recipe.prepare(call, x)
+    return linear(functools.partial(recipe.impl, call), functools.partial(recipe.transpose, call),
+                  x)
+
+  return tree_apply(leaf, x, site)
+
+
+def size_of(call: Call) -> int:
+  """Ranks taking part in `call`: its group's size, or the axis size."""
+  return len(call.groups[0]) if call.groups else axis_size(call.axis_name, call.op)
+
+
+def transposed(recipe: Recipe, call: Call, ct, args):
+  """The compressed `recipe` on the cotangent `ct`: the gradient role, site `<site>/bwd`."""
+  compress, capacity = call.backward
+  return run(recipe, ct, call.axis_name, args, compress=compress, capacity=capacity,
+                     transport=call.transport, name=call.site + "/bwd", role="gradient",
+                     groups=call.groups)
+
+
+def raw_path(call: Call, x, lax_fn):
+  """The uncoded path of a coded dtype (compress=False or auto deciding raw): bits via jax.lax."""
+  accounting.count(call.site, jnp.bool_(False))
+  return _exchange.raw_bits(lax_fn, x)
+
+
+def check_positional(x, api):
+  if x.ndim == 0:
+    raise ValueError(f"zipccl_jax.{api}: x must have at least one positional axis")
