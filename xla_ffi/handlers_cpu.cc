@@ -42,9 +42,9 @@ ffi::Error EncodeImpl(ffi::AnyBuffer x, ffi::RemainingArgs extra, bool checksum,
                       ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::AnyBuffer> nbytes) try {
   zipccl::ffi_operands::EncodeCall call{};
-  if (ffi::Error e = zipccl::ffi_operands::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
-  const uint8_t* skip = nullptr;
-  if (ffi::Error e = zipccl::ffi_operands::CheckEncodeSkip(extra, *nbytes, &skip); e.failure()) return e;
+  if (ffi::Error e = zipccl::ffi_operands::CheckEncode(x, extra, *payload, *nbytes, &call); e.failure())
+    return e;
+  const uint8_t* skip = call.skip;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   const uint64_t w = uint64_t(zipccl::ElemBytes(dtype));
@@ -95,13 +95,10 @@ void FillRejected(uint8_t* row, uint64_t n, uint64_t w, uint8_t dtype) {
 ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
                       ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra_rets) try {
   zipccl::ffi_operands::DecodeCall call{};
-  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, *out, &call); e.failure()) return e;
-  const uint8_t* skip = nullptr;
-  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeSkip(extra, payload, &skip); e.failure()) return e;
-  int32_t* status = nullptr;
-  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeStatus(extra_rets, call.frames, &status);
-      e.failure())
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, extra, *out, extra_rets, &call); e.failure())
     return e;
+  const uint8_t* skip = call.skip;
+  int32_t* status = call.status;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
@@ -139,16 +136,7 @@ ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCpu, EncodeImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()           // x
-                                  .RemainingArgs()                 // optional skip: bool/u8, nbytes' shape
-                                  .Attr<bool>("checksum")
-                                  .Ret<ffi::Buffer<ffi::U8>>()     // payload
-                                  .Ret<ffi::AnyBuffer>());         // nbytes
+                              zipccl::ffi_operands::BindEncode(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCpu, DecodeImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::U8>>()     // payload
-                                  .RemainingArgs()                 // optional skip: bool/u8, payload dims[:-1]
-                                  .Ret<ffi::AnyBuffer>()           // out
-                                  .RemainingRets());               // optional int32 status
+                              zipccl::ffi_operands::BindDecode(ffi::Ffi::Bind()));

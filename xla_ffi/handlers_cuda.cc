@@ -172,9 +172,8 @@ ffi::Error EncodeImpl(CUstream_st* stream, DeviceScratch scratch, ffi::AnyBuffer
                       ffi::Result<ffi::Buffer<ffi::U8>> payload,
                       ffi::Result<ffi::AnyBuffer> nbytes) {
   zipccl::ffi_operands::EncodeCall call{};
-  if (ffi::Error e = zipccl::ffi_operands::CheckEncode(x, *payload, *nbytes, &call); e.failure()) return e;
-  const uint8_t* skip = nullptr;
-  if (ffi::Error e = zipccl::ffi_operands::CheckEncodeSkip(extra, *nbytes, &skip); e.failure()) return e;
+  if (ffi::Error e = zipccl::ffi_operands::CheckEncode(x, extra, *payload, *nbytes, &call); e.failure())
+    return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
@@ -188,7 +187,7 @@ ffi::Error EncodeImpl(CUstream_st* stream, DeviceScratch scratch, ffi::AnyBuffer
   ffi::ErrorOr<uint8_t*> s = scratch.Allocate(L.scratch_bytes, "zipccl encode");
   if (s.has_error()) return s.error();
   int err = zipccl::cuda::EncodeAsync(x.untyped_data(), dtype, checksum, payload->typed_data(), cap,
-                                      nbytes->untyped_data(), call.nbytes64, skip, L,
+                                      nbytes->untyped_data(), call.nbytes64, call.skip, L,
                                       s.value(), stream);
   return Finish(err ? CudaError("zipccl encode: kernel launch", err) : ffi::Error::Success(),
                 scratch);
@@ -198,12 +197,7 @@ ffi::Error DecodeImpl(CUstream_st* stream, DeviceScratch scratch,
                       ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra_args,
                       ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra) {
   zipccl::ffi_operands::DecodeCall call{};
-  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, *out, &call); e.failure()) return e;
-  const uint8_t* skip = nullptr;
-  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeSkip(extra_args, payload, &skip); e.failure())
-    return e;
-  int32_t* status = nullptr;
-  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeStatus(extra, call.frames, &status); e.failure())
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, extra_args, *out, extra, &call); e.failure())
     return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
@@ -214,7 +208,7 @@ ffi::Error DecodeImpl(CUstream_st* stream, DeviceScratch scratch,
   ffi::ErrorOr<uint8_t*> s = scratch.Allocate(L.scratch_bytes, "zipccl decode");
   if (s.has_error()) return s.error();
   int err = zipccl::cuda::DecodeAsync(payload.typed_data(), cap, dtype, out->untyped_data(),
-                                      status, skip, L, s.value(), stream);
+                                      call.status, call.skip, L, s.value(), stream);
   return Finish(err ? CudaError("zipccl decode: kernel launch", err) : ffi::Error::Success(),
                 scratch);
 }
@@ -222,20 +216,13 @@ ffi::Error DecodeImpl(CUstream_st* stream, DeviceScratch scratch,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCuda, EncodeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<CUstream_st*>>()
-                                  .Ctx<DeviceScratch>()
-                                  .Arg<ffi::AnyBuffer>()           // x
-                                  .RemainingArgs()                 // optional skip: bool/u8, nbytes' shape
-                                  .Attr<bool>("checksum")
-                                  .Ret<ffi::Buffer<ffi::U8>>()     // payload
-                                  .Ret<ffi::AnyBuffer>());         // nbytes
+                              zipccl::ffi_operands::BindEncode(
+                                  ffi::Ffi::Bind()
+                                      .Ctx<ffi::PlatformStream<CUstream_st*>>()
+                                      .Ctx<DeviceScratch>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCuda, DecodeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<CUstream_st*>>()
-                                  .Ctx<DeviceScratch>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()     // payload
-                                  .RemainingArgs()                 // optional skip: bool/u8, payload dims[:-1]
-                                  .Ret<ffi::AnyBuffer>()           // out
-                                  .RemainingRets());               // optional int32 status
+                              zipccl::ffi_operands::BindDecode(
+                                  ffi::Ffi::Bind()
+                                      .Ctx<ffi::PlatformStream<CUstream_st*>>()
+                                      .Ctx<DeviceScratch>()));

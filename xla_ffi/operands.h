@@ -1,11 +1,13 @@
-// Operand checks shared by the CPU and CUDA FFI handlers: the batched-frame
-// layout (last payload dimension = per-frame capacity, leading dimensions =
-// frames) and the dtype mapping. Header-only; included by both compilers.
+// What the CPU and CUDA FFI handlers share: the bindings of the two custom
+// calls and their operand checks (the batched-frame layout: last payload
+// dimension = per-frame capacity, leading dimensions = frames; the dtype
+// mapping; the optional skip operand and status result). Header-only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "codec/format.h"
 #include "xla/ffi/api/ffi.h"
@@ -36,6 +38,27 @@ constexpr char kSupportedDTypeNames[] =
     "bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, "
     "float8_e4m3b11fnuz, float8_e4m3, float8_e3m4, float8_e8m0fnu";
 
+// The custom calls' operands, attribute and results, in the order jax.ffi.ffi_call
+// passes them (zipccl_jax/codec.py), after the platform context `b` already
+// binds: one description of each call for its CPU and CUDA handlers.
+template <class Binding>
+auto BindEncode(Binding&& b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()        // x
+      .RemainingArgs()                       // optional skip: bool/u8, nbytes' shape
+      .template Attr<bool>("checksum")
+      .template Ret<ffi::Buffer<ffi::U8>>()  // payload
+      .template Ret<ffi::AnyBuffer>();       // nbytes: int32 or int64
+}
+template <class Binding>
+auto BindDecode(Binding&& b) {
+  return std::move(b)
+      .template Arg<ffi::Buffer<ffi::U8>>()  // payload
+      .RemainingArgs()                       // optional skip: bool/u8, payload dims[:-1]
+      .template Ret<ffi::AnyBuffer>()        // out
+      .RemainingRets();                      // optional int32 status
+}
+
 inline ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument(msg); }
 
 // What one encode call codes: `frames` frames of `n` elements of `dtype`,
@@ -43,11 +66,12 @@ inline ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidAr
 struct EncodeCall {
   uint8_t dtype;
   uint64_t frames, n, cap_bytes;
-  bool nbytes64;  // nbytes is int64 (else int32)
+  bool nbytes64;                  // nbytes is int64 (else int32)
+  const uint8_t* skip = nullptr;  // [frames] flags (CheckSkip) or null
 };
 
-inline ffi::Error CheckEncode(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::U8>& payload,
-                              const ffi::AnyBuffer& nbytes, EncodeCall* call) {
+inline ffi::Error CheckEncodeShapes(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::U8>& payload,
+                                    const ffi::AnyBuffer& nbytes, EncodeCall* call) {
   call->dtype = DTypeCode(x.element_type());
   if (call->dtype == kDTypeInvalid)
     return Invalid(std::string("zipccl encode: x has an unsupported dtype; supported: ") + kSupportedDTypeNames);
@@ -74,10 +98,12 @@ inline ffi::Error CheckEncode(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::U8
 struct DecodeCall {
   uint8_t dtype;
   uint64_t frames, n, cap_bytes;
+  const uint8_t* skip = nullptr;  // [frames] flags (CheckSkip) or null
+  int32_t* status = nullptr;      // [frames] (CheckDecodeStatus) or null
 };
 
-inline ffi::Error CheckDecode(const ffi::Buffer<ffi::U8>& payload, const ffi::AnyBuffer& out,
-                              DecodeCall* call) {
+inline ffi::Error CheckDecodeShapes(const ffi::Buffer<ffi::U8>& payload, const ffi::AnyBuffer& out,
+                                    DecodeCall* call) {
   call->dtype = DTypeCode(out.element_type());
   if (call->dtype == kDTypeInvalid)
     return Invalid(std::string("zipccl decode: unsupported output dtype; supported: ") + kSupportedDTypeNames);
@@ -169,6 +195,23 @@ inline ffi::Error CheckDecodeStatus(const ffi::RemainingRets& extra, uint64_t fr
     return Invalid("zipccl decode: the status result must have one int32 per frame");
   *status = (*st)->typed_data();
   return ffi::Error::Success();
+}
+
+// Every operand and result of an encode / decode call, in the order the
+// handlers report errors: dtypes and shapes, then skip, then status.
+inline ffi::Error CheckEncode(const ffi::AnyBuffer& x, const ffi::RemainingArgs& extra,
+                              const ffi::Buffer<ffi::U8>& payload, const ffi::AnyBuffer& nbytes,
+                              EncodeCall* call) {
+  if (ffi::Error e = CheckEncodeShapes(x, payload, nbytes, call); e.failure()) return e;
+  return CheckEncodeSkip(extra, nbytes, &call->skip);
+}
+
+inline ffi::Error CheckDecode(const ffi::Buffer<ffi::U8>& payload, const ffi::RemainingArgs& extra,
+                              const ffi::AnyBuffer& out, const ffi::RemainingRets& extra_rets,
+                              DecodeCall* call) {
+  if (ffi::Error e = CheckDecodeShapes(payload, out, call); e.failure()) return e;
+  if (ffi::Error e = CheckDecodeSkip(extra, payload, &call->skip); e.failure()) return e;
+  return CheckDecodeStatus(extra_rets, call->frames, &call->status);
 }
 
 }  // namespace zipccl::ffi_operands
