@@ -242,6 +242,29 @@ TEST(no_gpu_context_is_an_error_not_a_crash) {
   CHECK_EQ(ctx.allocations, uint64_t(0));
 }
 
+TEST(no_stream_is_an_error_before_any_allocation) {
+  XLA_FFI_ExecutionContext ctx;
+  ctx.stream = nullptr;
+  zipccl_test::Array x = Frames(kBF16, 1, 100, 2);
+  Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(100, kBF16), false);
+  CHECK(!e.outcome.ok);
+  CHECK(e.outcome.message.find("GPU stream is not available") != std::string::npos) << e.outcome.message;
+  CHECK_EQ(ctx.allocations, uint64_t(0));
+}
+
+TEST(no_allocator_reports_xlas_message) {
+  XLA_FFI_ExecutionContext ctx;
+  ctx.allocator = false;
+  zipccl_test::Array x = Frames(kF32, 1, 3000, 2);
+  Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kF32), false);
+  CHECK(!e.outcome.ok);
+  CHECK(e.outcome.message.find("zipccl encode") != std::string::npos) << e.outcome.message;
+  CHECK(e.outcome.message.find("No device memory allocator available") != std::string::npos)
+      << e.outcome.message;
+  CHECK_EQ(ctx.allocations, uint64_t(0));
+  ExpectClean(ctx, "no allocator");
+}
+
 TEST(bad_operands_fail_before_any_allocation) {
   XLA_FFI_ExecutionContext ctx;
   std::vector<int32_t> x(64);

@@ -1,11 +1,13 @@
 // A mock of XLA's FFI API (XLA_FFI_Api) for calling FFI handlers without XLA, enforcing what XLA's
 // implementation (xla/ffi/ffi_api.cc) enforces where our handlers touch it:
-//   - XLA_FFI_DeviceMemory_Allocate: a GPU context is required; the alignment must be a power of two
-//     <= 16, else InvalidArgument "Unsupported alignment: N" (kMaxAlignment there); allocation can fail
-//     (a byte budget stands in for the device's memory). The block handed out is 16-byte aligned and no
-//     more (an offset of 16 from a 256-aligned base), filled with garbage, and ASan-poisoned around it.
-//   - XLA_FFI_DeviceMemory_Free: the pointer must be live and the size the allocated one.
-//   - XLA_FFI_Stream_Get: the stream comes from the context; none without a GPU context.
+//   - XLA_FFI_DeviceMemory_Allocate: a GPU context with an allocator is required; the alignment must be
+//     a power of two <= 16, else InvalidArgument "Unsupported alignment: N" (kMaxAlignment there);
+//     allocation can fail (a byte budget stands in for the device's memory). The block handed out is
+//     16-byte aligned and no more (an offset of 16 from a 256-aligned base: XLA does not pass the
+//     alignment on to its allocator), filled with garbage, and ASan-poisoned around it.
+//   - XLA_FFI_DeviceMemory_Free: a GPU context with an allocator is required; the pointer must be live
+//     and the size the allocated one.
+//   - XLA_FFI_Stream_Get: the stream comes from the context; none without a GPU context or stream.
 //   - Struct sizes of the argument structs are checked like ActualStructSizeIsGreaterOrEqual.
 //   - Every other API entry is refused and recorded as a violation.
 // Invoke() builds the call frame XLA builds (EXECUTE stage, attributes sorted by name), calls the
@@ -42,8 +44,9 @@ struct XLA_FFI_Error {
 };
 
 struct XLA_FFI_ExecutionContext {
-  bool gpu = true;  // a GPU backend context: Stream_Get and DeviceMemory_* need one
-  CUstream_st* stream = reinterpret_cast<CUstream_st*>(uintptr_t(0x5EED0));
+  bool gpu = true;        // a GPU backend context: Stream_Get and DeviceMemory_* need one
+  bool allocator = true;  // the GPU context has a device memory allocator: DeviceMemory_* need it
+  CUstream_st* stream = reinterpret_cast<CUstream_st*>(uintptr_t(0x5EED0));  // null: none
   uint64_t budget_bytes = ~0ull;  // what the allocator can still hand out
   struct Block {
     uint8_t* base;
@@ -77,8 +80,15 @@ inline void ErrorDestroy(XLA_FFI_Error_Destroy_Args* a) { delete a->error; }
 inline XLA_FFI_Error* StreamGet(XLA_FFI_Stream_Get_Args* a) {
   if (XLA_FFI_Error* e = CheckSize("XLA_FFI_Stream_Get", XLA_FFI_Stream_Get_Args_STRUCT_SIZE, a)) return e;
   if (!a->ctx->gpu) return Err(XLA_FFI_Error_Code_UNIMPLEMENTED, "XLA FFI GPU context is not available");
+  if (a->ctx->stream == nullptr)
+    return Err(XLA_FFI_Error_Code_UNIMPLEMENTED, "XLA FFI GPU stream is not available");
   a->stream = a->ctx->stream;
   return nullptr;
+}
+
+inline XLA_FFI_Error* NoAllocator(const XLA_FFI_ExecutionContext* c) {
+  if (c->allocator) return nullptr;
+  return Err(XLA_FFI_Error_Code_UNIMPLEMENTED, "No device memory allocator available on this platform");
 }
 
 inline XLA_FFI_Error* Allocate(XLA_FFI_DeviceMemory_Allocate_Args* a) {
@@ -87,6 +97,7 @@ inline XLA_FFI_Error* Allocate(XLA_FFI_DeviceMemory_Allocate_Args* a) {
     return e;
   XLA_FFI_ExecutionContext* c = a->ctx;
   if (!c->gpu) return Err(XLA_FFI_Error_Code_INVALID_ARGUMENT, "XLA FFI GPU context is not available");
+  if (XLA_FFI_Error* e = NoAllocator(c)) return e;
   c->max_alignment = std::max(c->max_alignment, a->alignment);
   const size_t al = a->alignment;
   if (al == 0 || (al & (al - 1)) != 0 || al > 16)
@@ -113,6 +124,8 @@ inline XLA_FFI_Error* Free(XLA_FFI_DeviceMemory_Free_Args* a) {
                                    XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE, a))
     return e;
   XLA_FFI_ExecutionContext* c = a->ctx;
+  if (!c->gpu) return Err(XLA_FFI_Error_Code_UNIMPLEMENTED, "XLA FFI GPU context is not available");
+  if (XLA_FFI_Error* e = NoAllocator(c)) return e;
   auto it = c->live.find(a->data);
   if (it == c->live.end()) {
     c->violations.push_back("free of a pointer that is not a live allocation");
