@@ -405,5 +405,25 @@ ZIPCCL_HD uint64_t BlockOffsetInFrame(const uint64_t* offsets, uint64_t nb, uint
   return kFrameHeaderBytes + nb * kDirEntryBytes + (offsets[g] - offsets[f * nb]);
 }
 
+// ---- Kernel shapes ------------------------------------------------------------------
+// A kernel is a struct with kName, kBlockThreads, Params, Shared and a static
+// Run(cta, shared, params) template (cuda_launch.cuh launches it). These bases
+// give the parts most kernels have in common.
+struct NoShared {
+  struct Shared {
+    int unused;  // a __shared__ variable cannot have an empty type
+  };
+};
+// One thread per item (a frame or a block) in CTAs of kItemThreads.
+template <class P>
+struct PerItemKernel : NoShared {
+  static constexpr int kBlockThreads = kItemThreads;
+  using Params = P;
+  // This thread's item; past the last one in the grid's last CTA.
+  template <class Cta>
+  ZIPCCL_HD static uint64_t Item(const Cta& cta) {
+    return cta.block() * kItemThreads + cta.tid();
+  }
+};
 
 }  // namespace zipccl::cuda

@@ -15,16 +15,11 @@ namespace zipccl::cuda {
 //    the checksum (XXH32 is sequential by definition: ~1-2 GB/s per frame).
 //    A skipped frame is not read: it gets kSkippedKey, which keeps the block
 //    decoder away from it and makes the poison kernel write zeros.
-struct FrameCheckKernel {
+struct FrameCheckKernel : PerItemKernel<DecodeParams> {
   static constexpr const char* kName = "zipccl_frame_check";
-  static constexpr int kBlockThreads = kItemThreads;
-  using Params = DecodeParams;
-  struct Shared {
-    int unused;
-  };
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t f = cta.block() * kItemThreads + cta.tid();
+    const uint64_t f = Item(cta);
     if (f >= p.frames) return;
     const uint8_t* in = p.payload + f * p.cap;
     unsigned long long key = kNoError;
@@ -48,16 +43,11 @@ struct FrameCheckKernel {
 // 2. Directory gather: one thread per block copies its directory entry (0 if
 //    the payload cannot hold it; such a frame fails its header check anyway;
 //    0 without reading it for a skipped frame).
-struct DirKernel {
+struct DirKernel : PerItemKernel<DecodeParams> {
   static constexpr const char* kName = "zipccl_dir";
-  static constexpr int kBlockThreads = kItemThreads;
-  using Params = DecodeParams;
-  struct Shared {
-    int unused;
-  };
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t g = cta.block() * kItemThreads + cta.tid();
+    const uint64_t g = Item(cta);
     if (g > p.total) return;
     if (g == p.total) {
       p.sizes[g] = 0;
@@ -328,13 +318,10 @@ struct DecodeBlockKernel {
 //    a decode error cannot pass silently (the status output, when requested,
 //    says why); those of a skipped frame to zero. One CTA per block.
 template <typename T>
-struct PoisonKernel {
+struct PoisonKernel : NoShared {
   static constexpr const char* kName = "zipccl_poison";
   static constexpr int kBlockThreads = kThreads;
   using Params = DecodeParams;
-  struct Shared {
-    int unused;
-  };
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
     const uint64_t g = cta.block();
@@ -349,16 +336,11 @@ struct PoisonKernel {
 
 // 6. Status (only when the caller asked for it): int32 per frame, 0 or the
 //    Status code of format.h.
-struct StatusKernel {
+struct StatusKernel : PerItemKernel<DecodeParams> {
   static constexpr const char* kName = "zipccl_status";
-  static constexpr int kBlockThreads = kItemThreads;
-  using Params = DecodeParams;
-  struct Shared {
-    int unused;
-  };
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t f = cta.block() * kItemThreads + cta.tid();
+    const uint64_t f = Item(cta);
     if (f >= p.frames) return;
     const unsigned long long key = p.ferr[f] < p.berr[f] ? p.ferr[f] : p.berr[f];
     p.status[f] = KeyStatus(key);

@@ -297,16 +297,11 @@ struct WriteKernel {
 // 5. Finish: one thread per frame writes the frame header (or, on overflow,
 //    the header alone with frame_bytes = the size needed), the optional
 //    checksum, and the frame size (0 and no header for a skipped frame).
-struct FinishEncodeKernel {
+struct FinishEncodeKernel : PerItemKernel<EncodeParams> {
   static constexpr const char* kName = "zipccl_finish";
-  static constexpr int kBlockThreads = kItemThreads;
-  using Params = EncodeParams;
-  struct Shared {
-    int unused;
-  };
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t f = cta.block() * kItemThreads + cta.tid();
+    const uint64_t f = Item(cta);
     if (f >= p.frames) return;
     if (Skipped(p, f)) {
       if (p.nbytes64)
@@ -337,14 +332,11 @@ struct FinishEncodeKernel {
 //    TilesPerFrame(cap) CTAs per frame, each zeroing its kTileBytes of the row
 //    with 16-byte stores (byte stores only for the up to 15 bytes at each end
 //    of the range, whose alignment is arbitrary: rows start at f * cap).
-struct ZeroTailKernel {
+struct ZeroTailKernel : NoShared {
   static constexpr const char* kName = "zipccl_zero_tail";
   static constexpr int kBlockThreads = kThreads;
   static constexpr uint64_t kTileBytes = 16 * uint64_t(kThreads) * 4;  // 16 KB per CTA
   using Params = EncodeParams;
-  struct Shared {
-    int unused;
-  };
   ZIPCCL_HD static uint64_t TilesPerFrame(uint64_t cap) { return CeilDiv(cap, kTileBytes); }
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
