@@ -294,6 +294,23 @@ struct DecodeLayout {
   uint64_t scratch_bytes;
 };
 
+// Reserves `bytes` at offset *at and returns that offset; *at moves to the
+// next aligned start.
+inline uint64_t CarveSection(uint64_t* at, uint64_t bytes) {
+  const uint64_t off = *at;
+  *at = AlignUp(off + bytes, kScratchAlign);
+  return off;
+}
+// The sections both layouts end with: the block sizes and their prefix sums
+// ([total + 1] each) and CUB's temporary storage for the scan.
+template <class Layout>
+void CarveScanSections(uint64_t* at, uint64_t cub_bytes, Layout* L) {
+  L->sizes_off = CarveSection(at, (L->total + 1) * sizeof(uint64_t));
+  L->offsets_off = CarveSection(at, (L->total + 1) * sizeof(uint64_t));
+  L->cub_off = CarveSection(at, cub_bytes);
+  L->cub_bytes = cub_bytes;
+}
+
 inline EncodeLayout MakeEncodeLayout(uint64_t frames, uint64_t n, uint64_t cub_bytes) {
   EncodeLayout L{};
   L.frames = frames;
@@ -302,17 +319,10 @@ inline EncodeLayout MakeEncodeLayout(uint64_t frames, uint64_t n, uint64_t cub_b
   L.total = frames * L.nb;
   if (L.total == 0) return L;  // only frame headers: no scratch
   uint64_t at = 0;
-  L.stats_off = at;
-  at = AlignUp(at + L.total * sizeof(BlockStats), kScratchAlign);
-  L.plans_off = at;
-  at = AlignUp(at + L.total * sizeof(BlockPlan), kScratchAlign);
-  L.sizes_off = at;
-  at = AlignUp(at + (L.total + 1) * sizeof(uint64_t), kScratchAlign);
-  L.offsets_off = at;
-  at = AlignUp(at + (L.total + 1) * sizeof(uint64_t), kScratchAlign);
-  L.cub_off = at;
-  L.cub_bytes = cub_bytes;
-  L.scratch_bytes = AlignUp(at + cub_bytes, kScratchAlign);
+  L.stats_off = CarveSection(&at, L.total * sizeof(BlockStats));
+  L.plans_off = CarveSection(&at, L.total * sizeof(BlockPlan));
+  CarveScanSections(&at, cub_bytes, &L);
+  L.scratch_bytes = at;
   return L;
 }
 
@@ -323,19 +333,9 @@ inline DecodeLayout MakeDecodeLayout(uint64_t frames, uint64_t n, uint64_t cub_b
   L.nb = NumBlocks(n);
   L.total = frames * L.nb;
   uint64_t at = 0;
-  L.ferr_off = at;
-  at = AlignUp(at + frames * sizeof(unsigned long long), kScratchAlign);
-  L.berr_off = at;
-  at = AlignUp(at + frames * sizeof(unsigned long long), kScratchAlign);
-  if (L.total) {
-    L.sizes_off = at;
-    at = AlignUp(at + (L.total + 1) * sizeof(uint64_t), kScratchAlign);
-    L.offsets_off = at;
-    at = AlignUp(at + (L.total + 1) * sizeof(uint64_t), kScratchAlign);
-    L.cub_off = at;
-    L.cub_bytes = cub_bytes;
-    at = AlignUp(at + cub_bytes, kScratchAlign);
-  }
+  L.ferr_off = CarveSection(&at, frames * sizeof(unsigned long long));
+  L.berr_off = CarveSection(&at, frames * sizeof(unsigned long long));
+  if (L.total) CarveScanSections(&at, cub_bytes, &L);
   L.scratch_bytes = at;
   return L;
 }
