@@ -67,7 +67,7 @@ def _run(exe: Path) -> subprocess.CompletedProcess:
 def test_cuda_handlers_keep_xlas_ffi_contract():
   r = _run(_binary())
   assert r.returncode == 0, r.stdout + r.stderr
-  assert "12 tests, 0 failed checks" in r.stdout, r.stdout
+  assert "13 tests, 0 failed checks" in r.stdout, r.stdout
   assert "[FAIL]" not in r.stdout
 
 

@@ -15,6 +15,7 @@
 #endif
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,10 @@ using xla_ffi_mock::Outcome;
 namespace emulated = zipccl::cuda::emulated;
 
 XLA_FFI_DataType FfiType(uint8_t dtype) {
-  return dtype == kBF16 ? XLA_FFI_DataType_BF16 : dtype == kF16 ? XLA_FFI_DataType_F16 : XLA_FFI_DataType_F32;
+  return dtype == kBF16                ? XLA_FFI_DataType_BF16
+         : dtype == kF16               ? XLA_FFI_DataType_F16
+         : dtype == zipccl::kF8E4M3FN ? XLA_FFI_DataType_F8E4M3FN
+                                       : XLA_FFI_DataType_F32;
 }
 
 // Frames of n elements each, concatenated: gaussian with zeros, so every block mode occurs.
@@ -230,6 +234,54 @@ TEST(old_driver_fails_naming_both_versions) {
     CHECK(e.outcome.message.find(part) != std::string::npos) << part << " in: " << e.outcome.message;
   CHECK_EQ(ctx.allocations, uint64_t(0));
   ExpectClean(ctx, "driver");
+}
+
+// Damaged frames through the decode handler on the emulated kernels, under ASan: each payload buffer is
+// exactly the readable bytes (a heap block of that size), so a kernel reading past them is reported; each
+// frame gets the CPU driver's verdict, and its row the CPU's decoded bits or the rejected-frame fill.
+TEST(damaged_frames_get_the_cpu_verdict_and_no_read_past_the_payload) {
+  std::mt19937 rng(11);
+  for (uint8_t dtype : {uint8_t(kBF16), uint8_t(kF32), uint8_t(zipccl::kF8E4M3FN)}) {
+    const uint64_t n = 70000, w = uint64_t(zipccl::ElemBytes(dtype));  // a HUFF block and a short one
+    zipccl_test::Array x = Gaussian(w == 1 ? kBF16 : dtype, n, 21, 1.0f, 0.3);
+    if (w == 1) {  // one-byte floats: the bfloat16's sign and high exponent bits, so that blocks are HUFF
+      zipccl_test::Array b = MakeArray(dtype, n);
+      for (uint64_t i = 0; i < n; ++i) SetElem(b, i, GetElem(x, i) >> 8);
+      x = b;
+    }
+    const std::vector<uint8_t> good = Encode(x, false);
+    CHECK(good.size() < n * w) << DTypeName(dtype) << ": the frame should have HUFF blocks";
+    for (int trial = 0; trial < 24; ++trial) {
+      std::vector<uint8_t> frame = good;
+      const int kind = trial % 3;
+      if (kind == 0) {  // a bit flip in the first 300 bytes: header, directory, block header, table
+        frame[rng() % 300] ^= uint8_t(1u << (rng() % 8));
+      } else if (kind == 1) {  // a random byte anywhere
+        frame[rng() % frame.size()] = uint8_t(rng());
+      } else {  // truncation: within the header, directory and first block header, or anywhere
+        frame.resize(rng() % (trial % 2 ? 64 : frame.size()));
+      }
+      frame = std::vector<uint8_t>(frame.begin(), frame.end());  // a heap block of exactly the bytes left
+      const uint64_t cap = frame.size();
+      std::vector<uint8_t> want(n * w);
+      const zipccl::Status st = zipccl::cpu::DecodeFrame(frame.data(), cap, dtype, n, want.data()).status;
+      std::vector<uint8_t> out(n * w, 0xCD);
+      std::vector<int32_t> status(1, -1);
+      XLA_FFI_ExecutionContext ctx;
+      Outcome o = Invoke(ZipcclDecodeCuda, ctx, {{XLA_FFI_DataType_U8, {1, int64_t(cap)}, frame.data()}},
+                         {{FfiType(dtype), {1, int64_t(n)}, out.data()},
+                          {XLA_FFI_DataType_S32, {1}, status.data()}},
+                         {});
+      CHECK(o.ok) << o.message;
+      ExpectClean(ctx, "damaged decode");
+      CHECK_EQ(status[0], int(st)) << DTypeName(dtype) << " trial " << trial;
+      if (st != zipccl::kOk) {
+        const uint32_t fill = zipccl::RejectedFillBits(dtype);
+        for (uint64_t i = 0; i < n * w; i += w) std::memcpy(want.data() + i, &fill, w);
+      }
+      CHECK(out == want) << DTypeName(dtype) << " trial " << trial << ": status " << st;
+    }
+  }
 }
 
 // What ffi_api.cc refuses without a GPU context, a stream or an allocator comes back as the handler's error
