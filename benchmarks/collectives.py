@@ -43,7 +43,6 @@ import importlib
 import importlib.util
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -508,16 +507,10 @@ def launch(args) -> list[dict]:
     rates = _netns.parse_rates(args.rates)
     if args.no_netns and any(r is not None for r in rates):
         raise SystemExit("--no-netns runs on the unshaped host loopback; use --rates unshaped")
-    ns = None
-    tmp = _netns.make_tempdir("zccl_bench_")
-    workers = None
-    ok = False
-    try:
+    with _netns.run_dir("zccl_bench_", args.keep_logs) as (tmp, held):
+        ns = None
         if not args.no_netns:
-            try:
-                ns = _netns.NetNS()
-            except _netns.NetNSError as e:
-                raise SystemExit(f"error: {e}") from None
+            ns = held.enter_context(_netns.open_netns(_netns.NetNS))
             ns.set_rate(rates[0])
         port = WORKER_PORT if ns is not None else _netns.free_port()
         ctl = _netns.ControlDir(tmp / "ctl")
@@ -539,35 +532,22 @@ def launch(args) -> list[dict]:
                  for i in range(args.nproc)]
         where = f"netns {ns.name}" if ns else "host loopback (no namespace)"
         print(f"launching {args.nproc} workers in {where}; logs in {tmp}", flush=True)
-        workers = _netns.Workers(argvs, netns=ns, logdir=tmp, env=env, timeout_s=args.timeout, cwd=str(REPO))
-        records: list[dict] = []
-        for k, rate in enumerate(rates):
-            if ns is not None:
-                ns.set_rate(rate)
-            mbps = _netns.measure_loopback_MBps(ns, nbytes=args.link_probe_mb << 20) if args.link_probe_mb else None
-            print(f"phase {k}: {_netns.rate_label(rate)}"
-                  + (f", loopback TCP measured {mbps:.0f} MB/s" if mbps else ""), flush=True)
-            ctl.go(k, {"rate_gbit": rate, "link_MBps": mbps})
-            ctl.wait_done(k, args.nproc, workers)
+        workers = held.enter_context(_netns.Workers(argvs, netns=ns, logdir=tmp, env=env, timeout_s=args.timeout,
+                                                    cwd=str(REPO)))
+
+        def finish(recs: list[dict]) -> list[dict]:
             load = os.getloadavg()[0]  # the machine is shared: record how busy it was
-            for rec in json.loads((ctl.path / f"results_{k}.json").read_text()):
+            for rec in recs:
                 rec.update(derived(rec))
                 rec["loadavg_1min"] = load
                 rec["allocator"] = allocator
-                records.append(rec)
-        ctl.stop()
-        workers.wait()
-        ok = True
-        return records
-    except _netns.WorkerFailed as e:
-        raise SystemExit(f"error: {e}\n(worker logs kept in {tmp})") from None
-    finally:
-        if workers is not None:
-            workers.kill()
-        if ns is not None:
-            ns.close()
-        if ok and not args.keep_logs:
-            shutil.rmtree(tmp, ignore_errors=True)
+            return recs
+
+        def probe():
+            return _netns.measure_loopback_MBps(ns, nbytes=args.link_probe_mb << 20) if args.link_probe_mb else None
+
+        return _netns.sweep(ctl, workers, args.nproc, rates, ns.set_rate if ns else None, probe,
+                            "loopback TCP measured", finish)
 
 
 def parse_args(argv=None):
