@@ -164,6 +164,12 @@ _DEFAULT_EXPECTED_RATIO = {
 }
 
 
+def _fields(model) -> dict:
+  """A model's fields (plain dataclasses of scalars) as a dict: dataclasses.asdict without its deep copies
+  and per-call field introspection (fingerprint() runs once per traced collective)."""
+  return dict(vars(model))
+
+
 def np_dtype(name):
   """The numpy dtype of a dtype name ("bfloat16" included)."""
   if hasattr(ml_dtypes, str(name)):  # bfloat16 and the float8 family
@@ -271,22 +277,28 @@ class Profile:
     return float(r)
 
   # ---- serialisation ----------------------------------------------------- #
-  def to_dict(self) -> dict:
+  def _decisive(self) -> dict:
+    """Everything that can change a decision (all but ``meta``) as JSON data; the ratio tables are the
+    profile's own dicts, not copies (fingerprint() runs on every collective's decision: no deep copies)."""
     return {
         "version": PROFILE_VERSION,
         "platform": self.platform,
-        "links": {ak: {ck: dataclasses.asdict(m) for ck, m in tab.items()}
-                  for ak, tab in self.links.items()},
-        "codec": {p: {d: dataclasses.asdict(m) for d, m in tab.items()}
-                  for p, tab in self.codec.items()},
-        "capacity_ratio": copy.deepcopy(self.capacity_ratio),
-        "expected_ratio": copy.deepcopy(self.expected_ratio),
-        "sites": {s: dataclasses.asdict(o) for s, o in self.sites.items()},
+        "links": {ak: {ck: _fields(m) for ck, m in tab.items()} for ak, tab in self.links.items()},
+        "codec": {p: {d: _fields(m) for d, m in tab.items()} for p, tab in self.codec.items()},
+        "capacity_ratio": self.capacity_ratio,
+        "expected_ratio": self.expected_ratio,
+        "sites": {s: _fields(o) for s, o in self.sites.items()},
         "margin": self.margin,
         "min_gain": self.min_gain,
         "fallback_risk": self.fallback_risk,
-        "meta": copy.deepcopy(self.meta),
     }
+
+  def to_dict(self) -> dict:
+    d = self._decisive()
+    for table in ("capacity_ratio", "expected_ratio"):
+      d[table] = copy.deepcopy(d[table])
+    d["meta"] = copy.deepcopy(self.meta)
+    return d
 
   @classmethod
   def from_dict(cls, d: dict) -> "Profile":
@@ -336,9 +348,7 @@ class Profile:
 
   def fingerprint(self) -> str:
     """A short hash of everything that can change a decision (not ``meta``)."""
-    d = self.to_dict()
-    d.pop("meta", None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(self._decisive(), sort_keys=True).encode()).hexdigest()[:16]
 
   def copy(self) -> "Profile":
     return Profile.from_dict(self.to_dict())
