@@ -247,3 +247,28 @@ def test_run_dir_tears_down_and_keeps_logs_of_a_failed_run():
             raise _netns.WorkerFailed("worker 1 died")
     assert closed[-1] == "workers" and tmp.exists() and str(tmp) in str(e.value)
     tmp.rmdir()
+
+
+def test_spreads_reproduce_the_stored_ratios():
+    """spreads.py recomputes the README's ratios from the stored per-repetition times: its ratio of medians must
+    be the one the benchmark recorded (to the 1 us rounding of the stored times), and its bracket comes from the
+    same repetitions."""
+    import re
+
+    import spreads
+
+    def ratio(row, what):
+        m = re.search(rf"{what} (\d+\.\d+) \[(\d+\.\d+)-(\d+\.\d+)\]", row)
+        assert m, row
+        return float(m.group(1))
+
+    recs = json.loads((BENCH / "results" / "collectives.json").read_text())
+    rows = spreads.collectives_rows(recs)
+    assert len(rows) == len(recs)
+    for rec, row in zip(recs, rows):
+        assert abs(ratio(row, "compressed") - rec["compressed_over_best_raw"]) <= 2e-3, (row, rec)
+    res = json.loads((BENCH / "results" / "train_step_4p.json").read_text())
+    rows = spreads.train_step_rows(res)
+    assert len(rows) == len(res["summary"]) == 4
+    for summ, row in zip(res["summary"], rows):
+        assert abs(ratio(row, "uncompressed / compressed") - summ["speedup_vs_uncompressed"]) <= 1e-3, (row, summ)
