@@ -498,6 +498,20 @@ class ControlDir:
         self._atomic_write(f"done_{k}_{rank}", "")
 
 
+def worker_phases(ctl: ControlDir, rank: int, timeout_s: float, barrier, run_phase) -> None:
+    """The worker's side of `sweep`: for every phase the launcher starts, `run_phase(go payload)` returns the
+    phase's records, which rank 0 writes for the launcher; then a barrier and this rank's done mark. Returns when
+    the launcher stops the run."""
+    k = 0
+    while (go := ctl.wait_go(k, timeout_s=timeout_s)) is not None:
+        records = run_phase(go)
+        if rank == 0:
+            (ctl.path / f"results_{k}.json").write_text(json.dumps(records))
+        barrier()
+        ctl.done(k, rank)
+        k += 1
+
+
 def measure_loopback_MBps(netns: NetNS | None, nbytes: int = 16 << 20, timeout_s: float = 30.0) -> float | None:
     """TCP throughput over 127.0.0.1 inside the namespace (MB/s), with a small python sender/receiver."""
     code = r"""

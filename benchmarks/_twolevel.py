@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -187,20 +186,14 @@ def worker_mesh(args) -> None:
         prepared.append((case, gx, vs))
         log(f"prepared {coll}:{case[1]} global {gx.shape} {gx.dtype} variants {sorted(vs)}")
 
-    k = 0
-    while True:
-        go = ctl.wait_go(k, timeout_s=args.phase_timeout)
-        if go is None:
-            break
+    def phase(go) -> list[dict]:
         prof, calib_error = _calibrate(zc, mesh, log)
         records = []
         for case, gx, vs in prepared:
             records += _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log)
-        if rank == 0:
-            (Path(args.ctl) / f"results_{k}.json").write_text(json.dumps(records))
-        barrier()
-        ctl.done(k, rank)
-        k += 1
+        return records
+
+    _netns.worker_phases(ctl, rank, args.phase_timeout, barrier, phase)
     jax.distributed.shutdown()
 
 
