@@ -306,20 +306,21 @@ def _in_situ(prof: Profile, h: _Harness, dname: str, raw_sent: int, role: str, s
   k_meas = t_c - lk.time(sent_bytes("all_to_all", float(n * cap), n))
   cm, _ = prof.codec_model(dt, plat)
   k_iso = cm.encode_time(raw_b) + cm.decode_time(raw_b)
-  # As fit_bounded: a codec cost within the repetitions' spread (or below zero, the link model taking all the
-  # time) is not measured, and scaling every codec model by it would be a figure fitted to noise.
+  # As fit_bounded: a codec cost within the repetitions' spread (or below zero, the link model taking
+  # all the time) is not measured, and scaling every codec model by it would fit noise.
   resolved = k_iso > 0 and k_meas > 2 * noise + _MIN_FIT_TIME_S
   factor = float(min(16.0, max(0.25, k_meas / k_iso))) if resolved else 1.0
   scaled = {d: CodecModel(c.encode_Bps / factor, c.decode_Bps / factor,
                           c.encode_overhead_s * factor, c.decode_overhead_s * factor)
             for d, c in prof.codec.get(plat, {}).items()}
-  applied = resolved and all(_in_bounds(c) for c in scaled.values())  # else the isolated models stay
+  applied = resolved and all(_in_bounds(c) for c in scaled.values())  # else isolated models stay
   if applied:
     prof.codec[plat] = scaled
   return {"dtype": dt.name, "chunk_elems": m, "capacity": cap, "compressed_a2a_s": t_c,
-          "spread_s": noise, "codec_measured_s": k_meas, "codec_isolated_s": k_iso, "factor": factor,
-          "applied": applied,
-          "note": "scaled" if applied else ("out of bounds" if resolved else "codec cost within the spread")}
+          "spread_s": noise, "codec_measured_s": k_meas, "codec_isolated_s": k_iso,
+          "factor": factor, "applied": applied,
+          "note": ("scaled" if applied else "out of bounds" if resolved
+                   else "codec cost within the spread")}
 
 
 def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = True,

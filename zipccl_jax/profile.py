@@ -115,11 +115,9 @@ class SiteObservation:
 
   def merge(self, other: "SiteObservation") -> "SiteObservation":
     if (other.dtype, other.chunk_elems) != (self.dtype, self.chunk_elems):
-      # a site traced with another shape: keep the larger ratio, scaled to our chunk
-      mine, theirs = self.max_ratio, other.max_ratio
-      if theirs <= mine:
-        return self
-      return dataclasses.replace(other)
+      # a site traced with another shape: keep the observation with the larger ratio
+      # (observed_capacity scales a ratio to the chunk it is asked about)
+      return self if other.max_ratio <= self.max_ratio else dataclasses.replace(other)
     return SiteObservation(self.op, self.dtype, self.chunk_elems,
                            max(self.max_frame_bytes, other.max_frame_bytes),
                            self.frames + other.frames,
@@ -165,8 +163,8 @@ _DEFAULT_EXPECTED_RATIO = {
 
 
 def _fields(model) -> dict:
-  """A model's fields (plain dataclasses of scalars) as a dict: dataclasses.asdict without its deep copies
-  and per-call field introspection (fingerprint() runs once per traced collective)."""
+  """A model's fields (plain dataclasses of scalars) as a dict: dataclasses.asdict without its deep
+  copies and field introspection (fingerprint() runs once per traced collective)."""
   return dict(vars(model))
 
 
@@ -278,8 +276,8 @@ class Profile:
 
   # ---- serialisation ----------------------------------------------------- #
   def _decisive(self) -> dict:
-    """Everything that can change a decision (all but ``meta``) as JSON data; the ratio tables are the
-    profile's own dicts, not copies (fingerprint() runs on every collective's decision: no deep copies)."""
+    """Everything that can change a decision (all but ``meta``) as JSON data; the ratio tables are
+    the profile's own dicts, not copies (fingerprint() runs on every collective's decision)."""
     return {
         "version": PROFILE_VERSION,
         "platform": self.platform,
