@@ -36,6 +36,7 @@ import threading
 import ml_dtypes
 import numpy as np
 
+from zipccl_jax import format as fmt
 from zipccl_jax.capacity import EXPECTED_RATIO
 
 __all__ = [
@@ -46,9 +47,8 @@ __all__ = [
 _LOG = logging.getLogger("zipccl_jax.strategy")
 
 PROFILE_VERSION = 1
-_FP8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-              "float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4", "float8_e8m0fnu")
-_DTYPE_NAMES = ("bfloat16", "float16", "float32") + _FP8_NAMES
+_FP8_NAMES = tuple(dt.name for dt in fmt.FP8_DTYPES)
+_DTYPE_NAMES = tuple(dt.name for dt in fmt.SUPPORTED_DTYPES)
 
 # --------------------------------------------------------------------------- #
 # Models
