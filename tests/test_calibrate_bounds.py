@@ -8,7 +8,7 @@ from jax.sharding import Mesh
 
 import zipccl_jax
 from zipccl_jax import calibration
-from zipccl_jax.calibration import BANDWIDTH_BOUNDS_BPS, LATENCY_BOUNDS_S, fit_bounded
+from zipccl_jax.calibration import fit_bounded
 from zipccl_jax.profile import CodecModel, LinkModel
 
 
@@ -35,13 +35,14 @@ def test_fit_bounded_reports_unmeasurable_outside_bounds(xs, ts, what):
   assert lk is None and note.startswith(f"unmeasurable: {what}"), note
 
 
-def _in_bounds(prof):
-  lo, hi = BANDWIDTH_BOUNDS_BPS
-  for tab in prof.links.values():
-    for lk in tab.values():
-      assert lo <= lk.bandwidth_Bps <= hi and LATENCY_BOUNDS_S[0] <= lk.latency_s <= LATENCY_BOUNDS_S[1], lk
-  for tab in prof.codec.values():
-    assert all(calibration._in_bounds(c) for c in tab.values()), tab
+def test_out_of_bounds_names_every_bad_model():
+  p = zipccl_jax.Profile()
+  p.links = {"a": {"*": LinkModel(1e-4, 1e8), "psum": LinkModel(0.5, 1e8)}, "*": {"*": LinkModel(0.0, 3e27)}}
+  p.codec = {"cpu": {"bfloat16": CodecModel(1e9, 1e9), "float32": CodecModel(1e3, 1e9)}}
+  assert [v.split(" = ")[0] for v in calibration.out_of_bounds(p)] == [
+      "link[a][psum]", "link[*][*]", "codec[cpu][float32]"]
+  p.links, p.codec = {"a": {"*": LinkModel(1e-4, 1e8)}}, {"cpu": {"bfloat16": CodecModel(1e9, 1e9)}}
+  assert calibration.out_of_bounds(p) == []
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")
@@ -58,7 +59,7 @@ def test_calibrate_measures_each_level_of_a_tuple():
       note = fits[f"link[{ak}]/{coll}"]
       assert note == "fit" or note.startswith(("throughput bound", "unmeasurable")), note
       assert (coll in prof.links.get(ak, {})) == (not note.startswith("unmeasurable"))
-  _in_bounds(prof)
+  assert calibration.out_of_bounds(prof) == []
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")

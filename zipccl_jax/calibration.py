@@ -88,6 +88,16 @@ def _in_bounds(c: CodecModel) -> bool:
                   for o in (c.encode_overhead_s, c.decode_overhead_s)))
 
 
+def out_of_bounds(prof: Profile) -> list[str]:
+  """Every link and codec model of `prof` outside BANDWIDTH_BOUNDS_BPS / LATENCY_BOUNDS_S, named
+  (what calibrate() must never return; benchmarks/calibrate_stress.py counts them under load)."""
+  (lo, hi), (llo, lhi) = BANDWIDTH_BOUNDS_BPS, LATENCY_BOUNDS_S
+  bad = [f"link[{ak}][{coll}] = {lk}" for ak, tab in prof.links.items() for coll, lk in tab.items()
+         if not (lo <= lk.bandwidth_Bps <= hi and llo <= lk.latency_s <= lhi)]
+  return bad + [f"codec[{plat}][{d}] = {c}" for plat, tab in prof.codec.items()
+                for d, c in tab.items() if not _in_bounds(c)]
+
+
 def _time_all(jobs: list, reps: int, warmup: int, barrier=None) -> dict[str, list]:
   """Seconds of every repetition per job ``(name, fn, args)``; jobs are interleaved rep by rep.
 
