@@ -13,6 +13,7 @@ Used by ``benchmarks/collectives.py`` and ``benchmarks/train_step.py``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -497,6 +498,20 @@ class ControlDir:
         self._atomic_write(f"done_{k}_{rank}", "")
 
 
+def worker_phases(ctl: ControlDir, rank: int, timeout_s: float, barrier, run_phase) -> None:
+    """The worker's side of `sweep`: for every phase the launcher starts, `run_phase(go payload)` returns the
+    phase's records, which rank 0 writes for the launcher; then a barrier and this rank's done mark. Returns when
+    the launcher stops the run."""
+    k = 0
+    while (go := ctl.wait_go(k, timeout_s=timeout_s)) is not None:
+        records = run_phase(go)
+        if rank == 0:
+            (ctl.path / f"results_{k}.json").write_text(json.dumps(records))
+        barrier()
+        ctl.done(k, rank)
+        k += 1
+
+
 def measure_loopback_MBps(netns: NetNS | None, nbytes: int = 16 << 20, timeout_s: float = 30.0) -> float | None:
     """TCP throughput over 127.0.0.1 inside the namespace (MB/s), with a small python sender/receiver."""
     code = r"""
@@ -556,3 +571,48 @@ def measure_fabric_MBps(fabric: Fabric, src: int = 0, dst: int = 1, nbytes: int 
 
 def make_tempdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+@contextlib.contextmanager
+def run_dir(prefix: str, keep_logs: bool):
+    """``with run_dir(prefix, keep) as (tmp, held):`` a log directory, and an ExitStack that tears down what
+    the run enters into it (namespaces, then Workers: the workers are killed first) however the run ends.
+
+    A worker's failure ends the run with SystemExit naming the logs, which are kept; after a clean run they are
+    deleted unless `keep_logs`.
+    """
+    tmp = make_tempdir(prefix)
+    try:
+        with contextlib.ExitStack() as held:
+            yield tmp, held
+    except WorkerFailed as e:
+        raise SystemExit(f"error: {e}\n(worker logs kept in {tmp})") from None
+    if not keep_logs:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def open_netns(make):
+    """``make()`` (a NetNS or Fabric constructor), its NetNSError turned into SystemExit."""
+    try:
+        return make()
+    except NetNSError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def sweep(ctl: ControlDir, workers: Workers, n_workers: int, rates, set_rate, probe, probe_label: str,
+          finish) -> list[dict]:
+    """The launcher's side of a run, one phase per rate: shape the link (`set_rate`, None when unshaped),
+    measure it (`probe()`: MB/s or None), start phase k, wait for the `n_workers` workers, then `finish(records)`
+    completes the records rank 0 wrote. Stops the workers at the end and returns every phase's records."""
+    records: list[dict] = []
+    for k, rate in enumerate(rates):
+        if set_rate is not None:
+            set_rate(rate)
+        mbps = probe()
+        print(f"phase {k}: {rate_label(rate)}" + (f", {probe_label} {mbps:.0f} MB/s" if mbps else ""), flush=True)
+        ctl.go(k, {"rate_gbit": rate, "link_MBps": mbps})
+        ctl.wait_done(k, n_workers, workers)
+        records += finish(json.loads((ctl.path / f"results_{k}.json").read_text()))
+    ctl.stop()
+    workers.wait()
+    return records

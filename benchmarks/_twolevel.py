@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -188,20 +186,14 @@ def worker_mesh(args) -> None:
         prepared.append((case, gx, vs))
         log(f"prepared {coll}:{case[1]} global {gx.shape} {gx.dtype} variants {sorted(vs)}")
 
-    k = 0
-    while True:
-        go = ctl.wait_go(k, timeout_s=args.phase_timeout)
-        if go is None:
-            break
+    def phase(go) -> list[dict]:
         prof, calib_error = _calibrate(zc, mesh, log)
         records = []
         for case, gx, vs in prepared:
             records += _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log)
-        if rank == 0:
-            (Path(args.ctl) / f"results_{k}.json").write_text(json.dumps(records))
-        barrier()
-        ctl.done(k, rank)
-        k += 1
+        return records
+
+    _netns.worker_phases(ctl, rank, args.phase_timeout, barrier, phase)
     jax.distributed.shutdown()
 
 
@@ -311,15 +303,10 @@ def launch_mesh(args) -> list[dict]:
     if args.no_netns and any(r is not None for r in rates):
         raise SystemExit("--no-netns runs on the unshaped host loopback; use --rates unshaped")
     allocator, preload = _netns.resolve_allocator(args.allocator, measuring=not args.no_netns)
-    tmp = _netns.make_tempdir("zccl_mesh_")
-    fabric = workers = None
-    ok = False
-    try:
+    with _netns.run_dir("zccl_mesh_", args.keep_logs) as (tmp, held):
+        fabric = None
         if not args.no_netns:
-            try:
-                fabric = _netns.Fabric(h)
-            except _netns.NetNSError as e:
-                raise SystemExit(f"error: {e}") from None
+            fabric = held.enter_context(_netns.open_netns(lambda: _netns.Fabric(h)))
             fabric.set_rate(rates[0])
             hosts = [fabric.address(i) for i in range(h)]
             port = PORT
@@ -338,35 +325,20 @@ def launch_mesh(args) -> list[dict]:
         print(f"launching {h} processes x {l} devices "
               f"({'fabric ' + fabric.switch if fabric else 'host loopback, no namespaces'}); logs in {tmp}",
               flush=True)
-        workers = _netns.Workers(argvs, netns=fabric, logdir=tmp, env=env, timeout_s=args.timeout,
-                                 cwd=str(Path(script).parent.parent))
-        records: list[dict] = []
-        for k, rate in enumerate(rates):
-            if fabric is not None:
-                fabric.set_rate(rate)
-            mbps = (_netns.measure_fabric_MBps(fabric, nbytes=args.link_probe_mb << 20)
-                    if fabric is not None and h > 1 and args.link_probe_mb else None)
-            print(f"phase {k}: {_netns.rate_label(rate)}" + (f", host-to-host TCP {mbps:.0f} MB/s" if mbps else ""),
-                  flush=True)
-            ctl.go(k, {"rate_gbit": rate, "link_MBps": mbps})
-            ctl.wait_done(k, h, workers)
-            recs = json.loads((ctl.path / f"results_{k}.json").read_text())
+        workers = held.enter_context(_netns.Workers(argvs, netns=fabric, logdir=tmp, env=env,
+                                                    timeout_s=args.timeout, cwd=str(Path(script).parent.parent)))
+
+        def finish(recs: list[dict]) -> list[dict]:
             for rec in recs:
                 rec["allocator"] = allocator
                 if allocator != "tcmalloc":
                     rec["allocator_warning"] = _netns.GLIBC_WARNING
             derive(recs)
-            records += recs
-        ctl.stop()
-        workers.wait()
-        ok = True
-        return records
-    except _netns.WorkerFailed as e:
-        raise SystemExit(f"error: {e}\n(worker logs kept in {tmp})") from None
-    finally:
-        if workers is not None:
-            workers.kill()
-        if fabric is not None:
-            fabric.close()
-        if ok and not args.keep_logs:
-            shutil.rmtree(tmp, ignore_errors=True)
+            return recs
+
+        def probe():
+            return (_netns.measure_fabric_MBps(fabric, nbytes=args.link_probe_mb << 20)
+                    if fabric is not None and h > 1 and args.link_probe_mb else None)
+
+        return _netns.sweep(ctl, workers, h, rates, fabric.set_rate if fabric else None, probe,
+                            "host-to-host TCP", finish)

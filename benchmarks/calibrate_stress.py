@@ -27,21 +27,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 SMALL = dict(link_bytes=(16 << 10, 256 << 10), codec_bytes=(32 << 10, 256 << 10))
 
 
-def _violations(prof, calibration) -> list[str]:
-    lo, hi = calibration.BANDWIDTH_BOUNDS_BPS
-    llo, lhi = calibration.LATENCY_BOUNDS_S
-    bad = []
-    for ak, tab in prof.links.items():
-        for coll, lk in tab.items():
-            if not (lo <= lk.bandwidth_Bps <= hi and llo <= lk.latency_s <= lhi):
-                bad.append(f"link[{ak}][{coll}] = {lk}")
-    for plat, tab in prof.codec.items():
-        for d, c in tab.items():
-            if not calibration._in_bounds(c):
-                bad.append(f"codec[{plat}][{d}] = {c}")
-    return bad
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=10, help="calibrations per size set")
@@ -71,7 +56,7 @@ def main(argv=None) -> int:
             for i in range(args.runs):
                 t0 = time.perf_counter()
                 prof = zipccl_jax.calibrate(mesh, axes, profile=zipccl_jax.Profile(), activate=False, **kw)
-                bad = _violations(prof, calibration)
+                bad = calibration.out_of_bounds(prof)
                 fits = prof.meta["calibration"]["fits"]
                 runs.append({"sizes": sizes_name, "run": i, "seconds": time.perf_counter() - t0,
                                           "loadavg_1min": os.getloadavg()[0], "violations": bad,

@@ -43,7 +43,6 @@ import importlib
 import importlib.util
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -198,211 +197,240 @@ def build_codec_fn(coll: str, nproc: int, codec, capacity_fn):
     return roundtrip, sizes
 
 
-def worker_main(args) -> None:
-    import jax
-    import numpy as np
+class _Worker:
+    """One worker process: jax.distributed over all workers, the mesh ("x",) of one CPU device per process, and
+    the helpers every case uses."""
 
-    jax.config.update("jax_platforms", "cpu")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.nproc,
-                               process_id=args.rank, initialization_timeout=120)
-    from jax.experimental import multihost_utils
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    def __init__(self, args):
+        import jax
+        import numpy as np
 
-    rank, nproc = args.rank, args.nproc
-    assert jax.local_device_count() == 1, f"expected one CPU device per process, got {jax.local_devices()}"
-    ctl = _netns.ControlDir(Path(args.ctl))
-    mesh = jax.make_mesh((nproc,), ("x",))
-    shard = NamedSharding(mesh, P("x"))
-    local_dev = jax.local_devices()[0]
+        jax.config.update("jax_platforms", "cpu")
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.nproc,
+                                   process_id=args.rank, initialization_timeout=120)
+        from jax.experimental import multihost_utils
+        from jax.sharding import NamedSharding, PartitionSpec as P
 
-    def sm(body):
-        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+        self.jax, self.np, self.allgather = jax, np, multihost_utils.process_allgather
+        self.args, self.rank, self.nproc = args, args.rank, args.nproc
+        assert jax.local_device_count() == 1, f"expected one CPU device per process, got {jax.local_devices()}"
+        self.mesh = jax.make_mesh((self.nproc,), ("x",))
+        self.shard, self.spec = NamedSharding(self.mesh, P("x")), P("x")
+        self.local_dev = jax.local_devices()[0]
+        self.zc = None  # zipccl_jax, when its codec and HLO accounting load (load_impls)
 
-    def glob(a):
-        return jax.make_array_from_process_local_data(shard, a)
+    def sm(self, body):
+        return self.jax.jit(self.jax.shard_map(body, mesh=self.mesh, in_specs=self.spec, out_specs=self.spec))
 
-    def log(*a):
-        if rank == 0:
+    def glob(self, a):
+        return self.jax.make_array_from_process_local_data(self.shard, a)
+
+    def log(self, *a):
+        if self.rank == 0:
             print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
-    impl = codec = zc = None
+    def start_barrier(self) -> None:
+        """First cross-process collective: a modest all_to_all (never start with a tiny psum_scatter)."""
+        jax, np = self.jax, self.np
+        warm = self.sm(lambda v: jax.lax.all_to_all(v, "x", 0, 0, tiled=True))
+        warm(self.glob(np.zeros((self.nproc, 16384), np.float32))).block_until_ready()
+        self._bar = (self.sm(lambda v: jax.lax.psum(v, "x")), self.glob(np.ones((1,), np.float32)))
+
+    def barrier(self) -> None:
+        fn, x = self._bar
+        fn(x).block_until_ready()
+
+    def anywhere(self, flag: bool) -> bool:
+        return bool(self.allgather(self.np.array([flag])).any())
+
+    def hlo_bytes(self, compiled, fallback=False):
+        if self.zc is None:
+            return None
+        return int(self.zc.hlo_wire_bytes(compiled.as_text(), include_fallback=fallback, num_devices=self.nproc))
+
+
+def _load_impls(w: _Worker):
+    """(the compressed implementation or None, why not, zipccl_jax.codec or None); sets w.zc."""
+    impl = codec = None
     impl_error = None
     try:
-        impl = importlib.import_module(args.compressed_impl)
+        impl = importlib.import_module(w.args.compressed_impl)
         for name in ("all_to_all", "all_gather", "psum_scatter"):
             getattr(impl, name)
     except Exception as e:  # noqa: BLE001 - report, do not hide: records carry the reason
-        impl, impl_error = None, f"{args.compressed_impl}: {type(e).__name__}: {e}"
-        log("compressed path unavailable:", impl_error)
+        impl, impl_error = None, f"{w.args.compressed_impl}: {type(e).__name__}: {e}"
+        w.log("compressed path unavailable:", impl_error)
     try:
         zc = importlib.import_module("zipccl_jax")
         codec = importlib.import_module("zipccl_jax.codec")
         codec.encode_frames, codec.decode_frames, zc.hlo_wire_bytes, zc.padded_capacity  # noqa: B018
+        w.zc = zc
     except Exception as e:  # noqa: BLE001
-        codec = zc = None
-        log("zipccl_jax codec/collectives unavailable (no codec_s, no HLO wire bytes):", type(e).__name__, e)
-    # compress="auto" is timed whenever the compressed implementation loads.
-    time_auto = impl is not None
+        codec = None
+        w.log("zipccl_jax codec/collectives unavailable (no codec_s, no HLO wire bytes):", type(e).__name__, e)
+    return impl, impl_error, codec
 
-    # First cross-process collective: a modest all_to_all (never start with a tiny psum_scatter).
-    warm = sm(lambda v: jax.lax.all_to_all(v, "x", 0, 0, tiled=True))
-    warm(glob(np.zeros((nproc, 16384), np.float32))).block_until_ready()
-    bar_fn = sm(lambda v: jax.lax.psum(v, "x"))
-    bar_in = glob(np.ones((1,), np.float32))
 
-    def barrier():
-        bar_fn(bar_in).block_until_ready()
+def _codec_info(w: _Worker, coll: str, x, codec, margin: float, info: dict):
+    """Frame sizes, overflow and the calibrated capacity of one case into `info`; returns (the codec alone at
+    the capacity the coded path runs with, the calibrated capacity)."""
+    np = w.np
+    roundtrip, sizes = build_codec_fn(coll, w.nproc, codec, w.zc.padded_capacity)
+    lx = w.jax.device_put(x, w.local_dev)
+    cap, nb = sizes(lx)
+    nb = np.asarray(nb).astype(np.int64)
+    info["frame_capacity"] = int(cap)
+    info["codec_bytes_local"] = int(nb.sum())
+    # an overflowing chunk sends every rank down the raw fallback (compressed_s then includes it)
+    info["overflow"] = w.anywhere(bool((nb > cap).any()))
+    # per-call-site capacity calibrated from the observed frame sizes (all ranks), plus a margin
+    biggest = int(w.allgather(np.array([nb.max()])).max())
+    calibrated = -(-int(biggest * (1 + margin)) // 8) * 8
+    info["calibrated_capacity"] = calibrated
+    # codec alone at the capacity the coded path runs with (the calibrated one if the default overflows)
+    codec_fn = roundtrip(calibrated if info["overflow"] else int(cap))
+    codec_fn(lx).block_until_ready()
+    return codec_fn, calibrated
 
-    def short(e):
-        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
-    def hlo_bytes(compiled, fallback=False):
-        if zc is None:
-            return None
-        return int(zc.hlo_wire_bytes(compiled.as_text(), include_fallback=fallback, num_devices=nproc))
+def _prepare_case(w: _Worker, case, impl, codec, zs, auto_prof):
+    """(case, x, gx, fns, codec_fn, info) of one case: its variants compiled, their HLO wire bytes, and the
+    coded results checked bit for bit once."""
+    np = w.np
+    coll, payload, tensor, dtype, _ = case
+    x = load_payload(case, w.rank, w.nproc, w.args.corpus, w.args.max_elems)
+    gx = w.glob(x)
+    info = {"errors": {}}
+    codec_fn, calibrated = None, None
+    if codec is not None and dtype in ("bfloat16", "float32"):
+        codec_fn, calibrated = _codec_info(w, coll, x, codec, w.args.calibration_margin, info)
+    bodies = build_fns(coll, w.nproc, impl, calibrated)
+    if auto_prof is not None and "auto" in bodies:  # per-call-site capacity from observed frame sizes
+        auto_prof.sites = {}
+        with zs.observe(auto_prof):
+            w.sm(bodies["auto"])(gx).block_until_ready()
+        info["auto_body"], info["auto_sites"] = bodies["auto"], dict(auto_prof.sites)
+    fns = {}
+    for name, body in bodies.items():
+        f = w.sm(body)
+        compiled = f.lower(gx).compile()
+        info[f"wire_{name}"] = w.hlo_bytes(compiled)
+        if name in ("compressed", "auto", "calibrated"):
+            info[f"wire_{name}_fallback"] = w.hlo_bytes(compiled, fallback=True)
+        fns[name] = f
+    # Correctness, once: the compressed result against the same data movement on bits, or (psum_scatter)
+    # against compress=False, which performs the same documented fixed-order reduction.
+    for name in ("compressed", "calibrated"):
+        if name in fns:
+            a = np.asarray(fns[name](gx).addressable_data(0))
+            b = np.asarray(fns["raw_bits" if coll != "psum_scatter" else "uncompressed"](gx).addressable_data(0))
+            info[f"bit_identical_{name}"] = not w.anywhere(not np.array_equal(a.view(np.uint8), b.view(np.uint8)))
+    w.log(f"prepared {coll}:{payload} per-rank {x.shape} {dtype} variants {sorted(fns)}"
+          f"{' +codec' if codec_fn else ''}")
+    return case, x, gx, fns, codec_fn, info
 
-    def anywhere(flag: bool) -> bool:
-        return bool(multihost_utils.process_allgather(np.array([flag])).any())
 
-    # compress="auto": zipccl_jax.calibrate measures link and codec at every rate (all ranks at once, agreed), and
-    # each case's "auto" is traced again with that profile and the frame sizes observed here (see phases below).
-    zs = auto_prof = None
-    if time_auto:
-        zs = importlib.import_module("zipccl_jax")
-        auto_prof = zs.Profile()
+def _retrace_auto(w: _Worker, prepared, auto_prof, zs):
+    """Measures the link at this rate (zipccl_jax.calibrate, all ranks at once, agreed), then traces each case's
+    compress="auto" again with that profile and the frame sizes observed at preparation; returns the profile."""
+    auto_prof = zs.calibrate(w.mesh, "x", profile=auto_prof, activate=False)
+    for case, x, gx, fns, codec_fn, info in prepared:
+        if "auto_body" in info:
+            auto_prof.sites = info["auto_sites"]
+            zs.strategy.reset_decisions()
+            with zs.use_profile(auto_prof):
+                f = w.sm(info["auto_body"])
+                compiled = f.lower(gx).compile()
+            fns["auto"] = f
+            info["wire_auto"] = w.hlo_bytes(compiled)
+            info["auto_choice"] = ["compressed" if d.compress else "raw" for d in zs.decisions().values()]
+            w.log(f"auto {case[0]}:{case[1]}: " + "; ".join(d.summary() for d in zs.decisions().values()))
+    return auto_prof
 
+
+def _time_variants(w: _Worker, runs: dict, gx) -> tuple[list, object]:
+    """Every variant's time per repetition after warm-up, interleaved (drift hits every variant alike), with a
+    barrier before each: (variant names, (nproc, variants, reps) seconds of every rank)."""
+    args = w.args
+    times = {n: [] for n in runs}
+    for rep in range(args.warmup + args.reps):
+        for name, f in runs.items():
+            w.barrier()
+            t0 = time.perf_counter()
+            f(gx).block_until_ready()
+            dt = time.perf_counter() - t0
+            if rep >= args.warmup:
+                times[name].append(dt)
+    names = sorted(times)
+    return names, w.allgather(w.np.array([times[n] for n in names], dtype=w.np.float64))
+
+
+def _time_case(w: _Worker, item, go: dict, impl, impl_error) -> dict:
+    """One case's record at this rate: medians of the slowest rank per repetition, wire bytes, checks."""
+    case, x, gx, fns, codec_fn, info = item
+    coll, payload, tensor, dtype, _ = case
+    args, nproc, np = w.args, w.nproc, w.np
+    runs = dict(fns)
+    if codec_fn is not None:
+        lx = w.jax.device_put(x, w.local_dev)
+        runs["codec"] = lambda _g, _f=codec_fn, _l=lx: _f(_l)
+    names, allt = _time_variants(w, runs, gx)
+    slowest = allt.max(axis=0)  # a collective is done when its slowest rank is
+    med = {n: float(statistics.median(slowest[i])) for i, n in enumerate(names)}
+    codec_total = w.allgather(np.array([info.get("codec_bytes_local", -1)]))
+    # bytes one device sends (hlo_wire_bytes' model): all_to_all / psum_scatter S(n-1)/n, all_gather S(n-1)
+    logical = x.nbytes * (nproc - 1) if coll == "all_gather" else x.nbytes * (nproc - 1) // nproc
+    w.log(f"{_netns.rate_label(go['rate_gbit']):>9} {coll}:{payload} " +
+          " ".join(f"{n}={med[n] * 1e3:.1f}ms" for n in names))
+    return {
+        "collective": coll, "payload": payload, "dtype": dtype, "rate_gbit": go["rate_gbit"],
+        "raw_s": med["raw"], "compressed_s": med.get("compressed"), "auto_s": med.get("auto"),
+        "wire_bytes_raw": int(logical),
+        "wire_bytes_compressed": info.get("wire_compressed"),
+        # extras
+        "tensor": tensor if args.corpus else "synthetic_gaussian",
+        "shape_per_rank": list(x.shape), "n_processes": nproc, "reps": args.reps,
+        "link_MBps": go.get("link_MBps"),
+        "raw_bits_s": med["raw_bits"], "codec_s": med.get("codec"),
+        "wire_bytes_raw_hlo": info.get("wire_raw"),
+        "wire_bytes_raw_bits_hlo": info.get("wire_raw_bits"),
+        "wire_bytes_compressed_fallback": info.get("wire_compressed_fallback"),
+        "wire_bytes_auto": info.get("wire_auto"), "auto_choice": info.get("auto_choice"),
+        "frame_capacity": info.get("frame_capacity"),
+        "codec_ratio": (x.nbytes * nproc / float(codec_total.sum())
+                        if (codec_total > 0).all() else None),
+        "overflow": info.get("overflow"),
+        "bit_identical": info.get("bit_identical_compressed"),
+        "uncompressed_s": med.get("uncompressed"), "calibrated_s": med.get("calibrated"),
+        "calibrated_capacity": info.get("calibrated_capacity"),
+        "wire_bytes_calibrated": info.get("wire_calibrated"),
+        "bit_identical_calibrated": info.get("bit_identical_calibrated"),
+        "compressed_impl": args.compressed_impl if impl is not None else None,
+        "errors": dict(info["errors"], **({"compressed": impl_error} if impl_error else {})),
+        "rank_times_s": {n: [[round(t, 6) for t in row] for row in allt[:, i, :].tolist()]
+                         for i, n in enumerate(names)},
+    }
+
+
+def worker_main(args) -> None:
+    w = _Worker(args)
+    impl, impl_error, codec = _load_impls(w)
+    w.start_barrier()
+    # compress="auto" is timed whenever the compressed implementation loads: zipccl_jax.calibrate measures link
+    # and codec at every rate, and each case's "auto" is traced again with that profile and its observed frames.
+    zs = importlib.import_module("zipccl_jax") if impl is not None else None
+    auto_prof = zs.Profile() if zs is not None else None
     cases = [c for c in CASES if not args.cases or any(s in f"{c[0]}:{c[1]}" for s in args.cases.split(","))]
-    prepared = []
-    for case in cases:
-        coll, payload, tensor, dtype, _ = case
-        x = load_payload(case, rank, nproc, args.corpus, args.max_elems)
-        gx = glob(x)
-        info = {"errors": {}}
-        codec_fn, calibrated = None, None
-        if codec is not None and dtype in ("bfloat16", "float32"):
-            roundtrip, sizes = build_codec_fn(coll, nproc, codec, zc.padded_capacity)
-            lx = jax.device_put(x, local_dev)
-            cap, nb = sizes(lx)
-            nb = np.asarray(nb).astype(np.int64)
-            info["frame_capacity"] = int(cap)
-            info["codec_bytes_local"] = int(nb.sum())
-            # an overflowing chunk sends every rank down the raw fallback (compressed_s then includes it)
-            info["overflow"] = anywhere(bool((nb > cap).any()))
-            # per-call-site capacity calibrated from the observed frame sizes (all ranks), plus a margin
-            biggest = int(multihost_utils.process_allgather(np.array([nb.max()])).max())
-            calibrated = -(-int(biggest * (1 + args.calibration_margin)) // 8) * 8
-            info["calibrated_capacity"] = calibrated
-            # codec alone at the capacity the coded path runs with (the calibrated one if the default overflows)
-            codec_fn = roundtrip(calibrated if info["overflow"] else int(cap))
-            codec_fn(lx).block_until_ready()
-        bodies = build_fns(coll, nproc, impl, calibrated)
-        if not time_auto:
-            bodies.pop("auto", None)
-        if auto_prof is not None and "auto" in bodies:  # per-call-site capacity from observed frame sizes
-            auto_prof.sites = {}
-            with zs.observe(auto_prof):
-                sm(bodies["auto"])(gx).block_until_ready()
-            info["auto_body"], info["auto_sites"] = bodies["auto"], dict(auto_prof.sites)
-        fns = {}
-        for name, body in bodies.items():
-            f = sm(body)
-            compiled = f.lower(gx).compile()
-            info[f"wire_{name}"] = hlo_bytes(compiled)
-            if name in ("compressed", "auto", "calibrated"):
-                info[f"wire_{name}_fallback"] = hlo_bytes(compiled, fallback=True)
-            fns[name] = f
-        # Correctness, once: the compressed result against the same data movement on bits, or (psum_scatter)
-        # against compress=False, which performs the same documented fixed-order reduction.
-        for name in ("compressed", "calibrated"):
-            if name in fns:
-                a = np.asarray(fns[name](gx).addressable_data(0))
-                b = np.asarray(fns["raw_bits" if coll != "psum_scatter" else "uncompressed"](gx).addressable_data(0))
-                info[f"bit_identical_{name}"] = not anywhere(not np.array_equal(a.view(np.uint8),
-                                                                                b.view(np.uint8)))
-        prepared.append((case, x, gx, fns, codec_fn, info))
-        log(f"prepared {coll}:{payload} per-rank {x.shape} {dtype} variants {sorted(fns)}"
-            f"{' +codec' if codec_fn else ''}")
+    prepared = [_prepare_case(w, case, impl, codec, zs, auto_prof) for case in cases]
 
-    k = 0
-    while True:
-        go = ctl.wait_go(k, timeout_s=args.phase_timeout)
-        if go is None:
-            break
-        rate = go["rate_gbit"]
-        records = []
-        if auto_prof is not None:  # measure the link at this rate, then decide compress="auto" again per case
-            auto_prof = zs.calibrate(mesh, "x", profile=auto_prof, activate=False)
-            for case, x, gx, fns, codec_fn, info in prepared:
-                if "auto_body" in info:
-                    auto_prof.sites = info["auto_sites"]
-                    zs.strategy.reset_decisions()
-                    with zs.use_profile(auto_prof):
-                        f = sm(info["auto_body"])
-                        compiled = f.lower(gx).compile()
-                    fns["auto"] = f
-                    info["wire_auto"] = hlo_bytes(compiled)
-                    info["auto_choice"] = ["compressed" if d.compress else "raw" for d in zs.decisions().values()]
-                    log(f"auto {case[0]}:{case[1]}: " + "; ".join(d.summary() for d in zs.decisions().values()))
-        for case, x, gx, fns, codec_fn, info in prepared:
-            coll, payload, tensor, dtype, _ = case
-            runs = dict(fns)
-            if codec_fn is not None:
-                lx = jax.device_put(x, local_dev)
-                runs["codec"] = lambda _g, _f=codec_fn, _l=lx: _f(_l)
-            times = {n: [] for n in runs}
-            for rep in range(args.warmup + args.reps):
-                for name, f in runs.items():  # interleaved, so drift hits every variant alike
-                    barrier()
-                    t0 = time.perf_counter()
-                    f(gx).block_until_ready()
-                    dt = time.perf_counter() - t0
-                    if rep >= args.warmup:
-                        times[name].append(dt)
-            names = sorted(times)
-            local = np.array([times[n] for n in names], dtype=np.float64)
-            allt = multihost_utils.process_allgather(local)  # (nproc, variants, reps)
-            slowest = allt.max(axis=0)  # a collective is done when its slowest rank is
-            med = {n: float(statistics.median(slowest[i])) for i, n in enumerate(names)}
-            codec_total = multihost_utils.process_allgather(np.array([info.get("codec_bytes_local", -1)]))
-            # bytes one device sends (hlo_wire_bytes' model): all_to_all / psum_scatter S(n-1)/n, all_gather S(n-1)
-            logical = x.nbytes * (nproc - 1) if coll == "all_gather" else x.nbytes * (nproc - 1) // nproc
-            rec = {
-                "collective": coll, "payload": payload, "dtype": dtype, "rate_gbit": rate,
-                "raw_s": med["raw"], "compressed_s": med.get("compressed"), "auto_s": med.get("auto"),
-                "wire_bytes_raw": int(logical),
-                "wire_bytes_compressed": info.get("wire_compressed"),
-                # extras
-                "tensor": tensor if args.corpus else "synthetic_gaussian",
-                "shape_per_rank": list(x.shape), "n_processes": nproc, "reps": args.reps,
-                "link_MBps": go.get("link_MBps"),
-                "raw_bits_s": med["raw_bits"], "codec_s": med.get("codec"),
-                "wire_bytes_raw_hlo": info.get("wire_raw"),
-                "wire_bytes_raw_bits_hlo": info.get("wire_raw_bits"),
-                "wire_bytes_compressed_fallback": info.get("wire_compressed_fallback"),
-                "wire_bytes_auto": info.get("wire_auto"), "auto_choice": info.get("auto_choice"),
-                "frame_capacity": info.get("frame_capacity"),
-                "codec_ratio": (x.nbytes * nproc / float(codec_total.sum())
-                                if (codec_total > 0).all() else None),
-                "overflow": info.get("overflow"),
-                "bit_identical": info.get("bit_identical_compressed"),
-                "uncompressed_s": med.get("uncompressed"), "calibrated_s": med.get("calibrated"),
-                "calibrated_capacity": info.get("calibrated_capacity"),
-                "wire_bytes_calibrated": info.get("wire_calibrated"),
-                "bit_identical_calibrated": info.get("bit_identical_calibrated"),
-                "compressed_impl": args.compressed_impl if impl is not None else None,
-                "errors": dict(info["errors"], **({"compressed": impl_error} if impl_error else {})),
-                "rank_times_s": {n: [[round(t, 6) for t in row] for row in allt[:, i, :].tolist()]
-                                 for i, n in enumerate(names)},
-            }
-            records.append(rec)
-            log(f"{_netns.rate_label(rate):>9} {coll}:{payload} " +
-                " ".join(f"{n}={med[n] * 1e3:.1f}ms" for n in names))
-        if rank == 0:
-            (Path(args.ctl) / f"results_{k}.json").write_text(json.dumps(records))
-        barrier()
-        ctl.done(k, rank)
-        k += 1
-    jax.distributed.shutdown()
+    def phase(go) -> list[dict]:
+        nonlocal auto_prof
+        if auto_prof is not None:
+            auto_prof = _retrace_auto(w, prepared, auto_prof, zs)
+        return [_time_case(w, item, go, impl, impl_error) for item in prepared]
+
+    _netns.worker_phases(_netns.ControlDir(Path(args.ctl)), w.rank, args.phase_timeout, w.barrier, phase)
+    w.jax.distributed.shutdown()
 
 
 # ----------------------------------------------------------------------------------------------- launcher
@@ -508,16 +536,10 @@ def launch(args) -> list[dict]:
     rates = _netns.parse_rates(args.rates)
     if args.no_netns and any(r is not None for r in rates):
         raise SystemExit("--no-netns runs on the unshaped host loopback; use --rates unshaped")
-    ns = None
-    tmp = _netns.make_tempdir("zccl_bench_")
-    workers = None
-    ok = False
-    try:
+    with _netns.run_dir("zccl_bench_", args.keep_logs) as (tmp, held):
+        ns = None
         if not args.no_netns:
-            try:
-                ns = _netns.NetNS()
-            except _netns.NetNSError as e:
-                raise SystemExit(f"error: {e}") from None
+            ns = held.enter_context(_netns.open_netns(_netns.NetNS))
             ns.set_rate(rates[0])
         port = WORKER_PORT if ns is not None else _netns.free_port()
         ctl = _netns.ControlDir(tmp / "ctl")
@@ -539,35 +561,22 @@ def launch(args) -> list[dict]:
                  for i in range(args.nproc)]
         where = f"netns {ns.name}" if ns else "host loopback (no namespace)"
         print(f"launching {args.nproc} workers in {where}; logs in {tmp}", flush=True)
-        workers = _netns.Workers(argvs, netns=ns, logdir=tmp, env=env, timeout_s=args.timeout, cwd=str(REPO))
-        records: list[dict] = []
-        for k, rate in enumerate(rates):
-            if ns is not None:
-                ns.set_rate(rate)
-            mbps = _netns.measure_loopback_MBps(ns, nbytes=args.link_probe_mb << 20) if args.link_probe_mb else None
-            print(f"phase {k}: {_netns.rate_label(rate)}"
-                  + (f", loopback TCP measured {mbps:.0f} MB/s" if mbps else ""), flush=True)
-            ctl.go(k, {"rate_gbit": rate, "link_MBps": mbps})
-            ctl.wait_done(k, args.nproc, workers)
+        workers = held.enter_context(_netns.Workers(argvs, netns=ns, logdir=tmp, env=env, timeout_s=args.timeout,
+                                                    cwd=str(REPO)))
+
+        def finish(recs: list[dict]) -> list[dict]:
             load = os.getloadavg()[0]  # the machine is shared: record how busy it was
-            for rec in json.loads((ctl.path / f"results_{k}.json").read_text()):
+            for rec in recs:
                 rec.update(derived(rec))
                 rec["loadavg_1min"] = load
                 rec["allocator"] = allocator
-                records.append(rec)
-        ctl.stop()
-        workers.wait()
-        ok = True
-        return records
-    except _netns.WorkerFailed as e:
-        raise SystemExit(f"error: {e}\n(worker logs kept in {tmp})") from None
-    finally:
-        if workers is not None:
-            workers.kill()
-        if ns is not None:
-            ns.close()
-        if ok and not args.keep_logs:
-            shutil.rmtree(tmp, ignore_errors=True)
+            return recs
+
+        def probe():
+            return _netns.measure_loopback_MBps(ns, nbytes=args.link_probe_mb << 20) if args.link_probe_mb else None
+
+        return _netns.sweep(ctl, workers, args.nproc, rates, ns.set_rate if ns else None, probe,
+                            "loopback TCP measured", finish)
 
 
 def parse_args(argv=None):

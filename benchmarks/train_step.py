@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import time
@@ -156,16 +155,9 @@ def main(argv=None) -> int:
     if args.no_netns and any(r is not None for r in rates):
         raise SystemExit("--no-netns runs on the unshaped host loopback; use --rates unshaped")
 
-    tmp = _netns.make_tempdir("zccl_train_")
-    ns = None
     records = []
-    ok = False
-    try:
-        if not args.no_netns:
-            try:
-                ns = _netns.NetNS()
-            except _netns.NetNSError as e:
-                raise SystemExit(f"error: {e}") from None
+    with _netns.run_dir("zccl_train_", args.keep_logs) as (tmp, held):
+        ns = None if args.no_netns else held.enter_context(_netns.open_netns(_netns.NetNS))
         for rate in rates:
             if ns is not None:
                 ns.set_rate(rate)
@@ -179,14 +171,6 @@ def main(argv=None) -> int:
                           f"wire/raw {res['wire_bytes'] / max(1, res['raw_bytes']):.3f} "
                           f"load {res['load']['loadavg_1min']:.1f}", flush=True)
             records += [_record(rate, v, runs[v], args) for v in variants]
-        ok = True
-    except _netns.WorkerFailed as e:
-        raise SystemExit(f"error: {e}\n(logs kept in {tmp})") from None
-    finally:
-        if ns is not None:
-            ns.close()
-        if ok and not args.keep_logs:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     summary = _summary(records, rates)
     if args.json:

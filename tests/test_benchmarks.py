@@ -221,3 +221,54 @@ def test_codec_fp8_benchmark_smoke(tmp_path):
     assert set(summary) == {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
     assert summary["float8_e4m3fn"]["ratio"] >= 1.22 and summary["float8_e5m2"]["ratio"] >= 1.42
     assert all(x["encode_GBps_median"] > 0 and x["decode_GBps_median"] > 0 for x in summary.values())
+
+
+def test_run_dir_tears_down_and_keeps_logs_of_a_failed_run():
+    """Whatever ends the run, what it entered is closed (last in, first out); the logs go only after a clean run."""
+    closed = []
+
+    class Held:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            closed.append(self.name)
+
+    with _netns.run_dir("zccl_test_", keep_logs=False) as (tmp, held):
+        held.enter_context(Held("netns"))
+        held.enter_context(Held("workers"))
+    assert closed == ["workers", "netns"] and not tmp.exists()
+    with pytest.raises(SystemExit, match="worker 1 died") as e:
+        with _netns.run_dir("zccl_test_", keep_logs=False) as (tmp, held):
+            held.enter_context(Held("workers"))
+            raise _netns.WorkerFailed("worker 1 died")
+    assert closed[-1] == "workers" and tmp.exists() and str(tmp) in str(e.value)
+    tmp.rmdir()
+
+
+def test_spreads_reproduce_the_stored_ratios():
+    """spreads.py recomputes the README's ratios from the stored per-repetition times: its ratio of medians must
+    be the one the benchmark recorded (to the 1 us rounding of the stored times), and its bracket comes from the
+    same repetitions."""
+    import re
+
+    import spreads
+
+    def ratio(row, what):
+        m = re.search(rf"{what} (\d+\.\d+) \[(\d+\.\d+)-(\d+\.\d+)\]", row)
+        assert m, row
+        return float(m.group(1))
+
+    recs = json.loads((BENCH / "results" / "collectives.json").read_text())
+    rows = spreads.collectives_rows(recs)
+    assert len(rows) == len(recs)
+    for rec, row in zip(recs, rows):
+        assert abs(ratio(row, "compressed") - rec["compressed_over_best_raw"]) <= 2e-3, (row, rec)
+    res = json.loads((BENCH / "results" / "train_step_4p.json").read_text())
+    rows = spreads.train_step_rows(res)
+    assert len(rows) == len(res["summary"]) == 4
+    for summ, row in zip(res["summary"], rows):
+        assert abs(ratio(row, "uncompressed / compressed") - summ["speedup_vs_uncompressed"]) <= 1e-3, (row, summ)

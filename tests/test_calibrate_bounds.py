@@ -8,7 +8,8 @@ from jax.sharding import Mesh
 
 import zipccl_jax
 from zipccl_jax import calibration
-from zipccl_jax.calibration import BANDWIDTH_BOUNDS_BPS, LATENCY_BOUNDS_S, fit_bounded
+from zipccl_jax.calibration import fit_bounded
+from zipccl_jax.profile import CodecModel, LinkModel
 
 
 def test_fit_bounded_fits_clean_data_exactly():
@@ -34,13 +35,14 @@ def test_fit_bounded_reports_unmeasurable_outside_bounds(xs, ts, what):
   assert lk is None and note.startswith(f"unmeasurable: {what}"), note
 
 
-def _in_bounds(prof):
-  lo, hi = BANDWIDTH_BOUNDS_BPS
-  for tab in prof.links.values():
-    for lk in tab.values():
-      assert lo <= lk.bandwidth_Bps <= hi and LATENCY_BOUNDS_S[0] <= lk.latency_s <= LATENCY_BOUNDS_S[1], lk
-  for tab in prof.codec.values():
-    assert all(calibration._in_bounds(c) for c in tab.values()), tab
+def test_out_of_bounds_names_every_bad_model():
+  p = zipccl_jax.Profile()
+  p.links = {"a": {"*": LinkModel(1e-4, 1e8), "psum": LinkModel(0.5, 1e8)}, "*": {"*": LinkModel(0.0, 3e27)}}
+  p.codec = {"cpu": {"bfloat16": CodecModel(1e9, 1e9), "float32": CodecModel(1e3, 1e9)}}
+  assert [v.split(" = ")[0] for v in calibration.out_of_bounds(p)] == [
+      "link[a][psum]", "link[*][*]", "codec[cpu][float32]"]
+  p.links, p.codec = {"a": {"*": LinkModel(1e-4, 1e8)}}, {"cpu": {"bfloat16": CodecModel(1e9, 1e9)}}
+  assert calibration.out_of_bounds(p) == []
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")
@@ -57,4 +59,29 @@ def test_calibrate_measures_each_level_of_a_tuple():
       note = fits[f"link[{ak}]/{coll}"]
       assert note == "fit" or note.startswith(("throughput bound", "unmeasurable")), note
       assert (coll in prof.links.get(ak, {})) == (not note.startswith("unmeasurable"))
-  _in_bounds(prof)
+  assert calibration.out_of_bounds(prof) == []
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")
+@pytest.mark.parametrize("times,applied", [
+    ([1e-3, 1e-3, 5e-3, 9e-3, 9e-3], False),   # a codec cost of 5 ms inside an 8 ms spread: noise, not a factor
+    ([0.0] * 5, False),                         # the link model takes all the time: the codec cost is not seen
+    ([1e-3] * 5, True),                         # 1 ms, no spread: measured, so the codec models are scaled
+])
+def test_in_situ_scales_the_codec_only_when_measured(monkeypatch, times, applied):
+  """The in-situ factor obeys fit_bounded's rule: a codec cost within the repetitions' spread (or below zero)
+  left every codec model scaled by up to 16x (or 4x faster) before; now the isolated models stay."""
+  mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+  prof = zipccl_jax.Profile()
+  prof.links["x"] = {"*": LinkModel(0.0, 1e13)}  # the link's share: nanoseconds
+  iso = CodecModel(1e9, 1.5e9, 30e-6, 30e-6)
+  prof.codec["cpu"] = {"bfloat16": iso}
+  monkeypatch.setattr(calibration, "_time_all", lambda jobs, reps, warmup, barrier=None: {"c": list(times)})
+  info = calibration._in_situ(prof, calibration._Harness(mesh, "x"), "bfloat16", 64 << 10, "activation", None,
+                              reps=5, warmup=1, barrier=None, base=0.0)
+  assert info["applied"] is applied, info
+  got = prof.codec["cpu"]["bfloat16"]
+  if applied:
+    assert info["factor"] > 1 and got.encode_Bps == iso.encode_Bps / info["factor"]
+  else:
+    assert info["factor"] == 1.0 and got == iso, info

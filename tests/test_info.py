@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import jaxlib
 import zipccl_jax
 from zipccl_jax import _zipccl as ext
 
+info_mod = importlib.import_module("zipccl_jax.info")  # the package's `info` is the function
 MIN_DRIVER = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
 
 
@@ -52,12 +54,29 @@ def test_cuda_fields_describe_the_build():
 
 
 def test_a_plugin_of_another_cuda_major_is_a_reported_problem():
-  if not ext.with_cuda:
-    return
-  cuda = zipccl_jax.info()["cuda"]
-  plugin = zipccl_jax.info()["jax_cuda_plugin"]
-  mismatch = plugin is not None and not plugin.startswith(f"jax-cuda{cuda['toolkit'].split('.')[0]}-")
-  assert any("reinstall zipccl_jax" in p for p in cuda["problems"]) == mismatch
+  """On this build, whichever it is; then on a CUDA 12 build faked around info._cuda (the check itself runs
+  on any machine: before, a build without CUDA returned without asserting anything)."""
+  if ext.with_cuda:
+    cuda, plugin = zipccl_jax.info()["cuda"], zipccl_jax.info()["jax_cuda_plugin"]
+    mismatch = plugin is not None and not plugin.startswith(f"jax-cuda{cuda['toolkit'].split('.')[0]}-")
+    assert any("reinstall zipccl_jax" in p for p in cuda["problems"]) == mismatch
+
+
+def test_cuda_problems_of_a_faked_build(monkeypatch):
+  class Ext:
+    def cuda_versions(self):
+      return {"runtime": 12090, "driver": 0, "driver_error": ""}
+
+  monkeypatch.setattr(info_mod._ffi, "extension", lambda: Ext())
+  build = {"cuda_kernels": True, "cuda_toolkit": "12.9", "cuda_min_driver": "525.60.13", "cuda_archs": "80,90",
+           "cuda_note": "", "jax_cuda_plugin": ""}
+  ok = info_mod._cuda(build, "jax-cuda12-plugin 0.10.2")
+  assert ok["problems"] == [] and ok["runtime"] == "12.9" and ok["driver"] is None and ok["archs"] == [80, 90]
+  (p,) = info_mod._cuda(build, "jax-cuda13-plugin 0.10.2")["problems"]
+  assert "runs CUDA 13" in p and "built with CUDA 12.9" in p and "reinstall zipccl_jax" in p
+  no_kernels = dict(build, cuda_kernels=False, cuda_toolkit="", cuda_note="nvcc not found")
+  (p,) = info_mod._cuda(no_kernels, "jax-cuda12-plugin 0.10.2")["problems"]
+  assert "no CUDA kernels: nvcc not found" in p
 
 
 def test_cpu_code_paths_match_the_build_machine():

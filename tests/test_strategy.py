@@ -245,6 +245,21 @@ def test_json_round_trip(tmp_path):
   assert q.fingerprint() != p.fingerprint()
 
 
+def test_profile_to_dict_is_a_copy():
+  """fingerprint() shares the profile's containers (it runs on every decision); to_dict() must not."""
+  p = pf.Profile(links={"x": {"*": pf.LinkModel(1e-4, 1e8)}}, meta={"m": [1]})
+  p.sites["s"] = pf.SiteObservation("all_to_all", "bfloat16", 4096, 5600, 1, 5600)
+  fp = p.fingerprint()
+  d = p.to_dict()
+  d["links"]["x"]["*"]["bandwidth_Bps"] = 1.0
+  d["sites"]["s"]["max_frame_bytes"] = 1
+  d["capacity_ratio"]["activation"]["bfloat16"] = 0.5
+  d["expected_ratio"]["gradient"]["float32"] = 0.5
+  d["meta"]["m"].append(2)
+  assert p.fingerprint() == fp and p.meta == {"m": [1]} and p.sites["s"].max_frame_bytes == 5600
+  assert p.to_dict() != d
+
+
 def test_profile_validation_and_versions():
   with pytest.raises(ValueError, match="version"):
     pf.Profile.from_dict({"version": 99})

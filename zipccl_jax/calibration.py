@@ -88,6 +88,16 @@ def _in_bounds(c: CodecModel) -> bool:
                   for o in (c.encode_overhead_s, c.decode_overhead_s)))
 
 
+def out_of_bounds(prof: Profile) -> list[str]:
+  """Every link and codec model of `prof` outside BANDWIDTH_BOUNDS_BPS / LATENCY_BOUNDS_S, named
+  (what calibrate() must never return; benchmarks/calibrate_stress.py counts them under load)."""
+  (lo, hi), (llo, lhi) = BANDWIDTH_BOUNDS_BPS, LATENCY_BOUNDS_S
+  bad = [f"link[{ak}][{coll}] = {lk}" for ak, tab in prof.links.items() for coll, lk in tab.items()
+         if not (lo <= lk.bandwidth_Bps <= hi and llo <= lk.latency_s <= lhi)]
+  return bad + [f"codec[{plat}][{d}] = {c}" for plat, tab in prof.codec.items()
+                for d, c in tab.items() if not _in_bounds(c)]
+
+
 def _time_all(jobs: list, reps: int, warmup: int, barrier=None) -> dict[str, list]:
   """Seconds of every repetition per job ``(name, fn, args)``; jobs are interleaved rep by rep.
 
@@ -296,25 +306,31 @@ def _in_situ(prof: Profile, h: _Harness, dname: str, raw_sent: int, role: str, s
   f = h.smap(lambda v: all_to_all(v, axis_name, 0, 0, tiled=True, compress=True, capacity=cap,
                                   transport="padded", name=site))
   ts = _time_all([("c", f, (h.put(rows),))], reps, warmup, barrier)["c"]
-  t_local = float(statistics.median(ts))
   strategy.forget_decision(site)
   accounting.forget_site(site)
-  t_c = max(v["t"] for v in allgather_json({"t": t_local})) - base
+  allv = allgather_json({"t": float(statistics.median(ts)), "q": _iqr(ts)})
+  t_c = max(v["t"] for v in allv) - base
+  noise = max(v["q"] for v in allv)
   lk, _ = prof.link(axis_name, "all_to_all", plat)
   raw_b = n * m * dt.itemsize
   k_meas = t_c - lk.time(sent_bytes("all_to_all", float(n * cap), n))
   cm, _ = prof.codec_model(dt, plat)
   k_iso = cm.encode_time(raw_b) + cm.decode_time(raw_b)
-  factor = float(min(16.0, max(0.25, k_meas / k_iso))) if k_iso > 0 else 1.0
+  # As fit_bounded: a codec cost within the repetitions' spread (or below zero, the link model taking
+  # all the time) is not measured, and scaling every codec model by it would fit noise.
+  resolved = k_iso > 0 and k_meas > 2 * noise + _MIN_FIT_TIME_S
+  factor = float(min(16.0, max(0.25, k_meas / k_iso))) if resolved else 1.0
   scaled = {d: CodecModel(c.encode_Bps / factor, c.decode_Bps / factor,
                           c.encode_overhead_s * factor, c.decode_overhead_s * factor)
             for d, c in prof.codec.get(plat, {}).items()}
-  applied = all(_in_bounds(c) for c in scaled.values())  # else the isolated models stay
+  applied = resolved and all(_in_bounds(c) for c in scaled.values())  # else isolated models stay
   if applied:
     prof.codec[plat] = scaled
   return {"dtype": dt.name, "chunk_elems": m, "capacity": cap, "compressed_a2a_s": t_c,
-          "codec_measured_s": k_meas, "codec_isolated_s": k_iso, "factor": factor,
-          "applied": applied}
+          "spread_s": noise, "codec_measured_s": k_meas, "codec_isolated_s": k_iso,
+          "factor": factor, "applied": applied,
+          "note": ("scaled" if applied else "out of bounds" if resolved
+                   else "codec cost within the spread")}
 
 
 def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = True,
@@ -349,8 +365,10 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   its wire bytes is the codec's real cost inside a collective step, where all
   devices code at once and compete with the transport for cores; every
   codec model of the platform is scaled by (that cost / the isolated
-  estimate), clamped to [1/4, 16]. ``meta["calibration"]["in_situ"]`` keeps
-  the figures.
+  estimate), clamped to [1/4, 16], unless that cost is within twice the
+  repetitions' spread (interquartile range) or the scaled models leave the
+  bounds: then the isolated models stay. ``meta["calibration"]["in_situ"]``
+  keeps the figures (``applied``, ``note``).
 
   Choose ``link_bytes`` to span the messages of the program: the fit is linear,
   and small messages on shaped or congested links are not (bursts, windows).

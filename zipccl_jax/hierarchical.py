@@ -191,15 +191,17 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
 
   `params`: the op's canonical static arguments (as the collectives' recipes hold them).
   """
+  if op not in OPS or not _two_axes(axis_name):
+    return None  # every call asks: one axis, the common case, returns before any other work
   forced_alg, forced_levels = getattr(_FORCED, "value", None) or ("auto", None)
   dt = np.dtype(x.dtype)
-  if (op not in OPS or forced_alg == "flat" or dt not in CODED_DTYPES
+  if (forced_alg == "flat" or dt not in CODED_DTYPES
       or (op == "all_gather" and params[2] != "varying")
       or isinstance(capacity, (int, np.integer, tuple, list)) and not isinstance(capacity, bool)):
     return None
   levels = levels_of(axis_name)
   if levels is None:
-    if forced_alg != "hierarchical" or not _two_axes(axis_name):
+    if forced_alg != "hierarchical":
       return None
     levels = (axis_name[0], axis_name[1])
   slow, fast = levels
@@ -208,7 +210,7 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   if H < 2 or L < 2:
     return None
   allowed = _allowed(compress, forced_alg, forced_levels, slow, fast)
-  cands = _candidates(op, dt, int(x_elems), axis_name, slow, fast, (H, L), role, allowed)
+  cands = _candidates(op, dt, x_elems, axis_name, slow, fast, (H, L), role, allowed)
   g = get_profile().min_gain
   score = {k: t * (1 + g if any(cs.values()) else 1) for k, (t, _, cs) in cands.items()}
   order = sorted(cands, key=lambda k: (score[k], k))
@@ -225,6 +227,8 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
 def _log(lp: LevelPlan, dt, m: int, role: str, mode) -> None:
   """Records the level choice under "<site> [levels]" (explain() shows it next to the phases)."""
   raw_flat = dict(lp.candidates).get("flat raw", math.nan)
+  prof = get_profile()
+  slow_link = prof.link(lp.slow, "*")[0]
   strategy.log_decision(strategy.Decision(
       op=lp.op, site=f"{lp.site} [levels]", dtype=dt.name, chunk_elems=m,
       axis_size=int(lp.sizes[0] * lp.sizes[1]), axis=axis_key((lp.slow, lp.fast)), role=role,
@@ -232,9 +236,9 @@ def _log(lp: LevelPlan, dt, m: int, role: str, mode) -> None:
       algorithm=lp.algorithm if lp.algorithm == "flat" else
       "hierarchical(" + ",".join(f"{a}:{'c' if c else 'r'}" for a, c in lp.compress.items()) + ")",
       est_raw_s=float(raw_flat), est_compressed_s=lp.est_s, raw_bytes=0, wire_bytes=0,
-      bandwidth_Bps=float(get_profile().link(lp.slow, "*")[0].bandwidth_Bps),
-      latency_s=float(get_profile().link(lp.slow, "*")[0].latency_s), capacity_source="-",
-      reason=f"{lp.algorithm}: {lp.reason}", profile=get_profile().fingerprint(), mode=str(mode)))
+      bandwidth_Bps=float(slow_link.bandwidth_Bps), latency_s=float(slow_link.latency_s),
+      capacity_source="-",
+      reason=f"{lp.algorithm}: {lp.reason}", profile=prof.fingerprint(), mode=str(mode)))
 
 
 # --------------------------------------------------------------------------- #

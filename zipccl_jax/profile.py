@@ -36,6 +36,7 @@ import threading
 import ml_dtypes
 import numpy as np
 
+from zipccl_jax import format as fmt
 from zipccl_jax.capacity import EXPECTED_RATIO
 
 __all__ = [
@@ -46,9 +47,8 @@ __all__ = [
 _LOG = logging.getLogger("zipccl_jax.strategy")
 
 PROFILE_VERSION = 1
-_FP8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-              "float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4", "float8_e8m0fnu")
-_DTYPE_NAMES = ("bfloat16", "float16", "float32") + _FP8_NAMES
+_FP8_NAMES = tuple(dt.name for dt in fmt.FP8_DTYPES)
+_DTYPE_NAMES = tuple(dt.name for dt in fmt.SUPPORTED_DTYPES)
 
 # --------------------------------------------------------------------------- #
 # Models
@@ -115,11 +115,9 @@ class SiteObservation:
 
   def merge(self, other: "SiteObservation") -> "SiteObservation":
     if (other.dtype, other.chunk_elems) != (self.dtype, self.chunk_elems):
-      # a site traced with another shape: keep the larger ratio, scaled to our chunk
-      mine, theirs = self.max_ratio, other.max_ratio
-      if theirs <= mine:
-        return self
-      return dataclasses.replace(other)
+      # a site traced with another shape: keep the observation with the larger ratio
+      # (observed_capacity scales a ratio to the chunk it is asked about)
+      return self if other.max_ratio <= self.max_ratio else dataclasses.replace(other)
     return SiteObservation(self.op, self.dtype, self.chunk_elems,
                            max(self.max_frame_bytes, other.max_frame_bytes),
                            self.frames + other.frames,
@@ -162,6 +160,12 @@ _DEFAULT_EXPECTED_RATIO = {
     "activation": {"bfloat16": 0.67, "float16": 0.85, "float32": 0.835, **_FP8_MEAN_RATIO},
     "gradient": {"bfloat16": 0.70, "float16": 0.86, "float32": 0.845, **_FP8_MEAN_RATIO},
 }
+
+
+def _fields(model) -> dict:
+  """A model's fields (plain dataclasses of scalars) as a dict: dataclasses.asdict without its deep
+  copies and field introspection (fingerprint() runs once per traced collective)."""
+  return dict(vars(model))
 
 
 def np_dtype(name):
@@ -271,22 +275,28 @@ class Profile:
     return float(r)
 
   # ---- serialisation ----------------------------------------------------- #
-  def to_dict(self) -> dict:
+  def _decisive(self) -> dict:
+    """Everything that can change a decision (all but ``meta``) as JSON data; the ratio tables are
+    the profile's own dicts, not copies (fingerprint() runs on every collective's decision)."""
     return {
         "version": PROFILE_VERSION,
         "platform": self.platform,
-        "links": {ak: {ck: dataclasses.asdict(m) for ck, m in tab.items()}
-                  for ak, tab in self.links.items()},
-        "codec": {p: {d: dataclasses.asdict(m) for d, m in tab.items()}
-                  for p, tab in self.codec.items()},
-        "capacity_ratio": copy.deepcopy(self.capacity_ratio),
-        "expected_ratio": copy.deepcopy(self.expected_ratio),
-        "sites": {s: dataclasses.asdict(o) for s, o in self.sites.items()},
+        "links": {ak: {ck: _fields(m) for ck, m in tab.items()} for ak, tab in self.links.items()},
+        "codec": {p: {d: _fields(m) for d, m in tab.items()} for p, tab in self.codec.items()},
+        "capacity_ratio": self.capacity_ratio,
+        "expected_ratio": self.expected_ratio,
+        "sites": {s: _fields(o) for s, o in self.sites.items()},
         "margin": self.margin,
         "min_gain": self.min_gain,
         "fallback_risk": self.fallback_risk,
-        "meta": copy.deepcopy(self.meta),
     }
+
+  def to_dict(self) -> dict:
+    d = self._decisive()
+    for table in ("capacity_ratio", "expected_ratio"):
+      d[table] = copy.deepcopy(d[table])
+    d["meta"] = copy.deepcopy(self.meta)
+    return d
 
   @classmethod
   def from_dict(cls, d: dict) -> "Profile":
@@ -336,9 +346,7 @@ class Profile:
 
   def fingerprint(self) -> str:
     """A short hash of everything that can change a decision (not ``meta``)."""
-    d = self.to_dict()
-    d.pop("meta", None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(self._decisive(), sort_keys=True).encode()).hexdigest()[:16]
 
   def copy(self) -> "Profile":
     return Profile.from_dict(self.to_dict())
