@@ -6,6 +6,9 @@ Each child runs ``python SCRIPT --rank R --nproc N --port P --local-devices D [w
 ``XLA_FLAGS=--xla_force_host_platform_device_count=D`` (any other XLA flags kept) and ``PYTHONPATH`` led by
 the directory of the ``zipccl_jax`` package this launcher imports, so the children test the same copy.
 
+A worker starts with ``start_worker()`` (those four arguments and its own, then ``jax.distributed``) and
+prints one line with ``report(dict)``; the test reads every rank's with ``results(launch(...))``.
+
 Safety: the coordinator port is a free port on 127.0.0.1 picked by the OS; every child gets its own
 session (process group) and is killed, with its group, when the run ends, fails or exceeds the timeout.
 Nothing else is touched.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -24,6 +28,8 @@ import tempfile
 import time
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
+RESULT = "RESULT "  # the prefix of a worker's one result line
+LAUNCHER_ARGS = ("--rank", "--nproc", "--port", "--local-devices")
 
 
 @dataclasses.dataclass
@@ -109,6 +115,38 @@ def launch(script, nproc: int, local_devices: int, args=(), *, timeout: float = 
       out.close()
       err.close()
   return results
+
+
+def start_worker(ap: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+  """In a worker script: parses the launcher's arguments (and `ap`'s own), joins jax.distributed."""
+  ap = ap or argparse.ArgumentParser()
+  for flag in LAUNCHER_ARGS:
+    ap.add_argument(flag, type=int, required=True)
+  a = ap.parse_args()
+  import jax
+  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{a.port}", num_processes=a.nproc,
+                             process_id=a.rank, initialization_timeout=120)
+  return a
+
+
+def report(result: dict) -> None:
+  """In a worker script: prints its one result line."""
+  print(RESULT + json.dumps(result), flush=True)
+
+
+def results(children: list[ChildResult]) -> list[dict]:
+  """Every rank's reported dict, in rank order; AssertionError naming each rank that exited non-zero
+  or reported nothing, with the tail of its output."""
+  out, failed = [], []
+  for r in children:
+    lines = [l for l in r.stdout.splitlines() if l.startswith(RESULT)]
+    if r.returncode != 0 or not lines:
+      failed.append(f"rank {r.rank}: returncode {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    else:
+      out.append(json.loads(lines[-1][len(RESULT):]))
+  if failed:
+    raise AssertionError("\n".join(failed))
+  return out
 
 
 def main(argv=None) -> int:

@@ -9,24 +9,18 @@ and compares the shards it holds: bit-identical for data movement, the documente
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import traceback
+
+from mp_launch import report, start_worker
 
 
 def main() -> int:
   ap = argparse.ArgumentParser()
-  ap.add_argument("--rank", type=int, required=True)
-  ap.add_argument("--nproc", type=int, required=True)
-  ap.add_argument("--port", type=int, required=True)
-  ap.add_argument("--local-devices", type=int, required=True)
   ap.add_argument("--rows", type=int, default=8)
   ap.add_argument("--cols", type=int, default=1024)
-  a = ap.parse_args()
+  a = start_worker(ap)
 
   import jax
-  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{a.port}", num_processes=a.nproc,
-                             process_id=a.rank, initialization_timeout=120)
   import jax.numpy as jnp
   import ml_dtypes
   import numpy as np
@@ -128,14 +122,10 @@ def main() -> int:
   checks["grad/all_to_all"] = shards_equal(g_ours, g_lax)
 
   ok = all(checks.values())
-  print("RESULT " + json.dumps({"rank": a.rank, "devices": n, "ok": ok, "checks": checks}), flush=True)
+  report({"rank": a.rank, "devices": n, "ok": ok, "checks": checks})
   jax.distributed.shutdown()
   return 0 if ok else 1
 
 
 if __name__ == "__main__":
-  try:
-    sys.exit(main())
-  except Exception:  # noqa: BLE001 - the launcher shows stderr
-    traceback.print_exc()
-    sys.exit(2)
+  sys.exit(main())  # an exception prints its traceback (the launcher shows stderr) and exits 1

@@ -7,23 +7,15 @@ semantics, bit for bit. Prints one line ``RESULT {json}``; exits 0 when every ch
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import traceback
+
+from mp_launch import report, start_worker
 
 
 def main() -> int:
-  ap = argparse.ArgumentParser()
-  ap.add_argument("--rank", type=int, required=True)
-  ap.add_argument("--nproc", type=int, required=True)
-  ap.add_argument("--port", type=int, required=True)
-  ap.add_argument("--local-devices", type=int, required=True)
-  a = ap.parse_args()
+  a = start_worker()
 
   import jax
-  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{a.port}", num_processes=a.nproc,
-                             process_id=a.rank, initialization_timeout=120)
   import numpy as np
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
@@ -45,13 +37,9 @@ def main() -> int:
       checks[f"{name}/seed{seed}"] = all(
           np.array_equal(np.asarray(s.data).view(u), want[s.index].view(u)) for s in got.addressable_shards)
   ok = all(checks.values())
-  print("RESULT " + json.dumps({"rank": a.rank, "devices": n, "ok": ok, "checks": checks}), flush=True)
+  report({"rank": a.rank, "devices": n, "ok": ok, "checks": checks})
   return 0 if ok else 1
 
 
 if __name__ == "__main__":
-  try:
-    sys.exit(main())
-  except Exception:  # noqa: BLE001
-    traceback.print_exc()
-    sys.exit(1)
+  sys.exit(main())  # an exception prints its traceback (the launcher shows stderr) and exits 1

@@ -10,21 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
+
+from mp_launch import report, start_worker
 
 
 def main() -> int:
   ap = argparse.ArgumentParser()
-  ap.add_argument("--rank", type=int, required=True)
-  ap.add_argument("--nproc", type=int, required=True)
-  ap.add_argument("--port", type=int, required=True)
-  ap.add_argument("--local-devices", type=int, required=True)
   ap.add_argument("--profile", required=True)
-  a = ap.parse_args()
+  a = start_worker(ap)
 
   import jax
-  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{a.port}", num_processes=a.nproc,
-                             process_id=a.rank, initialization_timeout=120)
   import ml_dtypes
   import numpy as np
   from jax import lax
@@ -106,18 +101,13 @@ def main() -> int:
     jax.block_until_ready(g(glob(xs[:, :2048])))
   observed = {k: json.loads(json.dumps(o.__dict__)) for k, o in obs_prof.sites.items()}
 
-  print("RESULT " + json.dumps({
-      "rank": a.rank, "processes": jax.process_count(),
-      "loaded_fingerprint": loaded.fingerprint(), "loaded": dec_loaded,
-      "calibrated_fingerprint": cal.fingerprint(), "calibrated": dec_cal,
-      "observed": observed, "results_ok": ok}), flush=True)
+  report({"rank": a.rank, "processes": jax.process_count(),
+          "loaded_fingerprint": loaded.fingerprint(), "loaded": dec_loaded,
+          "calibrated_fingerprint": cal.fingerprint(), "calibrated": dec_cal,
+          "observed": observed, "results_ok": ok})
   jax.distributed.shutdown()
   return 0
 
 
 if __name__ == "__main__":
-  try:
-    sys.exit(main())
-  except Exception:  # noqa: BLE001 - the launcher shows stderr
-    traceback.print_exc()
-    sys.exit(2)
+  sys.exit(main())  # an exception prints its traceback (the launcher shows stderr) and exits 1

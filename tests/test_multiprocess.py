@@ -6,12 +6,11 @@ it holds bit for bit. Payloads are modest (8 x 1024 BF16 per device) because 2 c
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from mp_launch import launch
+from mp_launch import launch, results
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 300
@@ -19,19 +18,9 @@ TIMEOUT = 300
 
 @pytest.mark.parametrize("nproc,local_devices", [(2, 2), (4, 1)], ids=["2x2", "4x1"])
 def test_collectives_across_processes(nproc, local_devices):
-  results = launch(HERE / "mp_worker.py", nproc, local_devices, timeout=TIMEOUT)
-  report = []
-  for r in results:
-    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-      report.append(f"rank {r.rank}: returncode {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-      continue
-    res = json.loads(lines[-1][len("RESULT "):])
-    assert res["devices"] == nproc * local_devices
-    bad = [k for k, v in res["checks"].items() if not v]
-    if bad:
-      report.append(f"rank {r.rank}: failed checks {bad}")
-  assert not report, "\n".join(report)
+  for res in results(launch(HERE / "mp_worker.py", nproc, local_devices, timeout=TIMEOUT)):
+    assert res["devices"] == nproc * local_devices and res["checks"]
+    assert all(res["checks"].values()), f"rank {res['rank']}: failed checks {res['checks']}"
 
 
 def test_launcher_kills_hung_children(tmp_path):

@@ -9,7 +9,6 @@ Every comparison is on bit patterns (random bits: NaN payloads, -0, subnormals, 
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 import jax
@@ -346,17 +345,7 @@ def model_vjp(case, ct):
 
 def test_across_processes():
   """2 processes x 2 devices (jax.distributed, gloo): every variant matches the model bit for bit."""
-  from mp_launch import launch
-  results = launch(HERE / "ragged_mp_worker.py", 2, 2, timeout=300)
-  report = []
-  for r in results:
-    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-      report.append(f"rank {r.rank}: returncode {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-      continue
-    res = json.loads(lines[-1][len("RESULT "):])
+  from mp_launch import launch, results
+  for res in results(launch(HERE / "ragged_mp_worker.py", 2, 2, timeout=300)):
     assert res["devices"] == 4 and res["checks"]
-    bad = [k for k, v in res["checks"].items() if not v]
-    if bad:
-      report.append(f"rank {r.rank}: failed checks {bad}")
-  assert not report, "\n".join(report)
+    assert all(res["checks"].values()), f"rank {res['rank']}: failed checks {res['checks']}"

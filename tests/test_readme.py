@@ -25,3 +25,15 @@ def test_ci_runs_the_readme_test_command():
   tests = _commands()[1]
   ci = (REPO / ".ci" / "run").read_text()
   assert tests in ci, f"README test command not found verbatim in .ci/run:\n{tests}"
+
+
+def test_every_code_block_is_closed_and_names_its_language():
+  # A stray fence turns the prose after it into a code block (a hand-resolved merge did this to the
+  # Development section): every opening fence names a language, and every block is closed.
+  for doc in ("README.md", "examples/moe_flax/README.md", "examples/dense_fsdp/README.md"):
+    fences = [(i + 1, l.strip()) for i, l in enumerate((REPO / doc).read_text().splitlines())
+              if l.lstrip().startswith("```")]
+    assert len(fences) % 2 == 0, f"{doc}: an unclosed code block (fences at {fences})"
+    openers = fences[0::2]
+    assert all(tag != "```" for _, tag in openers), f"{doc}: an opening fence without a language: {openers}"
+    assert all(tag == "```" for _, tag in fences[1::2]), f"{doc}: a closing fence with text: {fences}"

@@ -438,19 +438,12 @@ def test_calibrate_on_virtual_devices(tmp_path):
 # ------------------------------------------------------------------------------------- multi-process
 
 def test_every_rank_decides_the_same(tmp_path):
-  from mp_launch import launch
+  from mp_launch import launch, results
   p = synthetic(bw=5e7, lat=80e-6)
   p.sites["mp/a2a"] = pf.SiteObservation("all_to_all", "bfloat16", 8192, 11000, 16, 170000)
   path = tmp_path / "profile.json"
   p.save(path)
-  results = launch(HERE / "strategy_mp_worker.py", 2, 2, ["--profile", str(path)], timeout=240)
-  outs = []
-  for r in results:
-    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, f"rank {r.rank}: {r.returncode}\n{r.stdout[-2000:]}\n" \
-                                        f"{r.stderr[-3000:]}"
-    outs.append(json.loads(lines[-1][len("RESULT "):]))
-  a, b = outs
+  a, b = results(launch(HERE / "strategy_mp_worker.py", 2, 2, ["--profile", str(path)], timeout=240))
   assert a["loaded_fingerprint"] == b["loaded_fingerprint"] == p.fingerprint()
   assert a["loaded"] == b["loaded"]
   assert a["loaded"]["mp/a2a"]["compress"] and a["loaded"]["mp/a2a"]["capacity_source"] == "observed"

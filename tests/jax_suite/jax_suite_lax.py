@@ -54,38 +54,15 @@ def _recorded(name, fn):
   return call
 
 
-def _missing(name):
-  def call(*args, **kwargs):
-    raise NotImplementedError(f"zipccl_jax has no {name} (jax_suite shim)")
-  return call
-
-
 def _ours(name, mode):
   import zipccl_jax
-  fn = getattr(zipccl_jax, name, None)
-  if fn is None:
-    return _missing(name)
+  fn = getattr(zipccl_jax, name)
   if mode == "raw":
     @functools.wraps(fn)  # keeps the name: parameterized tests name their cases after it
     def raw(*args, **kwargs):
       return fn(*args, compress=False, **kwargs)
     return raw
-  if mode == "compressed" and not hasattr(zipccl_jax, "use_defaults"):
-    return _floats_compressed(fn)  # a zipccl_jax without the default-setting context manager
   return fn  # "compressed": plugin.py sets compress=True once with zipccl_jax.use_defaults
-
-
-def _floats_compressed(fn):
-  import numpy as np
-  coded = {np.dtype(jax.numpy.bfloat16), np.dtype(np.float16), np.dtype(np.float32)}
-
-  @functools.wraps(fn)
-  def call(x, *args, **kwargs):
-    leaves = jax.tree_util.tree_leaves(x)
-    if leaves and all(np.dtype(jax.numpy.result_type(l)) in coded for l in leaves):
-      kwargs.setdefault("compress", True)
-    return fn(x, *args, **kwargs)
-  return call
 
 
 def _build(mode: str) -> None:

@@ -72,7 +72,7 @@ def pytest_configure(config):
   for meth in ("assertAllClose", "assertArraysEqual", "assertArraysAllClose"):
     _wrap_assert(jtu.JaxTestCase, meth)
   import zipccl_jax
-  if _MODE == "compressed" and hasattr(zipccl_jax, "use_defaults"):
+  if _MODE == "compressed":
     ctx = zipccl_jax.use_defaults(compress=True)  # floats coded, other dtypes through jax.lax
     ctx.__enter__()
     _DEFAULTS.append(ctx)

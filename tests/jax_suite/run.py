@@ -33,14 +33,16 @@ import tarfile
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+
+import jax_suite_lax as shim  # noqa: E402  (the swapped names, the rewritten module's name)
 
 # Files whose tests call the collectives (in jax 0.10.2); multi-process, GPU/TPU-only and Pallas files left out.
 FILES = ("shard_map_test.py", "batching_test.py", "pmap_test.py", "api_test.py", "checkify_test.py",
          "custom_api_test.py", "lax_control_flow_test.py", "pjit_test.py", "memories_test.py",
          "roofline_test.py", "shard_alike_test.py", "xla_transform_test.py", "export_test.py",
          "control_deps_test.py")
-NAMES = ("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean", "all_gather_invariant")
 INSIDE_FILE = "shard_map_test.py"
 
 
@@ -49,48 +51,94 @@ def jax_version() -> str:
   return jax.__version__
 
 
+class NoJaxTests(RuntimeError):
+  """JAX's test files could not be obtained; the message says what was tried and what to pass."""
+
+
+def check_out_dir(out: str) -> None:
+  """The working copy of JAX's tests must stay outside this repository (they are JAX's code)."""
+  out, repo = os.path.realpath(out), os.path.realpath(REPO)
+  if os.path.commonpath([out, repo]) == repo:
+    raise NoJaxTests(f"--out {out} is inside the repository {repo}; JAX's test files are fetched into it "
+                     "and must not be stored here: pass a directory outside it (the default is under "
+                     f"{tempfile.gettempdir()})")
+
+
 def fetch_tests(jax_src: str | None, work: str, version: str) -> str:
-  """A fresh directory `work/src` holding JAX's `tests/` at `version`."""
+  """A fresh directory `work/src` holding JAX's `tests/` at `version`; NoJaxTests if none can be had."""
   src = os.path.join(work, "src")
   shutil.rmtree(src, ignore_errors=True)
   os.makedirs(src)
   tag = f"jax-v{version}"
-  if jax_src and os.path.isdir(os.path.join(jax_src, "tests")) and not _is_git(jax_src):
-    shutil.copytree(os.path.join(jax_src, "tests"), os.path.join(src, "tests"))
-    return src
   if jax_src:
-    return _git_archive(jax_src, tag, src)
-  sdist_dir = os.path.join(work, "sdist")
-  os.makedirs(sdist_dir, exist_ok=True)
-  subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
-                  "-d", sdist_dir, f"jax=={version}"], check=True)
-  (sdist,) = glob.glob(os.path.join(sdist_dir, f"jax-{version}.tar.gz"))
-  with tarfile.open(sdist) as tf:
-    members = [m for m in tf.getmembers() if m.name.startswith(f"jax-{version}/tests/")]
-    if members:
-      for m in members:
-        m.name = m.name.split("/", 1)[1]
-      tf.extractall(src, members=members, filter="data")
+    if not os.path.isdir(jax_src):
+      raise NoJaxTests(f"--jax-src {jax_src}: no such directory")
+    if not _is_git(jax_src):
+      if not os.path.isdir(os.path.join(jax_src, "tests")):
+        raise NoJaxTests(f"--jax-src {jax_src}: neither a git repository nor a directory holding tests/")
+      shutil.copytree(os.path.join(jax_src, "tests"), os.path.join(src, "tests"))
       return src
-  print(f"the jax {version} sdist has no tests/; cloning {tag} from GitHub", file=sys.stderr)
+    return _git_archive(jax_src, tag, src)
+  tried = []
+  try:
+    if _sdist_tests(work, version, src):
+      return src
+    tried.append(f"the PyPI sdist of jax {version} has no tests/")
+  except (subprocess.CalledProcessError, OSError, tarfile.TarError) as e:
+    tried.append(f"pip download of the jax {version} sdist failed: {_reason(e)}")
+  print(f"{tried[-1]}; cloning {tag} from GitHub", file=sys.stderr)
   clone = os.path.join(work, "jax-git")
   if not os.path.isdir(clone):
-    subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", tag,
-                    "https://github.com/jax-ml/jax", clone], check=True)
+    try:
+      subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", tag, "https://github.com/jax-ml/jax",
+                      clone], check=True, capture_output=True, text=True)
+    except (subprocess.CalledProcessError, OSError) as e:
+      tried.append(f"git clone --branch {tag} https://github.com/jax-ml/jax failed: {_reason(e)}")
+      raise NoJaxTests("cannot obtain JAX's test files: " + "; ".join(tried) + ". Pass --jax-src PATH (a jax "
+                       f"git checkout with the tag {tag}, or a directory holding jax {version}'s tests/).")
   return _git_archive(clone, tag, src)
 
 
+def _reason(e: Exception) -> str:
+  """The last line a failed command printed on stderr, else the exception."""
+  err = getattr(e, "stderr", None) or ""
+  err = err.decode(errors="replace") if isinstance(err, bytes) else err
+  lines = err.strip().splitlines()
+  return lines[-1] if lines else str(e)
+
+
+def _sdist_tests(work: str, version: str, src: str) -> bool:
+  """Extracts the jax sdist's tests/ into `src`; False when the sdist ships none."""
+  sdist_dir = os.path.join(work, "sdist")
+  os.makedirs(sdist_dir, exist_ok=True)
+  subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+                  "-d", sdist_dir, f"jax=={version}"], check=True, capture_output=True, text=True)
+  sdists = glob.glob(os.path.join(sdist_dir, f"jax-{version}.tar.gz"))
+  if not sdists:
+    return False
+  with tarfile.open(sdists[0]) as tf:
+    members = [m for m in tf.getmembers() if m.name.startswith(f"jax-{version}/tests/")]
+    for m in members:
+      m.name = m.name.split("/", 1)[1]
+    tf.extractall(src, members=members, filter="data")
+  return bool(members)
+
+
 def _is_git(path: str) -> bool:
-  return subprocess.run(["git", "-C", path, "rev-parse", "--git-dir"], capture_output=True).returncode == 0
+  """`path` is the top of a git checkout (not merely a directory inside some other repository)."""
+  top = subprocess.run(["git", "-C", path, "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+  return top.returncode == 0 and os.path.realpath(top.stdout.strip()) == os.path.realpath(path)
 
 
 def _git_archive(repo: str, tag: str, dest: str) -> str:
-  archive = subprocess.run(["git", "-C", repo, "archive", "--format=tar", tag, "tests"],
-                           capture_output=True, check=True).stdout
+  try:
+    archive = subprocess.run(["git", "-C", repo, "archive", "--format=tar", tag, "tests"],
+                             capture_output=True, check=True).stdout
+  except subprocess.CalledProcessError as e:
+    raise NoJaxTests(f"{repo}: git archive {tag} tests failed ({_reason(e)}); the installed jax needs "
+                     f"JAX's tests at the tag {tag} (git fetch --tags)") from e
   subprocess.run(["tar", "x", "-C", dest], input=archive, check=True)
   return dest
-
-
 
 
 def rewrite(path: str) -> int:
@@ -102,7 +150,7 @@ def rewrite(path: str) -> int:
   lines = text.splitlines(keepends=True)
   edits = []  # (row, col_start, col_end, name)
   for i, t in enumerate(toks):
-    if t.type != tokenize.NAME or t.string not in NAMES or i < 2:
+    if t.type != tokenize.NAME or t.string not in shim.SWAPPED or i < 2:
       continue
     if toks[i - 1].string != "." or toks[i - 2].string != "lax":
       continue
@@ -114,11 +162,12 @@ def rewrite(path: str) -> int:
     edits.append((start[0], start[1], t.end[1], t.string))
   for row, c0, c1, name in sorted(edits, reverse=True):
     line = lines[row - 1]
-    lines[row - 1] = line[:c0] + f"_zs_lax.{name}" + line[c1:]
+    lines[row - 1] = line[:c0] + f"{shim.MODULE_NAME}.{name}" + line[c1:]
   out = "".join(lines)
   future = re.search(r"^from __future__ import [^\n]*\n", out, flags=re.M)
   at = future.end() if future else 0
-  out = out[:at] + "import jax_suite_lax as _zs_lax  # zipccl_jax suite: swapped collectives\n" + out[at:]
+  out = (out[:at] + f"import {shim.__name__} as {shim.MODULE_NAME}  # zipccl_jax suite: swapped collectives\n"
+         + out[at:])
   with open(path, "w") as f:
     f.write(out)
   return len(edits)
@@ -178,7 +227,7 @@ def summarize(lax_runs, runs, raw_runs) -> dict:
       continue
     row = {"nodeid": nodeid, "group": "shard_map" if nodeid.split("::")[0].endswith(INSIDE_FILE)
            else "outside", "calls": ref["calls"], "lax": ref["outcome"], "lax_error": ref["error"]}
-    reduces = any(c in ("psum", "psum_scatter", "pmean") for c in ref["calls"])
+    reduces = bool(set(ref["calls"]) & set(shim.REDUCTIONS))
     for mode, recs in runs.items():
       r = recs.get(nodeid, {"outcome": "not run", "error": ""})
       compared, bad = mismatches(ref, r, raw_runs.get(nodeid) if reduces else None)
@@ -232,8 +281,13 @@ def main(argv=None):
   ap.add_argument("--reuse", default="", help="comma-separated modes whose DIR/<mode>.jsonl to reuse")
   args = ap.parse_args(argv)
   version = jax_version()
-  os.makedirs(args.out, exist_ok=True)
-  src = fetch_tests(args.jax_src, args.out, version)
+  try:
+    check_out_dir(args.out)
+    os.makedirs(args.out, exist_ok=True)
+    src = fetch_tests(args.jax_src, args.out, version)
+  except NoJaxTests as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   files = [f"tests/{f}" for f in args.files.split(",") if f]
   n_rewritten = {f: rewrite(os.path.join(src, f)) for f in files}
   print(f"jax {version}: rewrote {sum(n_rewritten.values())} call sites in {len(files)} files",
@@ -246,10 +300,14 @@ def main(argv=None):
     lax_runs = run_mode("lax", src, files, os.path.join(args.out, "lax.jsonl"), prefilter=prefilter,
                         reuse="lax" in reuse)
   suite = sorted(k for k, r in lax_runs.items() if r.get("calls") and r["outcome"] != "skipped")
+  if not suite:  # nothing to compare: a wrong --files, a rewrite that matched nothing, or a broken run
+    print(f"error: no test of {files} called a swapped collective under jax.lax ({len(lax_runs)} ran; "
+          f"{sum(n_rewritten.values())} call sites rewritten)", file=sys.stderr)
+    return 2
   modes = [m for m in args.modes.split(",") if m]
   runs = {m: run_mode(m, src, files, os.path.join(args.out, f"{m}.jsonl"), select=suite,
                       reuse=m in reuse) for m in modes}
-  reducing = [k for k in suite if set(lax_runs[k]["calls"]) & {"psum", "psum_scatter", "pmean"}]
+  reducing = [k for k in suite if set(lax_runs[k]["calls"]) & set(shim.REDUCTIONS)]
   raw_runs = run_mode("raw", src, files, os.path.join(args.out, "raw.jsonl"), select=reducing,
                       reuse="raw" in reuse)
   result = summarize(lax_runs, runs, raw_runs)
@@ -260,7 +318,8 @@ def main(argv=None):
     f.write(report_md(result, modes))
   print(json.dumps(result["summary"], indent=1))
   print(f"per-test table: {os.path.join(args.out, 'report.md')}")
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())
