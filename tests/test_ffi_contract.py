@@ -4,70 +4,41 @@ tests/cc/ffi_contract_test.cc calls the real ZipcclEncodeCuda / ZipcclDecodeCuda
 through a mock XLA_FFI_Api that enforces what xla/ffi/ffi_api.cc enforces (scratch alignment <= 16, scratch
 freed when the handler returns, the stream from the context, errors propagated), with the kernels run by the
 SIMT emulator (xla_ffi/emulated_kernels.cc linked in place of codec/kernels.cu). Built here with g++ under
-ASan + UBSan; objects are cached under build/ffi_contract/ by a hash of the sources and flags.
+ASan + UBSan, the kernel bodies with the emulator's race detector and random yields (tests/sanitized_build.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
-from pathlib import Path
+import re
 
-import jaxlib
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-XLA_INCLUDE = Path(jaxlib.__file__).parent / "include"
-SOURCES = ["tests/cc/ffi_contract_test.cc", "xla_ffi/handlers_cuda.cc", "xla_ffi/emulated_kernels.cc",
-           "xla_ffi/codec/cpu_driver.cc"]
-FLAGS = ["-std=c++17", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-         "-I", str(ROOT), "-I", str(ROOT / "xla_ffi"), "-isystem", str(XLA_INCLUDE)]
-CXX = os.environ.get("CXX", "g++")
+from sanitized_build import ASAN, CXX, HAVE_CXX, RACE, ROOT, binary, run
 
-pytestmark = pytest.mark.skipif(shutil.which(CXX) is None, reason=f"needs a C++ compiler ({CXX})")
+# The sources that instantiate kernel bodies (the real ones, and the test's seeded ones) carry the emulator's
+# race instrumentation; the handlers and the CPU driver carry ASan.
+SOURCES = {"tests/cc/ffi_contract_test.cc": RACE, "xla_ffi/handlers_cuda.cc": ASAN,
+           "xla_ffi/emulated_kernels.cc": RACE, "xla_ffi/codec/cpu_driver.cc": ASAN}
 
-
-def _headers_digest() -> str:
-  h = hashlib.sha256()
-  for d in ("xla_ffi", "tests/cc"):
-    for p in sorted((ROOT / d).rglob("*")):
-      if p.suffix in (".h", ".cuh"):
-        h.update(p.read_bytes())
-  return h.hexdigest()
+pytestmark = pytest.mark.skipif(not HAVE_CXX, reason=f"needs a C++ compiler ({CXX})")
 
 
-def _object(src: str, extra: list[str], headers: str) -> Path:
-  key = hashlib.sha256("\0".join([(ROOT / src).read_text(), headers, CXX] + FLAGS + extra).encode())
-  out = ROOT / "build" / "ffi_contract" / f"{Path(src).stem}-{key.hexdigest()[:16]}.o"
-  if not out.exists():
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.o")
-    subprocess.run([CXX, *FLAGS, *extra, "-c", str(ROOT / src), "-o", str(tmp)], check=True, timeout=900)
-    tmp.rename(out)
-  return out
+def _binary(handler_flags: list[str] | None = None):
+  sources = dict(SOURCES)
+  if handler_flags:
+    sources["xla_ffi/handlers_cuda.cc"] = ASAN + handler_flags
+  return binary("contract", sources)
 
 
-def _binary(handler_flags: list[str] | None = None) -> Path:
-  headers = _headers_digest()
-  objs = [_object(s, handler_flags if s.endswith("handlers_cuda.cc") and handler_flags else [], headers)
-          for s in SOURCES]
-  exe = objs[0].parent / ("contract-" + hashlib.sha256("".join(map(str, objs)).encode()).hexdigest()[:16])
-  if not exe.exists():
-    subprocess.run([CXX, *FLAGS, *map(str, objs), "-o", str(exe)], check=True, timeout=300)
-  return exe
-
-
-def _run(exe: Path) -> subprocess.CompletedProcess:
-  env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:detect_stack_use_after_return=0")
-  return subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, env=env)
+def _run(exe):
+  return run(exe, timeout=600)
 
 
 def test_cuda_handlers_keep_xlas_ffi_contract():
   r = _run(_binary())
   assert r.returncode == 0, r.stdout + r.stderr
-  assert "13 tests, 0 failed checks" in r.stdout, r.stdout
+  n_tests = len(re.findall(r"^TEST\(", (ROOT / "tests/cc/ffi_contract_test.cc").read_text(), re.M))
+  assert f"{n_tests} tests, 0 failed checks" in r.stdout, r.stdout  # every TEST ran
   assert "[FAIL]" not in r.stdout
 
 

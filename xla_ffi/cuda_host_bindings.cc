@@ -90,40 +90,6 @@ const uint8_t* SkipFlags(const std::optional<Bytes>& skip, uint64_t frames) {
   return skip->data();
 }
 
-// Runs (or only records) the encoder's launch sequence.
-std::vector<LaunchRecord> Encode(const uint8_t* x, uint64_t frames, uint64_t n, int dtype,
-                                 bool checksum, uint8_t* out, uint64_t cap, int64_t* nbytes,
-                                 const uint8_t* skip, bool execute, uint64_t seed) {
-  const EncodeLayout L = MakeEncodeLayout(frames, n, /*cub_bytes=*/0);
-  EmuLauncher l(execute, seed);
-  std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
-  uint8_t* s = nullptr;
-  if (execute) {
-    FillGarbage(scratch.data(), scratch.size(), l.sched.rng());
-    s = scratch.data() + (kScratchAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kScratchAlign);
-  }
-  EncodeParams p =
-      MakeEncodeParams(L, x, uint8_t(dtype), checksum, out, cap, nbytes, /*nbytes64=*/true, skip, s);
-  RunEncode(l, p, L, s);
-  return l.records;
-}
-
-std::vector<LaunchRecord> Decode(const uint8_t* payload, uint64_t frames, uint64_t cap,
-                                 int dtype, uint64_t n, uint8_t* out, int32_t* status,
-                                 const uint8_t* skip, bool execute, uint64_t seed) {
-  const DecodeLayout L = MakeDecodeLayout(frames, n, /*cub_bytes=*/0);
-  EmuLauncher l(execute, seed);
-  std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
-  uint8_t* s = nullptr;
-  if (execute) {
-    FillGarbage(scratch.data(), scratch.size(), l.sched.rng());
-    s = scratch.data() + (kScratchAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kScratchAlign);
-  }
-  DecodeParams p = MakeDecodeParams(L, payload, cap, uint8_t(dtype), out, status, skip, s);
-  RunDecode(l, p, L, s);
-  return l.records;
-}
-
 }  // namespace
 }  // namespace zipccl::cuda::emu
 
@@ -147,7 +113,7 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
   m.def("encode_launches",
         [](uint64_t frames, uint64_t n, int dtype, uint64_t cap) {
           CheckDType(dtype);
-          return ToTuples(Encode(nullptr, frames, n, dtype, false, nullptr, cap, nullptr, nullptr,
+          return ToTuples(EmulateEncode(nullptr, frames, n, dtype, false, nullptr, cap, nullptr, nullptr,
                                  /*execute=*/false, 0));
         },
         nb::arg("frames"), nb::arg("n_elems"), nb::arg("dtype_code"), nb::arg("cap_bytes") = 0,
@@ -157,7 +123,7 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
         [](uint64_t frames, uint64_t n, int dtype, bool status) {
           CheckDType(dtype);
           int32_t dummy = 0;
-          return ToTuples(Decode(nullptr, frames, 0, dtype, n, nullptr, status ? &dummy : nullptr,
+          return ToTuples(EmulateDecode(nullptr, frames, 0, dtype, n, nullptr, status ? &dummy : nullptr,
                                  nullptr, /*execute=*/false, 0));
         },
         nb::arg("frames"), nb::arg("n_elems"), nb::arg("dtype_code"), nb::arg("status"),
@@ -173,7 +139,7 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
           const uint64_t cap = frames ? out.size() / frames : 0;
           const uint8_t* sk = SkipFlags(skip, frames);
           nb::gil_scoped_release release;
-          Encode(x.data(), frames, n, dtype, checksum, out.data(), cap, nbytes.data(), sk, true,
+          EmulateEncode(x.data(), frames, n, dtype, checksum, out.data(), cap, nbytes.data(), sk, true,
                  seed);
         },
         nb::arg("x"), nb::arg("frames"), nb::arg("n_elems"), nb::arg("dtype_code"),
@@ -193,7 +159,7 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
           const uint64_t cap = frames ? payload.size() / frames : 0;
           const uint8_t* sk = SkipFlags(skip, frames);
           nb::gil_scoped_release release;
-          Decode(payload.data(), frames, cap, dtype, n, out.data(), status.data(), sk, true, seed);
+          EmulateDecode(payload.data(), frames, cap, dtype, n, out.data(), status.data(), sk, true, seed);
         },
         nb::arg("payload"), nb::arg("frames"), nb::arg("dtype_code"), nb::arg("n_elems"),
         nb::arg("out"), nb::arg("status"), nb::arg("seed") = 0,

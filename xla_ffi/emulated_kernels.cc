@@ -3,6 +3,7 @@
 // needs it, the CUB temporary bytes those ScanTempBytes reported.
 #include "emulated_kernels.h"
 
+#include <cstdio>
 #include <exception>
 #include <string>
 
@@ -46,8 +47,9 @@ int Call(CUstream_st* stream, const void* scratch, uint64_t scratch_bytes, uint6
   emu::EmuLauncher l(/*execute=*/true, s.seed++);
   try {
     run(l);
-  } catch (const std::exception&) {  // barrier divergence: a kernel bug, as a launch failure
-    return 719;                        // cudaErrorLaunchFailure
+  } catch (const std::exception& e) {  // a kernel bug the emulator caught, as a launch failure
+    std::fprintf(stderr, "%s\n", e.what());
+    return 719;  // cudaErrorLaunchFailure
   }
   s.last.launches = l.records.size();
   return 0;

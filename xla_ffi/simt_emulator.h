@@ -2,19 +2,36 @@
 // codec/cuda_{encode,decode}.cuh and the launch sequences of cuda_launch.cuh on
 // the CPU, for tests on machines without a GPU.
 //
-// Each CTA runs as one fiber per thread (ucontext). A barrier switches back to
-// the scheduler, which resumes the threads in a freshly shuffled order once all
-// of them have arrived; a thread that exits while others wait at a barrier is
-// reported as barrier divergence. Shared memory, scratch memory and the CTA
-// order are filled / shuffled from a seed, so a missing barrier or a read of
-// uninitialised memory shows up as a byte difference against the CPU driver.
-// Atomics are plain read-modify-writes (only one fiber runs at a time). Vector,
-// word and element accesses that a GPU would fault on as misaligned are errors
-// (EmuCheckAligned of cuda_common.cuh). What it cannot show: races inside one
-// barrier interval (fibers switch only at barriers, so a plain `|=` in place of
-// an atomic is never interleaved), warp-level timing, memory-model effects
-// between CTAs, and anything about CUB itself (its scans are replaced by
-// sequential ones of the same contract).
+// Each CTA runs as one fiber per thread (ucontext). The scheduler resumes a
+// randomly chosen ready thread until it reaches a barrier, exits, or yields;
+// once all threads wait at the barrier, a new barrier interval starts. A thread
+// that exits while others wait at a barrier is reported as barrier divergence.
+// Shared memory, scratch memory and the CTA order are filled / shuffled from a
+// seed, so a missing barrier or a read of uninitialised memory shows up as a
+// byte difference against the CPU driver. Vector, word and element accesses
+// that a GPU would fault on as misaligned are errors (EmuCheckAligned of
+// cuda_common.cuh); the host atomics of cuda_common.cuh are real atomic
+// builtins.
+//
+// Instrumented builds (the sanitized tests: tests/test_ffi_contract.py,
+// tests/test_emulator_sanitized.py) compile the kernel-instantiating sources
+// with the compiler's ThreadSanitizer instrumentation and link
+// simt_race_hooks.cc in place of the TSan runtime: every load, store and
+// atomic of the kernel bodies then calls EmuOnAccess, which
+//   - detects shared-memory races: per byte of the CTA's Shared struct and per
+//     barrier interval it remembers the threads that read, wrote and accessed
+//     it atomically; two different threads touching one byte in one interval,
+//     at least one writing, not both atomically, is an error naming the
+//     kernel, the CTA, the interval, the byte offset and both threads;
+//   - yields to another ready thread at random (seeded): at most accesses
+//     rarely, at atomics often, so an ordering bug between barriers shows up;
+//   - forwards the access to AddressSanitizer's check (__asan_loadN/storeN).
+// Without the instrumentation (the Python extension) the emulator runs as
+// before: threads switch only at barriers, and there is no race detection.
+// What it cannot show: warp-level timing and intrinsics, memory-model effects
+// between CTAs (CTAs run one after the other), races in global memory, and
+// anything about CUB itself (its scans are replaced by sequential ones of the
+// same contract).
 //
 // Pure host C++ (no CUDA toolkit). Used by cuda_host_bindings.cc (the Python
 // submodule zipccl_jax._zipccl.cuda_host) and by emulated_kernels.cc (the
@@ -36,7 +53,55 @@
 
 #include "codec/cuda_launch.cuh"
 
+// The emulator's own machinery is never instrumented: its accesses are not the
+// kernels', and the hooks of simt_race_hooks.cc call into it.
+#define ZIPCCL_EMU_NOINSTR __attribute__((no_sanitize("thread")))
+
 namespace zipccl::cuda::emu {
+
+class Scheduler;
+
+enum class Access : uint8_t { kRead, kWrite, kAtomic };
+
+constexpr uint16_t kNoThread = 0xFFFF;
+// Mean number of instrumented plain accesses between two random yields (a
+// yield costs two context switches); an atomic yields with probability 1/2.
+constexpr uint32_t kPlainYieldPeriod = 64;
+
+// One byte of the running CTA's shared memory during barrier interval `epoch`:
+// up to two distinct threads that loaded it, the thread that stored it, up to
+// two distinct threads that accessed it atomically.
+struct ShadowByte {
+  uint64_t epoch;
+  uint16_t reader[2], writer, atomic[2];
+};
+
+// Per OS thread: the CTA being emulated and the race detector's state.
+struct EmuState {
+  Scheduler* sched = nullptr;
+  uint16_t tid = kNoThread;  // the fiber running, or kNoThread (the scheduler)
+  bool busy = false;         // inside the emulator's own code: accesses are not the kernel's
+  uint64_t epoch = 0;        // barrier intervals so far, over all CTAs
+  uint64_t interval = 0;     // barrier intervals of the current CTA
+  const uint8_t* shared = nullptr;  // the CTA's Shared struct
+  size_t shared_bytes = 0;
+  const char* kernel = "";
+  uint64_t block = 0;
+  std::vector<ShadowByte> shadow;
+  std::string race;          // the first race of the launch
+  uint64_t rng = 1;          // xorshift64 state of the yields
+  uint32_t countdown = 1;    // plain accesses until the next yield
+  uint64_t yields = 0;       // random yields taken (tests check they happen)
+};
+inline EmuState& Emu() {
+  static thread_local EmuState s;
+  return s;
+}
+// Set by simt_race_hooks.cc when the kernels run under the instrumentation.
+inline bool& EmuInstrumented() {
+  static bool on = false;
+  return on;
+}
 
 // Cooperative scheduler of the threads of one CTA.
 class Scheduler {
@@ -46,7 +111,7 @@ class Scheduler {
   explicit Scheduler(uint64_t seed) : rng_(seed) {}
 
   // Runs body(tid) for tid in [0, n) as fibers until all have returned.
-  void Run(uint32_t n, const std::function<void(uint32_t)>& body) {
+  ZIPCCL_EMU_NOINSTR void Run(uint32_t n, const std::function<void(uint32_t)>& body) {
     if (stacks_.size() < n) {
       stacks_.resize(n);
       for (auto& s : stacks_)
@@ -66,14 +131,28 @@ class Scheduler {
       makecontext(&ctx_[t], reinterpret_cast<void (*)()>(&Scheduler::Entry), 3,
                   int(uint32_t(self >> 32)), int(uint32_t(self)), int(t));
     }
-    std::vector<uint32_t> order(n);
-    std::iota(order.begin(), order.end(), 0u);
+    EmuState& emu = Emu();
+    emu.sched = this;
+    emu.busy = true;
+    ++emu.epoch;
+    emu.interval = 0;
+    std::vector<uint32_t> ready(n);
+    std::iota(ready.begin(), ready.end(), 0u);
     for (;;) {
-      std::shuffle(order.begin(), order.end(), rng_);
-      for (uint32_t t : order) {
-        if (state_[t] != kReady) continue;
+      while (!ready.empty()) {  // one barrier interval: resume random ready threads
+        const size_t i = size_t(rng_() % ready.size());
+        const uint32_t t = ready[i];
         state_[t] = kRunning;
-        swapcontext(&main_, &ctx_[t]);
+        ucontext_t* fiber = &ctx_[t];
+        emu.tid = uint16_t(t);
+        emu.busy = false;
+        swapcontext(&main_, fiber);
+        emu.busy = true;
+        emu.tid = kNoThread;
+        if (state_[t] != kReady) {  // at a barrier or done, not yielded
+          ready[i] = ready.back();
+          ready.pop_back();
+        }
       }
       uint32_t waiting = 0, done = 0;
       for (uint32_t t = 0; t < n; ++t) {
@@ -81,15 +160,25 @@ class Scheduler {
         done += state_[t] == kDone;
       }
       if (waiting == 0) break;
-      if (done) throw std::runtime_error("emulator: barrier divergence (a thread exited while others wait)");
-      for (uint32_t t = 0; t < n; ++t) state_[t] = kReady;
+      if (done) {
+        emu.sched = nullptr;
+        emu.busy = false;
+        throw std::runtime_error("emulator: barrier divergence (a thread exited while others wait)");
+      }
+      for (uint32_t t = 0; t < n; ++t) {
+        state_[t] = kReady;
+        ready.push_back(t);
+      }
+      ++emu.epoch;
+      ++emu.interval;
     }
+    emu.sched = nullptr;
+    emu.busy = false;
   }
 
-  void Barrier(uint32_t tid) {
-    state_[tid] = kWaiting;
-    swapcontext(&ctx_[tid], &main_);
-  }
+  ZIPCCL_EMU_NOINSTR void Barrier(uint32_t tid) { Switch(tid, kWaiting); }
+  // Lets another ready thread of the same barrier interval run first.
+  ZIPCCL_EMU_NOINSTR void Yield(uint32_t tid) { Switch(tid, kReady); }
 
   std::mt19937_64& rng() { return rng_; }
   uint32_t size() const { return n_; }
@@ -98,9 +187,17 @@ class Scheduler {
  private:
   enum State { kReady, kRunning, kWaiting, kDone };
 
-  static void Entry(int hi, int lo, int tid) {
+  // Fiber side; the scheduler clears `busy` when it resumes the fiber.
+  ZIPCCL_EMU_NOINSTR void Switch(uint32_t tid, State to) {
+    Emu().busy = true;
+    state_[tid] = to;
+    swapcontext(&ctx_[tid], &main_);
+  }
+
+  ZIPCCL_EMU_NOINSTR static void Entry(int hi, int lo, int tid) {
     auto* self = reinterpret_cast<Scheduler*>((uintptr_t(uint32_t(hi)) << 32) | uint32_t(lo));
     (*self->body_)(uint32_t(tid));
+    Emu().busy = true;
     self->state_[tid] = kDone;
   }
 
@@ -113,6 +210,67 @@ class Scheduler {
   uint32_t n_ = 0;
 };
 
+// ---- Race detector and random yields (called by simt_race_hooks.cc) ----------
+inline const char* AccessName(Access a) {
+  return a == Access::kRead ? "plain load" : a == Access::kWrite ? "plain store" : "atomic";
+}
+// A thread of `pair` other than t, or kNoThread.
+inline uint16_t OtherThan(const uint16_t* pair, uint16_t t) {
+  if (pair[0] != kNoThread && pair[0] != t) return pair[0];
+  return pair[1] != t ? pair[1] : kNoThread;
+}
+inline void AddThread(uint16_t* pair, uint16_t t) {
+  if (pair[0] == kNoThread) pair[0] = t;
+  else if (pair[0] != t && pair[1] == kNoThread) pair[1] = t;
+}
+
+ZIPCCL_EMU_NOINSTR inline void CheckSharedByte(EmuState& s, size_t off, Access a) {
+  ShadowByte& c = s.shadow[off];
+  if (c.epoch != s.epoch) c = ShadowByte{s.epoch, {kNoThread, kNoThread}, kNoThread, {kNoThread, kNoThread}};
+  const uint16_t t = s.tid;
+  uint16_t other = kNoThread;
+  Access theirs = Access::kWrite;
+  if (c.writer != kNoThread && c.writer != t) {
+    other = c.writer;
+  } else if (a != Access::kRead && (other = OtherThan(c.reader, t)) != kNoThread) {
+    theirs = Access::kRead;
+  } else if (a != Access::kAtomic && (other = OtherThan(c.atomic, t)) != kNoThread) {
+    theirs = Access::kAtomic;
+  }
+  if (other != kNoThread && s.race.empty()) {
+    s.race = "shared-memory race in " + std::string(s.kernel) + " (CTA " + std::to_string(s.block) +
+             ", barrier interval " + std::to_string(s.interval) + "): byte " + std::to_string(off) +
+             " of its Shared struct (" + std::to_string(s.shared_bytes) + " bytes): thread " +
+             std::to_string(other) + " " + AccessName(theirs) + ", thread " + std::to_string(t) + " " +
+             AccessName(a) + " with no barrier between them";
+  }
+  if (a == Access::kRead) AddThread(c.reader, t);
+  else if (a == Access::kAtomic) AddThread(c.atomic, t);
+  else if (c.writer == kNoThread) c.writer = t;
+}
+
+// Every instrumented access of a kernel body: race check when it touches the
+// CTA's shared memory, then perhaps a yield to another ready thread.
+ZIPCCL_EMU_NOINSTR inline void EmuOnAccess(const void* p, size_t bytes, Access a) {
+  EmuState& s = Emu();
+  if (s.busy || s.tid == kNoThread || s.sched == nullptr) return;  // not a kernel thread's access
+  s.busy = true;  // the emulator's own code below may itself be instrumented
+  const uintptr_t off = reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(s.shared);
+  if (s.shared != nullptr && off < s.shared_bytes) {
+    const size_t end = std::min(off + bytes, s.shared_bytes);
+    for (size_t i = off; i < end; ++i) CheckSharedByte(s, i, a);
+  }
+  s.rng ^= s.rng << 13, s.rng ^= s.rng >> 7, s.rng ^= s.rng << 17;
+  const bool yield = a == Access::kAtomic ? (s.rng >> 63) != 0 : --s.countdown == 0;
+  if (!yield) {
+    s.busy = false;
+    return;
+  }
+  if (a != Access::kAtomic) s.countdown = 1 + uint32_t(s.rng % (2 * kPlainYieldPeriod));
+  ++s.yields;
+  s.sched->Yield(s.tid);
+}
+
 // The CTA primitives of the kernel bodies, emulated.
 struct FiberCta {
   Scheduler* s;
@@ -120,8 +278,8 @@ struct FiberCta {
   uint64_t b;
   uint32_t tid() const { return t; }
   uint64_t block() const { return b; }
-  void sync() { s->Barrier(t); }
-  int sync_or(int pred) {
+  ZIPCCL_EMU_NOINSTR void sync() { s->Barrier(t); }
+  ZIPCCL_EMU_NOINSTR int sync_or(int pred) {
     s->slot[t] = pred != 0;
     sync();
     int r = 0;
@@ -129,7 +287,7 @@ struct FiberCta {
     sync();
     return r;
   }
-  uint32_t exclusive_sum(uint32_t v, uint32_t* aggregate) {
+  ZIPCCL_EMU_NOINSTR uint32_t exclusive_sum(uint32_t v, uint32_t* aggregate) {
     s->slot[t] = v;
     sync();
     uint32_t before = 0, all = 0;
@@ -143,7 +301,7 @@ struct FiberCta {
   }
 };
 
-inline void FillGarbage(void* p, size_t bytes, std::mt19937_64& rng) {
+ZIPCCL_EMU_NOINSTR inline void FillGarbage(void* p, size_t bytes, std::mt19937_64& rng) {
   auto* q = static_cast<uint8_t*>(p);
   for (size_t i = 0; i < bytes; ++i) q[i] = uint8_t(rng());
 }
@@ -165,15 +323,28 @@ struct EmuLauncher {
   EmuLauncher(bool exec, uint64_t seed) : execute(exec), sched(seed) {}
 
   template <class K>
-  void Launch(uint64_t grid, const typename K::Params& p) {
-    records.push_back({K::kName, grid, K::kBlockThreads, sizeof(typename K::Shared)});
+  ZIPCCL_EMU_NOINSTR void Launch(uint64_t grid, const typename K::Params& p) {
+    using Shared = typename K::Shared;
+    records.push_back({K::kName, grid, K::kBlockThreads, sizeof(Shared)});
     if (!execute || grid == 0) return;
     std::vector<uint64_t> order(grid);
     std::iota(order.begin(), order.end(), uint64_t(0));
     std::shuffle(order.begin(), order.end(), sched.rng());
-    auto sm = std::make_unique<typename K::Shared>();
+    auto sm = std::make_unique<Shared>();
+    EmuState& emu = Emu();
+    emu.shadow.assign(std::max(emu.shadow.size(), sizeof(Shared)), ShadowByte{0, {}, 0, {}});
+    emu.race.clear();
+    emu.rng = sched.rng()() | 1;
+    struct Unwatch {  // the shared range is only watched while this launch runs
+      EmuState& e;
+      ~Unwatch() { e.shared = nullptr, e.shared_bytes = 0; }
+    } unwatch{emu};
     for (uint64_t block : order) {
-      FillGarbage(sm.get(), sizeof(typename K::Shared), sched.rng());
+      FillGarbage(sm.get(), sizeof(Shared), sched.rng());
+      emu.shared = reinterpret_cast<const uint8_t*>(sm.get());
+      emu.shared_bytes = sizeof(Shared);
+      emu.kernel = K::kName;
+      emu.block = block;
       std::function<void(uint32_t)> body = [&](uint32_t tid) {
         FiberCta cta{&sched, tid, block};
         K::Run(cta, *sm, p);
@@ -183,14 +354,15 @@ struct EmuLauncher {
         EmuFault() = nullptr;
         throw std::runtime_error(std::string("emulator: ") + fault + " in " + K::kName);
       }
+      if (!emu.race.empty()) throw std::runtime_error("emulator: " + emu.race);
     }
   }
 
   // CUB's contract: temp_bytes of temporary storage at temp, which the scan
   // may overwrite (filled with garbage here, so a layout that overlaps it with
   // live data shows up).
-  void ExclusiveSum(const uint64_t* in, uint64_t* out, uint64_t n, void* temp,
-                    uint64_t temp_bytes) {
+  ZIPCCL_EMU_NOINSTR void ExclusiveSum(const uint64_t* in, uint64_t* out, uint64_t n, void* temp,
+                                       uint64_t temp_bytes) {
     records.push_back({"cub_exclusive_sum", n, 0, 0});
     if (!execute) return;
     if (temp_bytes) FillGarbage(temp, size_t(temp_bytes), sched.rng());
@@ -202,5 +374,43 @@ struct EmuLauncher {
     }
   }
 };
+
+// Runs (or, unless `execute`, only records) the encoder's launch sequence on
+// host memory, with scratch of its own (cub_bytes 0): what the Python bindings
+// (cuda_host_bindings.cc) and the sanitized driver (tests/cc/emulator_driver.cc) run.
+inline std::vector<LaunchRecord> EmulateEncode(const uint8_t* x, uint64_t frames, uint64_t n, int dtype,
+                                               bool checksum, uint8_t* out, uint64_t cap,
+                                               int64_t* nbytes, const uint8_t* skip, bool execute,
+                                               uint64_t seed) {
+  const EncodeLayout L = MakeEncodeLayout(frames, n, /*cub_bytes=*/0);
+  EmuLauncher l(execute, seed);
+  std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
+  uint8_t* s = nullptr;
+  if (execute) {
+    FillGarbage(scratch.data(), scratch.size(), l.sched.rng());
+    s = scratch.data() + (kScratchAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kScratchAlign);
+  }
+  EncodeParams p =
+      MakeEncodeParams(L, x, uint8_t(dtype), checksum, out, cap, nbytes, /*nbytes64=*/true, skip, s);
+  RunEncode(l, p, L, s);
+  return l.records;
+}
+
+// The decoder's launch sequence, like EmulateEncode.
+inline std::vector<LaunchRecord> EmulateDecode(const uint8_t* payload, uint64_t frames, uint64_t cap,
+                                               int dtype, uint64_t n, uint8_t* out, int32_t* status,
+                                               const uint8_t* skip, bool execute, uint64_t seed) {
+  const DecodeLayout L = MakeDecodeLayout(frames, n, /*cub_bytes=*/0);
+  EmuLauncher l(execute, seed);
+  std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
+  uint8_t* s = nullptr;
+  if (execute) {
+    FillGarbage(scratch.data(), scratch.size(), l.sched.rng());
+    s = scratch.data() + (kScratchAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kScratchAlign);
+  }
+  DecodeParams p = MakeDecodeParams(L, payload, cap, uint8_t(dtype), out, status, skip, s);
+  RunDecode(l, p, L, s);
+  return l.records;
+}
 
 }  // namespace zipccl::cuda::emu

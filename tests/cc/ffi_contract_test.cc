@@ -101,6 +101,8 @@ TEST(encode_through_xla_ffi_gives_the_cpu_drivers_bytes) {
       CHECK_EQ(ctx.allocations, uint64_t(1));
       CHECK(emulated::Last().stream == ctx.stream) << "kernels must go to the stream of XLA's context";
       CHECK(emulated::Last().launches > 0);
+      // The real kernel bodies ran under the instrumentation (race checks, random yields).
+      CHECK(zipccl::cuda::emu::EmuInstrumented() && zipccl::cuda::emu::Emu().yields > 0);
       for (uint64_t f = 0; f < frames; ++f) {
         int64_t size = 0;
         std::vector<uint8_t> want = CpuRow(x, frames, f, cap, checksum, &size);
@@ -389,20 +391,113 @@ struct PublishKernel {
   }
 };
 
+// Runs K in the emulator; the error it raised, or "".
+template <class K>
+std::string EmulatorError(const typename K::Params& p, uint64_t seed) {
+  try {
+    zipccl::cuda::emu::EmuLauncher l(true, seed);
+    l.Launch<K>(1, p);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(emulator_shows_a_dropped_syncthreads) {
+  CHECK(zipccl::cuda::emu::EmuInstrumented()) << "this test must be built with the race instrumentation";
   uint32_t out[32];
   int wrong_with = 0, wrong_without = 0;
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     for (bool barrier : {true, false}) {
-      zipccl::cuda::emu::EmuLauncher l(true, seed);
-      l.Launch<PublishKernel>(1, {out, barrier});
+      const std::string err = EmulatorError<PublishKernel>({out, barrier}, seed);
       int wrong = 0;
       for (uint32_t v : out) wrong += v != 42;
       (barrier ? wrong_with : wrong_without) += wrong;
+      if (barrier) {
+        CHECK(err.empty()) << err;
+      } else {  // the race detector names the store and a load of the same interval
+        CHECK(err.find("shared-memory race in test_publish (CTA 0, barrier interval 0): byte 0 of its Shared "
+                       "struct (4 bytes): thread ") != std::string::npos) << err;
+        CHECK(err.find("plain store") != std::string::npos && err.find("plain load") != std::string::npos) << err;
+      }
     }
   }
   CHECK_EQ(wrong_with, 0);
   CHECK(wrong_without > 0) << "shuffled thread order and garbage-filled shared memory must expose the race";
+}
+
+// Every thread sets its bit in one of two shared words (as WriteKernel ORs codes into its staging words),
+// atomically (AtomicOrShared) or, the seeded bug, with a plain `|=`.
+struct OrKernel {
+  static constexpr const char* kName = "test_or";
+  static constexpr int kBlockThreads = 64;
+  struct Params {
+    uint32_t* out;
+    bool atomic;
+  };
+  struct Shared {
+    uint32_t words[2];
+  };
+  template <class Cta>
+  static void Run(Cta& cta, Shared& sm, const Params& p) {
+    const uint32_t t = cta.tid();
+    if (t < 2) sm.words[t] = 0;
+    cta.sync();
+    if (p.atomic)
+      zipccl::cuda::AtomicOrShared(&sm.words[t / 32], 1u << (t % 32));
+    else
+      sm.words[t / 32] |= 1u << (t % 32);
+    cta.sync();
+    if (t < 2) p.out[t] = sm.words[t];
+  }
+};
+
+TEST(emulator_race_detector_catches_a_plain_or_in_place_of_atomicor) {
+  CHECK(zipccl::cuda::emu::EmuInstrumented()) << "this test must be built with the race instrumentation";
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    uint32_t out[2] = {0, 0};
+    const std::string ok = EmulatorError<OrKernel>({out, true}, seed);
+    CHECK(ok.empty()) << "atomics on one word are not a race: " << ok;
+    CHECK(out[0] == ~0u && out[1] == ~0u) << std::hex << out[0] << " " << out[1];
+    const std::string err = EmulatorError<OrKernel>({out, false}, seed);  // the seeded bug
+    CHECK(err.find("emulator: shared-memory race in test_or (CTA 0, barrier interval 1): byte ") !=
+          std::string::npos) << err;
+    CHECK(err.find("of its Shared struct (8 bytes): thread ") != std::string::npos) << err;
+    CHECK(err.find("no barrier between them") != std::string::npos) << err;
+  }
+}
+
+// Each thread takes two tickets from a shared counter with atomics in one barrier interval: they are
+// consecutive unless another thread ran in between, which only a yield inside the interval allows.
+struct TicketKernel {
+  static constexpr const char* kName = "test_tickets";
+  static constexpr int kBlockThreads = 64;
+  struct Params {
+    uint32_t* gaps;
+  };
+  struct Shared {
+    uint32_t next;
+  };
+  template <class Cta>
+  static void Run(Cta& cta, Shared& sm, const Params& p) {
+    if (cta.tid() == 0) sm.next = 0;
+    cta.sync();
+    const uint32_t a = __atomic_fetch_add(&sm.next, 1u, __ATOMIC_RELAXED);
+    const uint32_t b = __atomic_fetch_add(&sm.next, 1u, __ATOMIC_RELAXED);
+    p.gaps[cta.tid()] = b != a + 1;
+  }
+};
+
+TEST(emulator_yields_at_random_inside_a_barrier_interval) {
+  CHECK(zipccl::cuda::emu::EmuInstrumented()) << "this test must be built with the race instrumentation";
+  uint32_t gaps[64];
+  int interleaved = 0;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    const std::string err = EmulatorError<TicketKernel>({gaps}, seed);
+    CHECK(err.empty()) << err;
+    for (uint32_t g : gaps) interleaved += int(g);
+  }
+  CHECK(interleaved > 0) << "no thread was interrupted between two atomics";
 }
 
 }  // namespace

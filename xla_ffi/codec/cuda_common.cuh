@@ -85,8 +85,10 @@ ZIPCCL_HD int64_t KeyBlock(unsigned long long key) {
 ZIPCCL_HD uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 // ---- Platform primitives (device intrinsics; plain code in the emulator) ----
-// The emulator runs one fiber at a time, so plain read-modify-writes are exact.
-// A GPU faults on a vector or word access that is not aligned to its size
+// On the host, atomics are the compiler's atomic builtins (relaxed, like
+// CUDA's atomics): the emulator (simt_emulator.h) runs one fiber at a time, but
+// its instrumented builds see them as atomic accesses (and may switch fibers
+// there), where a plain read-modify-write would be a race. A GPU faults on a vector or word access that is not aligned to its size
 // (cudaErrorMisalignedAddress), where the host's memcpy would not: the host
 // versions record the first such access in EmuFault(), which the emulator
 // (simt_emulator.h) turns into an error after the CTA.
@@ -103,21 +105,23 @@ ZIPCCL_HD void AtomicAddShared(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
   atomicAdd(p, v);
 #else
-  *p += v;
+  __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 #endif
 }
 ZIPCCL_HD void AtomicOrShared(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
   atomicOr(p, v);
 #else
-  *p |= v;
+  __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
 #endif
 }
 ZIPCCL_HD void AtomicMinGlobal(unsigned long long* p, unsigned long long v) {
 #if defined(__CUDA_ARCH__)
   atomicMin(p, v);
 #else
-  if (v < *p) *p = v;
+  unsigned long long cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
 #endif
 }
 // 16 aligned bytes as four little-endian words.

@@ -1,0 +1,65 @@
+"""Builds the sanitized C++ binaries that run the CUDA kernel bodies in the SIMT emulator (issue 15).
+
+Every source is compiled with UBSan. Sources that instantiate kernel bodies get the compiler's ThreadSanitizer
+instrumentation (RACE) instead of AddressSanitizer's, which GCC and Clang cannot combine in one object: the
+emulator's runtime xla_ffi/simt_race_hooks.cc, linked in place of TSan's, turns each of their accesses into a
+shared-memory race check and a seeded random yield between fibers, and forwards it to ASan's check. All other
+sources get ASan (ASAN), and the binary links ASan's runtime. Objects and binaries are cached under
+build/sanitized/ by a hash of the sources, the headers and the flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import jaxlib
+
+ROOT = Path(__file__).resolve().parents[1]
+XLA_INCLUDE = Path(jaxlib.__file__).parent / "include"
+CXX = os.environ.get("CXX", "g++")
+BASE = ["-std=c++17", "-O1", "-g", "-fno-sanitize-recover=undefined", "-I", str(ROOT), "-I",
+        str(ROOT / "xla_ffi"), "-isystem", str(XLA_INCLUDE)]
+ASAN = ["-fsanitize=address,undefined"]
+RACE = ["-fsanitize=thread,undefined"]  # instrumentation only: simt_race_hooks.cc is its runtime
+HOOKS = "xla_ffi/simt_race_hooks.cc"
+HAVE_CXX = shutil.which(CXX) is not None
+
+
+def _headers_digest() -> str:
+  h = hashlib.sha256()
+  for d in ("xla_ffi", "tests/cc"):
+    for p in sorted((ROOT / d).rglob("*")):
+      if p.suffix in (".h", ".cuh"):
+        h.update(p.read_bytes())
+  return h.hexdigest()
+
+
+def _object(src: str, flags: list[str], headers: str) -> Path:
+  key = hashlib.sha256("\0".join([(ROOT / src).read_text(), headers, CXX] + BASE + flags).encode())
+  out = ROOT / "build" / "sanitized" / f"{Path(src).stem}-{key.hexdigest()[:16]}.o"
+  if not out.exists():
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
+    subprocess.run([CXX, *BASE, *flags, "-c", str(ROOT / src), "-o", str(tmp)], check=True, timeout=900)
+    tmp.rename(out)
+  return out
+
+
+def binary(name: str, sources: dict[str, list[str]]) -> Path:
+  """Links `sources` (path -> its flags: RACE or ASAN, plus extras) with the race hooks into build/sanitized/."""
+  headers = _headers_digest()
+  objs = [_object(src, flags, headers) for src, flags in {**sources, HOOKS: ASAN}.items()]
+  exe = objs[0].parent / f"{name}-{hashlib.sha256(''.join(map(str, objs)).encode()).hexdigest()[:16]}"
+  if not exe.exists():
+    subprocess.run([CXX, *BASE, *ASAN, *map(str, objs), "-o", str(exe)], check=True, timeout=300)
+  return exe
+
+
+def run(exe: Path, args: list[str] = (), timeout: float = 900) -> subprocess.CompletedProcess:
+  # Fibers switch stacks: ASan's fake stacks and leak checks do not follow them.
+  env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:detect_stack_use_after_return=0")
+  return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)

@@ -1,0 +1,83 @@
+"""The emulator tests of test_cuda.py and test_fp8.py again, under ASan + UBSan with the race detector on.
+
+Every test of those modules that runs kernels in the SIMT emulator (name containing "emulat") is collected
+here a second time, with the module's HOST replaced by SanitizedHost: its emulate_encode / emulate_decode run
+tests/cc/emulator_driver.cc, the same EmulateEncode / EmulateDecode of xla_ffi/simt_emulator.h that the
+Python bindings run, built by tests/sanitized_build.py: the kernel bodies with the emulator's shared-memory
+race detector, seeded random yields inside barrier intervals and ASan's checks on every access, the rest
+with ASan; UBSan everywhere. A race, an out-of-bounds access, undefined behaviour, a misaligned vector
+access or a barrier divergence fails the test with the sanitizer's or the emulator's report. The other
+attributes of HOST (layouts, launch records, constants) are the extension's.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import test_cuda
+import test_fp8
+from sanitized_build import CXX, HAVE_CXX, RACE, binary, run
+
+pytestmark = pytest.mark.skipif(not HAVE_CXX, reason=f"needs a C++ compiler ({CXX})")
+
+_MODULES = (test_cuda, test_fp8)
+for _mod in _MODULES:
+  for _name, _test in vars(_mod).items():
+    if _name.startswith("test_") and "emulat" in _name and callable(_test):
+      globals()[_name] = _test  # collected again, with this module's fixture
+
+
+class SanitizedHost:
+  """Proxy of zipccl_jax._zipccl.cuda_host whose emulator entry points run the sanitized driver."""
+
+  def __init__(self, host, exe: Path):
+    self._host, self._exe = host, exe
+
+  def __getattr__(self, name):
+    return getattr(self._host, name)
+
+  def _call(self, args: list, arrays: dict[str, np.ndarray], outputs: tuple[str, ...]):
+    with tempfile.TemporaryDirectory() as d:
+      paths = {k: Path(d) / k for k in arrays}
+      for k, a in arrays.items():
+        np.ascontiguousarray(a).tofile(paths[k])
+      r = run(self._exe, [*args, *paths.values()])
+      if r.returncode == 2:
+        raise ValueError(r.stderr.strip())
+      assert r.returncode == 0, f"sanitized emulator failed:\n{r.stdout}{r.stderr[-6000:]}"
+      assert r.stdout.startswith("instrumented 1 "), r.stdout  # the detectors were on
+      for k in outputs:
+        arrays[k][...] = np.fromfile(paths[k], arrays[k].dtype).reshape(arrays[k].shape)
+
+  def emulate_encode(self, x, frames, n_elems, dtype_code, checksum, out, nbytes, seed=0, skip=None):
+    arrays = {"x": x, "out": out, "nbytes": nbytes}
+    if skip is not None:
+      arrays["skip"] = np.asarray(skip, np.uint8)
+    self._call(["encode", frames, n_elems, dtype_code, int(checksum), seed], arrays, ("out", "nbytes"))
+
+  def emulate_decode(self, payload, frames, dtype_code, n_elems, out, status, seed=0, skip=None):
+    arrays = {"payload": payload, "out": out, "status": status}
+    if skip is not None:
+      arrays["skip"] = np.asarray(skip, np.uint8)
+    self._call(["decode", frames, n_elems, dtype_code, seed], arrays, ("out", "status"))
+
+
+@pytest.fixture(scope="module")
+def _driver() -> Path:
+  return binary("emulator_driver", {"tests/cc/emulator_driver.cc": RACE})
+
+
+@pytest.fixture(autouse=True)
+def _sanitized_host(monkeypatch, _driver):
+  for mod in _MODULES:
+    if mod.HOST is not None:
+      monkeypatch.setattr(mod, "HOST", SanitizedHost(mod.HOST, _driver))
+
+
+def test_driver_rejects_bad_arguments(_driver):
+  r = run(_driver, ["encode", 1, 8, 99, 0, 0, "x", "out", "nbytes"])
+  assert r.returncode == 2 and "unsupported dtype code" in r.stderr, r.stderr
