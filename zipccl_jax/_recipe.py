@@ -80,7 +80,11 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
       raw_reason = "axis_index_groups"
     if not grp and (lp := hierarchical.plan(recipe.op, x, axis_name, params, compress, fwd_cap,
                                             site, role)):
-      return hierarchical.run(lp, x, params, PUBLIC, capacity=fwd_cap, transport=transport)
+      def backward(ct, args):  # the transposed collective, as `transposed` runs it
+        return run(recipe, ct, axis_name, args, compress=compress, capacity=bwd_cap,
+                   transport=transport, name=site + "/bwd", role="gradient")
+      return hierarchical.run(lp, x, params, PUBLIC, capacity=fwd_cap, transport=transport,
+                              backward=backward)
     p = strategy.plan(recipe.op, x.dtype, m, axis_size=n, compress=compress, capacity=fwd_cap,
                       role=role, site=site, axis_name=axis_name, transport=transport,
                       raw_reason=raw_reason)

@@ -49,14 +49,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import threading
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from zipccl_jax import strategy
-from zipccl_jax._shard import axis_size
+from zipccl_jax import _exchange, accounting, codec, strategy
+from zipccl_jax._linear import linear
+from zipccl_jax._shard import axis_size, vary
+from zipccl_jax.observation import record_frames
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.profile import axis_key, current_platform, get_profile
 
@@ -126,6 +130,7 @@ class LevelPlan:
   est_s: float
   candidates: tuple              # ((name, estimate seconds), ...), in cost order
   reason: str
+  role: str = "activation"       # the data's statistics (capacity ratios), as strategy.plan's
 
 
 # op -> phases [(level, phase op, chunk elements as a function of (x elements, H, L))] in the
@@ -135,8 +140,8 @@ _PHASES = {
                    ("fast", "all_gather", lambda m, H, L: H * m)),
     "psum_scatter": (("fast", "psum_scatter", lambda m, H, L: m // L),
                      ("slow", "psum_scatter", lambda m, H, L: m // (H * L))),
-    "all_to_all": (("slow", "all_to_all", lambda m, H, L: m // H),
-                   ("fast", "all_to_all", lambda m, H, L: m // L)),
+    "all_to_all": (("fast", "all_to_all", lambda m, H, L: m // (H * L)),
+                   ("slow", "all_to_all", lambda m, H, L: m // H)),
 }
 _FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n,
                "all_to_all": lambda m, n: m // n}
@@ -156,6 +161,11 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
   flat = both(op, _FLAT_CHUNK[op](m, H * L), axis_name, H * L)
   phases = [(lvl, both(o, f(m, H, L), slow if lvl == "slow" else fast, H if lvl == "slow" else L))
             for lvl, o, f in _PHASES[op]]
+  if op == "all_to_all":  # (H - 1) L collective-permute rounds, and a flag psum when coded
+    lat = prof.link(slow, "ppermute", plat)[0].latency_s * ((H - 1) * L - 1)
+    flag = prof.link(fast, "psum", plat)[0].latency_s
+    lvl, p = phases[1]
+    phases[1] = (lvl, {False: p[False] + lat, True: p[True] + lat + flag})
   for c in (False, True):
     if ("flat", c) in allowed:
       est[f"flat {'compressed' if c else 'raw'}"] = (flat[c], "flat", {"flat": c})
@@ -219,7 +229,7 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   why = ("use_algorithm" if forced_alg != "auto" else f"model (compressed x (1+{g:g}))") + ": " + \
       ", ".join(f"{k} {cands[k][0] * 1e3:.3f} ms" for k in order)
   lp = LevelPlan(op, site, str(slow), str(fast), (H, L), alg, cs, float(t),
-                 tuple((k, float(cands[k][0])) for k in order), why)
+                 tuple((k, float(cands[k][0])) for k in order), why, role)
   _log(lp, dt, x_elems, role, compress)
   return lp if alg == "hierarchical" else None
 
@@ -245,8 +255,12 @@ def _log(lp: LevelPlan, dt, m: int, role: str, mode) -> None:
 # The phases (each `fns[op]` is the public zipccl collective, with its autodiff)
 # --------------------------------------------------------------------------- #
 
-def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str):
-  """Runs the hierarchical form of `lp.op` on one array `x` (the op's canonical `args`)."""
+def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward=None):
+  """Runs the hierarchical form of `lp.op` on one array `x` (the op's canonical `args`).
+
+  `backward(ct, args)`: the op's transposed collective on a cotangent (all_to_all, whose coded
+  cross-host rounds are declared linear here; the other ops' phases are public collectives).
+  """
   H, L = lp.sizes
   capacity = "observed" if capacity is None else capacity
 
@@ -260,7 +274,12 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str):
     return _all_gather(x, args, H, L, phase)
   if lp.op == "psum_scatter":
     return _psum_scatter(x, args, H, L, phase)
-  return _all_to_all(x, args, H, L, phase)
+  c = lp.compress[lp.slow]
+  cross = functools.partial(_cross_hosts, lp=lp, compress=c, capacity=capacity if c else None,
+                            site=f"{lp.site}/{lp.slow}", role=lp.role)
+  split, concat, tiled = args
+  return linear(functools.partial(_all_to_all, args=args, lp=lp, phase=phase, cross=cross),
+                lambda ct: backward(ct, (concat, split, tiled)), x)
 
 
 def _all_gather(x, args, H, L, phase):
@@ -289,17 +308,86 @@ def _psum_scatter(x, args, H, L, phase):
   return jnp.moveaxis(y, 0, dim)
 
 
-def _all_to_all(x, args, H, L, phase):
+def _all_to_all(x, args, lp, phase, cross):
+  """The direct two-level exchange: own-host rows over ``fast``, the others straight to their
+  device over the slow link (`_cross_hosts`), so no row crosses a level twice."""
   split, concat, tiled = args
+  H, L = lp.sizes
   n = H * L
   xs = jnp.moveaxis(x, split, 0)
-  k = xs.shape[0] // n if tiled else 1                  # rows per destination
-  rows = xs.reshape((H, L, k) + xs.shape[1:])           # [dest h', dest l']
-  got = phase("all_to_all", rows, "slow", split_axis=0, concat_axis=0, tiled=True)  # [src h, dest l']
-  got = phase("all_to_all", got, "fast", split_axis=1, concat_axis=1, tiled=True)   # [src h, src l]
-  got = got.reshape((n,) + rows.shape[2:])              # [src rank h * L + l]
+  chunk = (xs.shape[0] // n,) + xs.shape[1:] if tiled else xs.shape[1:]
+  m = x.size // n
+  rows = xs.reshape(H, L * m)                           # [dest h'], row for (h', l') at l' * m
+  h = lax.axis_index(lp.slow)
+  own = lax.dynamic_index_in_dim(rows, h, 0, keepdims=False).reshape(L, m)
+  got_own = phase("all_to_all", own, "fast", split_axis=0, concat_axis=0, tiled=True)  # [src l]
+  got = cross(rows.reshape(n, m))                       # [src h * L + l], own host's rows unset
+  got = _exchange.with_own_row(got.reshape(H, L * m), got_own.reshape(L * m),
+                               jnp.arange(H, dtype=jnp.int32) == h.astype(jnp.int32))
+  got = got.reshape((n,) + chunk)                       # [src rank h * L + l]
   if not tiled:
-    return jnp.moveaxis(got[:, 0], 0, concat)
+    return jnp.moveaxis(got, 0, concat)
   chunks = jnp.moveaxis(got, 1, split + 1)              # each source's chunk, in x's axis order
   out = jnp.moveaxis(chunks, 0, concat)                 # (..., n, chunk[concat], ...)
   return out.reshape(out.shape[:concat] + (n * out.shape[concat + 1],) + out.shape[concat + 2:])
+
+
+def _rounds(H: int, L: int):
+  """The rounds of the cross-host exchange: (host offset t, local offset s), t >= 1."""
+  return [(t, s) for t in range(1, H) for s in range(L)]
+
+
+def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
+  """rows (n, m), row j for rank j -> (n, m), row j from rank j; the rows of the own host are
+  not sent (zeros).
+
+  One collective-permute per round (t, s) of `_rounds`: device (h, l) sends its row for
+  ((h + t) % H, (l + s) % L), so every row for another host goes straight to its device over
+  the slow link, and only those (H - 1) L rows are coded (flat compressed codes n - 1). Coded
+  frames are padded to `capacity`; the overflow fallback must be taken by every device, as the
+  raw rounds span all of them: a receiver sees every remote sender's poisoned frames
+  (`_exchange.encode_rows`) and, through a 4-byte psum over the fast axis, its own host's
+  senders' flags.
+  """
+  H, L = lp.sizes
+  n, m = rows.shape
+  axes = (lp.slow, lp.fast)
+  rounds = _rounds(H, L)
+  t = np.array([r[0] for r in rounds], np.int32)
+  s = np.array([r[1] for r in rounds], np.int32)
+  h = lax.axis_index(lp.slow).astype(jnp.int32)
+  l = lax.axis_index(lp.fast).astype(jnp.int32)
+  dest = ((h + t) % H) * L + (l + s) % L                       # (R,): the row sent in round r
+  src = np.arange(n, dtype=np.int32)
+  own = jnp.asarray(src // L) == h                             # (n,): rows of the own host
+  arrival = jnp.where(own, 0, ((h - src // L) % H - 1) * L + (l - src % L) % L)  # round of row j
+  perms = [[(a * L + b, ((a + ti) % H) * L + (b + si) % L) for a in range(H) for b in range(L)]
+           for ti, si in rounds]
+
+  def move(payload):  # (n, w) -> ((n, w) by source rank, (R, w) as received)
+    send = payload[dest]
+    recv = jnp.stack([lax.ppermute(send[i], axes, p) for i, p in enumerate(perms)])
+    return recv[arrival], recv
+
+  dt = np.dtype(rows.dtype)
+  plan = strategy.plan("all_to_all", dt, m, axis_size=n, compress=compress, capacity=capacity,
+                       role=role, site=site, axis_name=lp.slow)
+  raw_b = len(rounds) * m * dt.itemsize
+  accounting.record(site, "all_to_all", rows, n, plan, raw_b, len(rounds) * plan.capacity)
+  if not plan.compress:
+    accounting.count(site, jnp.bool_(False))
+    return _exchange.raw_bits(lambda u: move(u)[0], rows)
+  record_frames(site, "all_to_all", lambda: rows)
+  payload, _, over = _exchange.encode_rows(rows, plan.capacity, own)
+  by_src, recv = move(payload)
+  mine = lax.psum(vary(over.astype(jnp.int32), (lp.fast,)), lp.fast) > 0
+  fallback = codec.any_overflow(recv, plan.capacity) | mine
+  accounting.count(site, fallback)
+
+  def coded():
+    return _exchange.decode_guarded(by_src, fallback, m, rows.dtype, own)
+
+  def raw():
+    return _exchange.raw_bits(lambda u: move(u)[0], rows)
+
+  return _exchange.cond_bits(fallback, lambda: _exchange.in_fallback(raw), coded)
