@@ -208,6 +208,17 @@ def _calibrate(zc, mesh, log):
         return None, f"{type(e).__name__}: {str(e)[:300]}"
 
 
+def _profile_summary(prof) -> dict | None:
+    """What "auto" decided with: the link models per axis and the codec models (per device), and
+    the calibration's fit notes, so that a record's estimates can be checked against its timings."""
+    if prof is None:
+        return None
+    d = prof.to_dict()
+    cal = d.get("meta", {}).get("calibration", {})
+    return {"links": d["links"], "codec": d["codec"], "fits": cal.get("fits"),
+            "in_situ": cal.get("in_situ"), "net_s": cal.get("net_s"), "bytes": cal.get("bytes")}
+
+
 def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log) -> list[dict]:
     import numpy as np
     from jax.experimental import multihost_utils
@@ -257,7 +268,8 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
             "levels": v["compress"] if isinstance(v["compress"], dict) else None,
             "plan": plans.get(name), "chosen": v.get("chosen"), "same_program_as": v.get("same_as"),
             **_stats.summary(reps), "rep_times_s": reps, "bit_identical": identical[name],
-            "reference": v["reference"], "calibrate_error": calib_error if name in plans else None, **load,
+            "reference": v["reference"], "calibrate_error": calib_error if name in plans else None,
+            "profile": _profile_summary(prof) if name in plans else None, **load,
         })
     log(f"{_netns.rate_label(go['rate_gbit']):>9} {coll}:{payload} " +
         " ".join(f"{r['variant']}={r['median_s'] * 1e3:.1f}±{r['spread_s'] * 1e3:.1f}ms" for r in records))

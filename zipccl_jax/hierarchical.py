@@ -285,8 +285,8 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward
 def _all_gather(x, args, H, L, phase):
   axis, tiled, _ = args
   g = phase("all_gather", x, "slow", axis=0, tiled=False)          # (H, *x): (h', l) for every h'
-  g = phase("all_gather", g, "fast", axis=0, tiled=False)          # (L, H, *x): [l', h']
-  g = jnp.swapaxes(g, 0, 1).reshape((H * L,) + x.shape)            # rank order h * L + l
+  g = phase("all_gather", g, "fast", axis=1, tiled=False)          # (H, L, *x): [h', l']
+  g = g.reshape((H * L,) + x.shape)                                # rank order h * L + l
   if not tiled:
     return jnp.moveaxis(g, 0, axis)
   g = jnp.moveaxis(g, 0, axis)                                     # (..., n, x.shape[axis], ...)
