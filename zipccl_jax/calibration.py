@@ -16,10 +16,12 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from zipccl_jax import _exchange, accounting, codec, strategy
+from zipccl_jax import _exchange, accounting, codec, hierarchical, strategy
+from zipccl_jax import collectives as zc
 from zipccl_jax.accounting import sent_bytes
 from zipccl_jax.capacity import padded_capacity
 from zipccl_jax.collectives import all_to_all
+from zipccl_jax.hierarchical import hierarchical_key
 from zipccl_jax.observation import allgather_json
 from zipccl_jax.profile import (CodecModel, LinkModel, Profile, axis_key, get_profile, np_dtype,
                                 platform_key, set_profile)
@@ -179,6 +181,46 @@ def _link_job(h: _Harness, coll: str, size: int):
   raise ValueError(f"zipccl_jax.calibrate: unknown collective {coll!r}")
 
 
+_HIER_SITE = "zipccl.calibrate.hierarchical"
+
+
+def _hier_job(h: _Harness, op: str, size: int):
+  """(program, operand, bytes one device sends in the *flat* raw collective) of `op`'s hierarchical
+  program over the tuple, both phases raw (the first axis as the slow level, as use_algorithm
+  takes it), on bfloat16 zeros: what the phases, their copies and sums cost as they run."""
+  n, axes = h.n, h.axis_name
+  per = max(1, -(-int(size) // (2 * max(1, n - 1))))   # bfloat16 elements per destination
+  body = {"all_gather": lambda v: zc.all_gather(v, axes, tiled=True, compress=False,
+                                                 name=_HIER_SITE)[:per],
+          "all_to_all": lambda v: zc.all_to_all(v, axes, 0, 0, tiled=True, compress=False,
+                                                 name=_HIER_SITE),
+          "psum_scatter": lambda v: zc.psum_scatter(v, axes, tiled=True, compress=False,
+                                                     name=_HIER_SITE)}[op]
+  raw = {str(a): False for a in axes}
+
+  def f(v):
+    with hierarchical.use_algorithm("hierarchical", raw):
+      return body(v)
+
+  shape = {"all_gather": (per,), "all_to_all": (n, per), "psum_scatter": (n * per,)}[op]
+  sent = float((n - 1) * per * 2)   # the flat raw collective's bytes (accounting.sent_bytes)
+  return h.smap(f), h.put(np.zeros(shape, jnp.bfloat16)), sent
+
+
+def _hier_jobs(h: _Harness, link_bytes, jobs: list, sizes: dict) -> None:
+  for op in hierarchical.OPS:
+    for size in link_bytes:
+      f, x, sent = _hier_job(h, op, size)
+      name = f"link/{hierarchical_key(op)}/{size}"
+      jobs.append((name, f, (x,)))
+      sizes[name] = sent
+
+
+def _forget_hier_sites(axes) -> None:
+  for suffix in [" [levels]"] + [f"/{a}" for a in axes] + [""]:
+    strategy.forget_decision(_HIER_SITE + suffix)
+
+
 def _link_jobs(h: _Harness, collectives, link_bytes, jobs: list, sizes: dict,
                prefix: str = "link") -> None:
   for coll in collectives:
@@ -248,9 +290,10 @@ def _agree(timings: dict, ratio_obs: dict):
 
 
 def _fit_links(prof: Profile, akey: str, collectives, link_bytes, sizes: dict, net, noise,
-               notes: dict, prefix: str = "link") -> None:
+               notes: dict, prefix: str = "link", star: bool = True) -> None:
   """Link models of `akey` per collective; the first measurable one is also its "*" (and, if the
-  profile has none, the "*" axis's). Unmeasurable fits leave the profile's entry as it was."""
+  profile has none, the "*" axis's) when `star`. Unmeasurable fits leave the profile's entry as
+  it was."""
   tab = dict(prof.links.get(akey, {}))
   first = None
   for coll in collectives:
@@ -260,7 +303,7 @@ def _fit_links(prof: Profile, akey: str, collectives, link_bytes, sizes: dict, n
     if lk is not None:
       tab[coll] = lk
       first = first or lk
-  if first is not None:
+  if first is not None and star:
     tab["*"] = first
   if tab:
     prof.links[akey] = tab
@@ -414,9 +457,12 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
     _link_jobs(h, collectives, link_bytes, jobs, sizes)
     for lh in level_h:
       _link_jobs(lh, collectives, link_bytes, jobs, sizes, prefix=f"link[{lh.akey}]")
+    if len(axes) == 2 and level_h:
+      _hier_jobs(h, link_bytes, jobs, sizes)
   ratio_obs = _codec_jobs(h, dtypes, codec_bytes, sample_np, jobs, sizes) if codec else {}
   barrier = h.barrier()
   t, noise, allv = _agree(_time_all(jobs, reps, warmup, barrier), ratio_obs)
+  _forget_hier_sites(axes)
   base = t["null"]
 
   def net(k):
@@ -428,6 +474,9 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
     for lh in level_h:
       _fit_links(prof, lh.akey, collectives, link_bytes, sizes, net, noise, notes,
                  prefix=f"link[{lh.akey}]")
+    if len(axes) == 2 and level_h:
+      _fit_links(prof, h.akey, [hierarchical_key(op) for op in hierarchical.OPS], link_bytes,
+                 sizes, net, noise, notes, star=False)
   if codec:
     _fit_codec(prof, h.plat, dtypes, codec_bytes, sizes, net, noise, notes, role,
                allv if sample_np is not None else None)

@@ -10,22 +10,31 @@ collective      hierarchical phases (device ``(h, l)``)         bytes over the s
 ==============  ==============================================  ===============================
 all_gather      1. all_gather over ``slow`` of the device's     the device's own shard, to
                 own shard; 2. all_gather over ``fast`` of the   ``H - 1`` peers (a flat ring
-                ``H`` shards                                    sends ``n - 1`` shards past a
+                ``H`` shards (at axis 1: rank order, no copy)   sends ``n - 1`` shards past a
                                                                 host boundary)
 psum_scatter    1. psum_scatter over ``fast`` (the host's       ``(H - 1)`` chunks of the
                 partial sums of the chunks of every device      result size, against
                 ``(h', l)``); 2. psum_scatter over ``slow``     ``(H - 1) L`` flat
-all_to_all      1. all_to_all over ``slow``: one message per    the same bytes as flat, in
-                remote host, the ``L`` rows for its devices;    ``H - 1`` aggregated messages,
-                2. all_to_all over ``fast`` (rows regrouped)    and only those are coded
+all_to_all      1. all_to_all over ``fast`` of the rows for     the same bytes as flat, and
+                the own host; 2. the rows for other hosts       only those rows are coded
+                straight to their device, in ``(H - 1) L``      (flat codes ``n - 1`` rows);
+                collective-permute rounds ``(h, l) -> (h + t,   no row crosses the fast level
+                l + s)``                                        twice
 ==============  ==============================================  ===============================
+
+all_to_all does not aggregate per remote host and forward inside it (a relay): that moved every
+remote row over the fast level a second time, which on the 2 x 4 CPU testbed (the fast level is
+loopback TCP on shared cores) cost more than the codec it saved: the relay's raw variant was
+40 ms slower than flat raw, the direct one is as fast. The price is ``(H - 1) L`` collectives
+instead of one over the slow link (latency, in the cost model).
 
 Exactness. Data movement (all_gather, all_to_all) is bit-identical to ``jax.lax`` in every
 variant. psum_scatter's hierarchical order: inside the host, the float32 sum of the ``L`` local
 inputs in ascending ``fast`` rank, rounded once to the dtype; then the float32 sum of the ``H``
 host partials in ascending ``slow`` rank, rounded once (the flat order is one float32 sum over all
 ``n`` ranks, rounded once, so the two algorithms may differ in the last bit). Within an algorithm,
-compression never changes a bit: every phase is a zipccl collective.
+compression never changes a bit: every phase is a zipccl collective, or (all_to_all's cross-host
+rounds) coded frames with the uniform overflow fallback of :mod:`zipccl_jax._exchange`.
 
 When it applies. Inside :func:`zipccl_jax.all_gather` (``to="varying"``),
 :func:`~zipccl_jax.psum_scatter` and :func:`~zipccl_jax.all_to_all`, for an ``axis_name`` of two
@@ -33,7 +42,8 @@ axes ``(slow, fast)`` whose link models are both in the active profile (``Profil
 what :func:`zipccl_jax.calibrate` measures per level for a tuple) with ``slow`` the slower, a
 float dtype, and a ``capacity`` that is None, a ratio or ``"observed"``. Then :func:`plan` costs
 every candidate with :func:`zipccl_jax.strategy.decide`'s model (flat on the tuple's own link;
-each phase on its axis's link) and runs the cheapest:
+each phase on its axis's link; the hierarchical raw program as :func:`zipccl_jax.calibrate`
+measured it over the tuple, when it did, see `_candidates`) and runs the cheapest:
 
 * ``compress="auto"``: flat raw, flat compressed, and hierarchical with each phase raw or
   compressed (compressed candidates must win by the profile's ``min_gain``);
@@ -67,6 +77,13 @@ from zipccl_jax.profile import axis_key, current_platform, get_profile
 __all__ = ["LevelPlan", "plan", "run", "use_algorithm", "levels_of"]
 
 OPS = ("all_gather", "psum_scatter", "all_to_all")
+
+
+def hierarchical_key(op: str) -> str:
+  """The key, in the link table of a tuple of axes (``Profile.links["slow,fast"]``), of `op`'s
+  two-level program with both phases raw, as :func:`zipccl_jax.calibrate` measures it: a model
+  of its time against the bytes one device sends in the *flat* raw collective."""
+  return f"hierarchical_{op}"
 _FORCED = threading.local()
 
 
@@ -141,14 +158,22 @@ _PHASES = {
     "psum_scatter": (("fast", "psum_scatter", lambda m, H, L: m // L),
                      ("slow", "psum_scatter", lambda m, H, L: m // (H * L))),
     "all_to_all": (("fast", "all_to_all", lambda m, H, L: m // (H * L)),
-                   ("slow", "all_to_all", lambda m, H, L: m // H)),
+                   ("slow", "ppermute", lambda m, H, L: m // (H * L))),  # x (H - 1) L rounds
 }
 _FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n,
                "all_to_all": lambda m, n: m // n}
 
 
 def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
-  """{name: (estimate s, algorithm, {level: compress})} for the `allowed` compression patterns."""
+  """{name: (estimate s, algorithm, {level: compress})} for the `allowed` compression patterns,
+  and a note on where the hierarchical estimates come from.
+
+  Per phase the model of `strategy.decide` on its level's link. When the profile holds a
+  measurement of the op's hierarchical raw program over the tuple (`hierarchical_key`, what
+  `calibrate` fits beside the flat link), that is the raw variant's time, and a compressed
+  phase adds the model's difference (its codec time, less the link time its smaller wire saves):
+  the phases' copies, sums and the fast level's real cost are then measured, not assumed away.
+  """
   H, L = sizes
   prof, plat = get_profile(), current_platform()
   est = {}
@@ -156,27 +181,35 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
   def both(o, chunk, axis, n):
     d = strategy.decide(o, dt, chunk, axis_size=n, axis_name=axis, role=role, compress=True,
                         profile=prof, platform=plat, log=False)
-    return {False: d.est_raw_s, True: d.est_compressed_s}
+    return {False: d.est_raw_s, True: d.est_compressed_s}, d.raw_bytes
 
-  flat = both(op, _FLAT_CHUNK[op](m, H * L), axis_name, H * L)
-  phases = [(lvl, both(o, f(m, H, L), slow if lvl == "slow" else fast, H if lvl == "slow" else L))
-            for lvl, o, f in _PHASES[op]]
-  if op == "all_to_all":  # (H - 1) L collective-permute rounds, and a flag psum when coded
-    lat = prof.link(slow, "ppermute", plat)[0].latency_s * ((H - 1) * L - 1)
-    flag = prof.link(fast, "psum", plat)[0].latency_s
+  flat, flat_sent = both(op, _FLAT_CHUNK[op](m, H * L), axis_name, H * L)
+  phases = [(lvl, both(o, f(m, H, L), slow if lvl == "slow" else fast,
+                       H if lvl == "slow" else L)[0]) for lvl, o, f in _PHASES[op]]
+  if op == "all_to_all":  # R = (H - 1) L rounds, one encode, one decode and one flag psum
+    r = (H - 1) * L
+    cm = prof.codec_model(dt, plat)[0]
+    once = cm.encode_overhead_s + cm.decode_overhead_s + prof.link(slow, "psum", plat)[0].latency_s
     lvl, p = phases[1]
-    phases[1] = (lvl, {False: p[False] + lat, True: p[True] + lat + flag})
+    phases[1] = (lvl, {False: r * p[False], True: r * p[True] - (r - 1) * once})
+  measured = prof.links.get(axis_key(axis_name), {}).get(hierarchical_key(op))
+  if measured is not None and str(axis_name[0]) != str(slow):
+    measured = None  # measured with the other axis as the slow level
+  base = (measured.time(flat_sent) if measured is not None
+          else sum(p[False] for _, p in phases))
   for c in (False, True):
     if ("flat", c) in allowed:
       est[f"flat {'compressed' if c else 'raw'}"] = (flat[c], "flat", {"flat": c})
   for cs in (False, True):
     for cf in (False, True):
       if ("hier", cs, cf) in allowed:
-        t = sum(p[cs if lvl == "slow" else cf] for lvl, p in phases)
+        t = base + sum(p[cs if lvl == "slow" else cf] - p[False] for lvl, p in phases)
         mode = {False: "raw", True: "compressed"}
         name = f"hierarchical {slow}:{mode[cs]} {fast}:{mode[cf]}"
         est[name] = (t, "hierarchical", {slow: cs, fast: cf})
-  return est
+  note = ("hierarchical raw measured" if measured is not None
+          else "hierarchical raw = sum of the phases' models")
+  return est, note
 
 
 def _allowed(compress, forced_alg, forced_levels, slow, fast):
@@ -220,14 +253,14 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   if H < 2 or L < 2:
     return None
   allowed = _allowed(compress, forced_alg, forced_levels, slow, fast)
-  cands = _candidates(op, dt, x_elems, axis_name, slow, fast, (H, L), role, allowed)
+  cands, note = _candidates(op, dt, x_elems, axis_name, slow, fast, (H, L), role, allowed)
   g = get_profile().min_gain
   score = {k: t * (1 + g if any(cs.values()) else 1) for k, (t, _, cs) in cands.items()}
   order = sorted(cands, key=lambda k: (score[k], k))
   best = order[0]
   t, alg, cs = cands[best]
-  why = ("use_algorithm" if forced_alg != "auto" else f"model (compressed x (1+{g:g}))") + ": " + \
-      ", ".join(f"{k} {cands[k][0] * 1e3:.3f} ms" for k in order)
+  why = ("use_algorithm" if forced_alg != "auto" else f"model (compressed x (1+{g:g}); {note})") \
+      + ": " + ", ".join(f"{k} {cands[k][0] * 1e3:.3f} ms" for k in order)
   lp = LevelPlan(op, site, str(slow), str(fast), (H, L), alg, cs, float(t),
                  tuple((k, float(cands[k][0])) for k in order), why, role)
   _log(lp, dt, x_elems, role, compress)
