@@ -59,6 +59,13 @@ def test_calibrate_measures_each_level_of_a_tuple():
       note = fits[f"link[{ak}]/{coll}"]
       assert note == "fit" or note.startswith(("throughput bound", "unmeasurable")), note
       assert (coll in prof.links.get(ak, {})) == (not note.startswith("unmeasurable"))
+  for op in ("all_gather", "psum_scatter", "all_to_all"):  # each op's hierarchical raw program, over the tuple
+    note = fits[f"link[host,local]/hierarchical_{op}"]
+    assert note == "fit" or note.startswith(("throughput bound", "unmeasurable")), note
+    assert (f"hierarchical_{op}" in prof.links["host,local"]) == (not note.startswith("unmeasurable"))
+  tup = prof.links["host,local"]
+  assert "*" not in tup or tup["*"] in [tup.get(c) for c in ("all_to_all", "all_gather")]  # "*": a flat link
+  assert not any("zipccl.calibrate" in s for s in zipccl_jax.decisions())       # its programs leave no log
   assert calibration.out_of_bounds(prof) == []
 
 

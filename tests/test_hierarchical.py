@@ -250,3 +250,124 @@ def test_fp8_data_movement_every_variant_bit_identical(dtype):
     for alg, levels, compress in VARIANTS:
       got = _bits(_run(mesh, _variant_body(op, alg, levels, compress), x))
       assert np.array_equal(got, ref), (coll, dtype, alg, levels, compress)
+
+
+def _hier_a2a(levels, **kw):
+  def body(v):
+    with hierarchical.use_algorithm("hierarchical", levels):
+      return zipccl_jax.all_to_all(v, AXES, 0, 0, tiled=True, **kw)[None]
+  return body
+
+
+def _lax_a2a_bits(v):
+  u = jax.lax.bitcast_convert_type(v, _uint(v.dtype))
+  return jax.lax.bitcast_convert_type(jax.lax.all_to_all(u, AXES, 0, 0, tiled=True), v.dtype)[None]
+
+
+def test_all_to_all_codes_only_rows_that_cross_hosts_and_sends_them_directly():
+  """HLO of hierarchical all_to_all, host coded: the encoder codes the n rows with the L own-host rows skipped
+  (a pred[n] mask), (H - 1) L collective-permutes move one u8 frame each, every pair crossing hosts (no row is
+  forwarded inside a host), and the own host's rows go raw (u16) in one all-to-all over groups of L."""
+  mesh = _mesh()
+  x = _payload((H * L * H * L * 16, 64), ml_dtypes.bfloat16)
+  f = jax.jit(jax.shard_map(_hier_a2a({"host": True, "local": False}), mesh=mesh, in_specs=P(AXES),
+                            out_specs=P(AXES)))
+  hlo = f.lower(jax.device_put(x, NamedSharding(mesh, P(AXES)))).compile().as_text()
+  colls = [c for c in zipccl_jax.hlo_collectives(hlo, num_devices=H * L) if not c["fallback"]]
+  perms = [c for c in colls if c["op"] == "collective-permute"]
+  assert len(perms) == (H - 1) * L and all(c["shape"].startswith("u8[") for c in perms), perms
+  for line in hlo.splitlines():
+    if " collective-permute(" in line and "= u8[" in line:
+      pairs = [tuple(int(v) for v in p.split(",")) for p in
+               line.split("source_target_pairs={{")[1].split("}}")[0].split("},{")]
+      assert sorted(s for s, _ in pairs) == list(range(H * L))
+      assert all(s // L != d // L for s, d in pairs), line          # every frame crosses hosts
+  a2a = [c for c in colls if c["op"] == "all-to-all"]
+  assert {c["group_size"] for c in a2a} == {L} and all("u16" in c["shape"] for c in a2a), a2a
+  enc = [ln for ln in hlo.splitlines() if 'custom_call_target="zipccl_encode"' in ln]
+  assert len(enc) == 1 and f"pred[{H * L}]" in enc[0] and f"(u8[{H * L}," in enc[0], enc
+
+
+@pytest.mark.parametrize("hot", [None, 5])
+def test_all_to_all_cross_host_overflow_falls_back_everywhere_bit_identical(hot):
+  """Frames that do not fit the capacity: everywhere (hot=None), or only device 5's (its data incompressible,
+  the others' zeros). Every device must take the raw rounds together (they span both hosts): results are
+  jax.lax's bits, and the runtime counter sees a fallback on all n devices."""
+  mesh = _mesh()
+  rng = np.random.default_rng(11)
+  if hot is None:
+    x = _payload((H * L * H * L * 8, 96), np.float32, seed=11)
+  else:
+    x = np.zeros((H * L, H * L * 8, 96), np.float32)
+    x[hot] = rng.integers(0, 2**32, x[hot].shape, dtype=np.uint32).view(np.float32)
+    x = x.reshape(-1, 96)
+  ref = _bits(_run(mesh, _lax_a2a_bits, x))
+  zipccl_jax.reset_stats()
+  prev = zipccl_jax.set_runtime_stats(True)
+  try:
+    got = _bits(_run(mesh, _hier_a2a({"host": True, "local": False}, capacity=0.5, name="xh"), x))
+    jax.effects_barrier()
+    st = zipccl_jax.stats()["xh/host"]
+  finally:
+    zipccl_jax.set_runtime_stats(prev)
+  assert np.array_equal(got, ref)
+  assert st.calls == H * L and st.fallbacks == H * L, st
+
+
+def test_vmap_of_hierarchical_all_to_all_is_bit_identical():
+  """Gaussian data: NaN payloads under vmap are quieted by the flat coded all_to_all too (on one axis, in
+  main), a defect of the coded path's batching, not of the two-level exchange."""
+  mesh = _mesh()
+  x = (np.random.default_rng(12).standard_normal((H * L * 3, H * L * 2, 24)) * 0.02).astype(ml_dtypes.bfloat16)
+
+  def body(v):  # v: (3, n * 2, 24) per device; vmap over the 3
+    with hierarchical.use_algorithm("hierarchical", {"host": True, "local": False}):
+      return jax.vmap(lambda r: zipccl_jax.all_to_all(r, AXES, 0, 0, tiled=True))(v)
+
+  def ref(v):
+    return jax.vmap(lambda r: _lax_a2a_bits(r)[0])(v)
+
+  assert np.array_equal(_bits(_run(mesh, body, x)), _bits(_run(mesh, ref, x)))
+
+
+def _level_choice(prof, m=H * L * 4096):
+  """The [levels] decision of an auto all_to_all of m bfloat16 elements per device, traced under `prof`."""
+  strategy.reset_decisions()
+  with zipccl_jax.use_profile(prof):
+    f = jax.jit(jax.shard_map(lambda v: zipccl_jax.all_to_all(v, AXES, 0, 0, tiled=True, name="lvl"),
+                              mesh=_mesh(), in_specs=P(AXES), out_specs=P(AXES)))
+    f.trace(jax.ShapeDtypeStruct((H * L * m,), jnp.bfloat16))
+  return zipccl_jax.decisions()["lvl [levels]"]
+
+
+def _estimates(prof, m=H * L * 4096):
+  allowed = hierarchical._allowed("auto", "auto", None, "host", "local")
+  with zipccl_jax.use_profile(prof):
+    est, note = hierarchical._candidates("all_to_all", np.dtype(ml_dtypes.bfloat16), m, AXES, "host", "local",
+                                         (H, L), "activation", allowed)
+  return {k: v[0] for k, v in est.items()}, note
+
+
+def test_plan_costs_hierarchical_variants_from_the_measured_raw_program():
+  """With calibrate's measurement of the hierarchical raw program (links['host,local']['hierarchical_<op>'])
+  the hierarchical estimates are that time plus the model's difference per compressed phase; explain() says
+  so. A slow measured program moves the choice to flat; a fast one to hierarchical."""
+  base = _two_level_profile()
+  model, note = _estimates(base)
+  assert note == "hierarchical raw = sum of the phases' models"
+  assert "sum of the phases' models" in _level_choice(base).reason
+  raw = "hierarchical host:raw local:raw"
+  sent = (H * L - 1) * 4096 * 2   # the flat raw collective's bytes per device
+  for bw, want in ((1e9, "hierarchical"), (1e6, "flat")):
+    prof = base.copy()
+    prof.links["host,local"]["hierarchical_all_to_all"] = LinkModel(0.0, bw)
+    est, note = _estimates(prof)
+    assert note == "hierarchical raw measured"
+    assert est[raw] == pytest.approx(sent / bw)
+    for k in est:  # a compressed phase adds the same difference as in the per-phase model
+      if k.startswith("hierarchical"):
+        assert est[k] - est[raw] == pytest.approx(model[k] - model[raw], rel=1e-9, abs=1e-12), k
+      else:
+        assert est[k] == model[k]
+    d = _level_choice(prof)
+    assert "hierarchical raw measured" in d.reason and d.algorithm.startswith(want), (bw, d.algorithm, d.reason)

@@ -352,7 +352,9 @@ def _all_to_all(x, args, lp, phase, cross):
   m = x.size // n
   rows = xs.reshape(H, L * m)                           # [dest h'], row for (h', l') at l' * m
   h = lax.axis_index(lp.slow)
-  own = lax.dynamic_index_in_dim(rows, h, 0, keepdims=False).reshape(L, m)
+  # sliced as bits: under vmap XLA:CPU computes a bfloat16 slice in float32 and quiets NaN payloads
+  own = _exchange.raw_bits(lambda u: lax.dynamic_index_in_dim(u, h, 0, keepdims=False), rows)
+  own = own.reshape(L, m)
   got_own = phase("all_to_all", own, "fast", split_axis=0, concat_axis=0, tiled=True)  # [src l]
   got = cross(rows.reshape(n, m))                       # [src h * L + l], own host's rows unset
   got = _exchange.with_own_row(got.reshape(H, L * m), got_own.reshape(L * m),
