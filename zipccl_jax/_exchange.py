@@ -1,12 +1,14 @@
 """The wire protocol, written once: exchange rows, gather a row, permute a row.
 
-Every compressed collective is one of three exchanges of coded rows, each followed by a
+Every compressed collective is one of four exchanges of coded rows, each followed by a
 uniform overflow test and a `lax.cond` between the coded result and the raw fallback:
 
 * `exchange_rows`: row j of each sender's `(n, m)` rows goes to rank j (all_to_all,
   psum_scatter and psum's first phase);
 * `gather_row`: each sender's row goes to every rank (all_gather, psum's second phase);
-* `permute_row`: each sender's row goes to its destination in `perm` (ppermute).
+* `permute_row`: each sender's row goes to its destination in `perm` (ppermute);
+* `exchange_rounds`: rows go out in rounds of collective-permutes, one row per round (the
+  two-level all_to_all's rows that cross the slow level, `zipccl_jax.hierarchical`).
 
 Padded transport (everywhere)
 -----------------------------
@@ -382,3 +384,42 @@ def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, si
     return cond_bits(is_recv, dec, lambda: vary(jnp.zeros(x.shape, x.dtype), axes_of(axis_name)))
 
   return cond_bits(any_over, lambda: in_fallback(raw), coded)
+
+
+def _permute_rounds(payload, axes, perms, send, arrival):
+  """Row `send[r]` of `payload` (F, w) goes out in round r, a collective-permute `perms[r]` over
+  `axes`; returns (rows in `arrival` order: row j is what round `arrival[j]` brought, (R, w) as
+  received)."""
+  out = payload[send]
+  recv = jnp.stack([lax.ppermute(out[i], axes, p) for i, p in enumerate(perms)])
+  return recv[arrival], recv
+
+
+def raw_rounds(rows, *, axes, perms, send, arrival):
+  """`_permute_rounds` of the bit patterns of `rows` (F, m), uncoded."""
+  return raw_bits(lambda u: _permute_rounds(u, axes, perms, send, arrival)[0], rows)
+
+
+def exchange_rounds(rows, *, axes, perms, send, arrival, skip, flag_axis, capacity: int,
+                    site: str):
+  """`raw_rounds`, coded: rows (F, m) -> (F, m) in `arrival` order; rows flagged in `skip` (F,)
+  are neither coded nor read (zeros).
+
+  Uniform fallback: the raw rounds span every device, so all must agree. A receiver sees the
+  poisoned frames of every sender whose rows reach it; the senders that send it nothing (the
+  rest of its `flag_axis` group, e.g. its own host) report their overflow through a 4-byte
+  psum over `flag_axis`.
+  """
+  payload, _, over = encode_rows(rows, capacity, skip)
+  by_src, recv = _permute_rounds(payload, axes, perms, send, arrival)
+  group_over = lax.psum(vary(over.astype(jnp.int32), (flag_axis,)), flag_axis) > 0
+  fallback = codec.any_overflow(recv, capacity) | group_over
+  accounting.count(site, fallback)
+
+  def coded():
+    return decode_guarded(by_src, fallback, rows.shape[1], rows.dtype, skip)
+
+  def raw():
+    return raw_rounds(rows, axes=axes, perms=perms, send=send, arrival=arrival)
+
+  return cond_bits(fallback, lambda: in_fallback(raw), coded)

@@ -67,9 +67,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from zipccl_jax import _exchange, accounting, codec, strategy
+from zipccl_jax import _exchange, accounting, strategy
 from zipccl_jax._linear import linear
-from zipccl_jax._shard import axis_size, vary
+from zipccl_jax._shard import axis_size
 from zipccl_jax.observation import record_frames
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.profile import axis_key, current_platform, get_profile
@@ -379,10 +379,8 @@ def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
   One collective-permute per round (t, s) of `_rounds`: device (h, l) sends its row for
   ((h + t) % H, (l + s) % L), so every row for another host goes straight to its device over
   the slow link, and only those (H - 1) L rows are coded (flat compressed codes n - 1). Coded
-  frames are padded to `capacity`; the overflow fallback must be taken by every device, as the
-  raw rounds span all of them: a receiver sees every remote sender's poisoned frames
-  (`_exchange.encode_rows`) and, through a 4-byte psum over the fast axis, its own host's
-  senders' flags.
+  frames are padded to `capacity` (`_exchange.exchange_rounds`, whose fallback every device
+  takes together).
   """
   H, L = lp.sizes
   n, m = rows.shape
@@ -399,11 +397,7 @@ def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
   perms = [[(a * L + b, ((a + ti) % H) * L + (b + si) % L) for a in range(H) for b in range(L)]
            for ti, si in rounds]
 
-  def move(payload):  # (n, w) -> ((n, w) by source rank, (R, w) as received)
-    send = payload[dest]
-    recv = jnp.stack([lax.ppermute(send[i], axes, p) for i, p in enumerate(perms)])
-    return recv[arrival], recv
-
+  route = dict(axes=axes, perms=perms, send=dest, arrival=arrival)
   dt = np.dtype(rows.dtype)
   plan = strategy.plan("all_to_all", dt, m, axis_size=n, compress=compress, capacity=capacity,
                        role=role, site=site, axis_name=lp.slow)
@@ -411,18 +405,7 @@ def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
   accounting.record(site, "all_to_all", rows, n, plan, raw_b, len(rounds) * plan.capacity)
   if not plan.compress:
     accounting.count(site, jnp.bool_(False))
-    return _exchange.raw_bits(lambda u: move(u)[0], rows)
+    return _exchange.raw_rounds(rows, **route)
   record_frames(site, "all_to_all", lambda: rows)
-  payload, _, over = _exchange.encode_rows(rows, plan.capacity, own)
-  by_src, recv = move(payload)
-  mine = lax.psum(vary(over.astype(jnp.int32), (lp.fast,)), lp.fast) > 0
-  fallback = codec.any_overflow(recv, plan.capacity) | mine
-  accounting.count(site, fallback)
-
-  def coded():
-    return _exchange.decode_guarded(by_src, fallback, m, rows.dtype, own)
-
-  def raw():
-    return _exchange.raw_bits(lambda u: move(u)[0], rows)
-
-  return _exchange.cond_bits(fallback, lambda: _exchange.in_fallback(raw), coded)
+  return _exchange.exchange_rounds(rows, **route, skip=own, flag_axis=lp.fast,
+                                   capacity=plan.capacity, site=site)
