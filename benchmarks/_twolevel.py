@@ -5,8 +5,8 @@ process (XLA:CPU moves it through gloo over TCP too) stays on that host's unshap
 between processes crosses the tbf-shaped link. The mesh is ``("host", "local") = (H, L)``, host = process.
 
 Per case (collective x payload) and rate, every variant of the collective over ``("host", "local")`` is timed
-``--reps`` times after ``--warmup``, interleaved (one repetition of every variant, then the next), with a
-barrier before each; a repetition counts its slowest process. One JSON record per (case, rate, variant):
+``--reps`` times after ``--warmup``, interleaved (one repetition of every variant, then the next, the order
+rotated by one each repetition), with a barrier before each; a repetition counts its slowest process. One JSON record per (case, rate, variant):
 ``mesh``, ``axes``, ``collective``, ``algorithm`` ("flat" or "hierarchical"), ``compress`` (True, False,
 "auto"), ``plan`` (what "auto" chose, per call site), ``median_s``, ``spread_s`` (interquartile range),
 ``rep_times_s``, ``bit_identical`` (against ``reference``: jax.lax on the bit patterns for data movement; for
@@ -244,8 +244,11 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
                         not anywhere(not np.array_equal(outs[name], outs[v["reference"]])))
                  for name, v in vs.items()}
     times = {name: [] for name in vs}
+    order = list(vs)
     for rep in range(args.warmup + args.reps):
-        for name, v in vs.items():  # interleaved: drift hits every variant alike
+        # interleaved (drift hits every variant alike), and rotated: no variant always runs after the same one
+        for name in order[rep % len(order):] + order[:rep % len(order)]:
+            v = vs[name]
             barrier()
             t0 = time.perf_counter()
             v["fn"](gx).block_until_ready()
