@@ -54,15 +54,15 @@ def model_crossover(op, dtype, m, n, p: pf.Profile):
   over = cm.encode_overhead_s + cm.decode_overhead_s
   if op in ("all_to_all", "psum_scatter"):
     b_raw, b_wire = (n - 1) * raw, (n - 1) * C
-    k = n * raw / cm.encode_Bps + n * raw / cm.decode_Bps + over
+    k = (n - 1) * raw / cm.encode_Bps + (n - 1) * raw / cm.decode_Bps + over  # own row not coded
     l_raw = l_c = lk.latency_s
   elif op == "all_gather":
     b_raw, b_wire = (n - 1) * raw, (n - 1) * C
-    k = raw / cm.encode_Bps + n * raw / cm.decode_Bps + over
+    k = raw / cm.encode_Bps + (n - 1) * raw / cm.decode_Bps + over
     l_raw = l_c = lk.latency_s
   elif op == "psum":
     b_raw, b_wire = 2 * (n - 1) * raw, 2 * (n - 1) * C
-    k = (n + 1) * raw / cm.encode_Bps + 2 * n * raw / cm.decode_Bps + 2 * over
+    k = n * raw / cm.encode_Bps + (2 * n - 1) * raw / cm.decode_Bps + 2 * over  # gather: every row
     l_raw = l_c = 2 * lk.latency_s
   elif op == "ppermute":
     b_raw, b_wire = raw, C

@@ -24,13 +24,16 @@ For one call, per device (``_sent`` is the per-collective byte model of
 =============  ======================  ===========================  ===========================
 op             phases (raw = coded)    encode bytes                 decode bytes
 =============  ======================  ===========================  ===========================
-all_to_all     all_to_all n*chunk      n*chunk                      n*chunk
-psum_scatter   all_to_all n*chunk      n*chunk                      n*chunk
-all_gather     all_gather chunk        chunk                        n*chunk
-psum           all_to_all n*chunk,     (n+1)*chunk                  2n*chunk
+all_to_all     all_to_all n*chunk      (n-1)*chunk                  (n-1)*chunk
+psum_scatter   all_to_all n*chunk      (n-1)*chunk                  (n-1)*chunk
+all_gather     all_gather chunk        chunk                        (n-1)*chunk
+psum           all_to_all n*chunk,     n*chunk                      (2n-1)*chunk
                all_gather chunk
 ppermute       ppermute chunk          chunk                        chunk
 =============  ======================  ===========================  ===========================
+
+The chunk a rank keeps is never coded (``_exchange.own_row``); psum's gather, whose result must
+not depend on the rank, decodes every row. (ragged_all_to_all: n frames each way.)
 
 The padded transport's wire chunk is the capacity ``C``; the ragged one's is
 the expected frame size ``32 + expected_ratio * raw + 64 * blocks`` (capped at
@@ -202,12 +205,14 @@ def explain(site: str | None = None) -> str:
 
 # op -> (phases [(link collective, chunks in the operand, coded)], encode chunks, decode chunks)
 def _structure(op: str, n: int):
-  if op in ("all_to_all", "psum_scatter", "ragged_all_to_all"):  # ragged: frames of `bound` rows
+  if op == "ragged_all_to_all":  # frames of `bound` rows
     return [("all_to_all", n)], n, n
+  if op in ("all_to_all", "psum_scatter"):  # the own row is not coded (_exchange.own_row)
+    return [("all_to_all", n)], n - 1, n - 1
   if op == "all_gather":
-    return [("all_gather", 1)], 1, n
-  if op == "psum":
-    return [("all_to_all", n), ("all_gather", 1)], n + 1, 2 * n
+    return [("all_gather", 1)], 1, n - 1
+  if op == "psum":  # the invariant gather decodes every row
+    return [("all_to_all", n), ("all_gather", 1)], n, 2 * n - 1
   if op == "ppermute":
     return [("ppermute", 1)], 1, 1
   raise ValueError(f"zipccl_jax: unknown collective {op!r}")
