@@ -43,6 +43,28 @@ def init_distributed(args) -> None:
                                    process_id=args.process_id)
 
 
+def example_main(argv, doc: str, configure, **defaults) -> int:
+    """The command line every example shares: process flags, --spawn, devices, jax.distributed.
+
+    `defaults` (mesh, layers, experts) go to trainer.add_common_args; `configure(args, trainer)` then
+    checks the example's own arguments and runs it. JAX is imported only after the device count is set.
+    """
+    import argparse
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_process_args(p)
+    pre, _ = p.parse_known_args(argv)  # the process flags first: the device count precedes `import jax`
+    if pre.spawn:
+        return spawn(pre, argv)
+    setup_env(pre)
+    from . import trainer  # imports jax
+    trainer.add_common_args(p, **defaults)
+    args = p.parse_args(argv)
+    init_distributed(args)
+    configure(args, trainer)
+    return 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,42 +10,29 @@ additionally FSDP-sharded: dense parameters over both axes, expert parameters ov
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import pathlib
 import sys
 
-# examples/common is a package next to this example's directory; register it by path (the
-# script's own directory is on sys.path, examples/ is not, and sys.path stays as it is)
-if "common" not in sys.modules:
-    _COMMON = pathlib.Path(__file__).resolve().parents[1] / "common"
-    _spec = importlib.util.spec_from_file_location("common", _COMMON / "__init__.py",
-                                                   submodule_search_locations=[str(_COMMON)])
+if "common" not in sys.modules:  # examples/common, registered by path: sys.path stays as it is
+    _init = pathlib.Path(__file__).resolve().parents[1] / "common" / "__init__.py"
+    _spec = importlib.util.spec_from_file_location("common", _init, submodule_search_locations=[str(_init.parent)])
     sys.modules["common"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules["common"])
 from common import launch  # noqa: E402  (no jax import)
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    launch.add_process_args(p)
-    # parse the process flags first: the device count must be set before jax is imported
-    pre, _ = p.parse_known_args(argv)
-    if pre.spawn:
-        return launch.spawn(pre, argv)
-    launch.setup_env(pre)
-    from common import trainer  # imports jax
-    trainer.add_common_args(p, mesh="2x4", layers=2, experts=8)
-    args = p.parse_args(argv)
-    launch.init_distributed(args)
+def _run(args, trainer) -> None:
     plan = (
         trainer.BucketPlan("expert", lambda k: k[-1] in ("w_in", "w_out"), shard_axes=("data",),
                            group_axis="expert"),
         trainer.BucketPlan("dense", lambda k: True, shard_axes=("data", "expert")),
     )
     trainer.run(args, name="moe_flax", plan=plan, expert_axis="expert", axis_names=("data", "expert"))
-    return 0
+
+
+def main(argv=None) -> int:
+    return launch.example_main(argv, __doc__, _run, mesh="2x4", layers=2, experts=8)
 
 
 if __name__ == "__main__":
