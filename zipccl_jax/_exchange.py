@@ -192,12 +192,14 @@ def decode_guarded(recv, fallback, m: int, dtype, skip=None):
     if not sb:
       skip = jnp.broadcast_to(skip, (axis_size,) + skip.shape)
 
-    def one(args):
-      r, f, k = args
-      return lax.cond(f, lambda: vary_like(jnp.zeros((r.shape[0], m), dtype), r),
-                      lambda: dec(r, f, k))
+    u = _UINT_OF_SIZE[np.dtype(dtype).itemsize]
 
-    return lax.map(one, (recv, fallback, skip)), True
+    def one(args):  # bit patterns: XLA:CPU updates the map's float carry through float32,
+      r, f, k = args  # which rewrites NaN payloads (0x7fc1 -> 0x7fc0 in bfloat16)
+      return lax.cond(f, lambda: vary_like(jnp.zeros((r.shape[0], m), u), r),
+                      lambda: lax.bitcast_convert_type(dec(r, f, k), u))
+
+    return lax.bitcast_convert_type(lax.map(one, (recv, fallback, skip)), dtype), True
 
   return dec(recv, fallback, skip)
 
