@@ -35,13 +35,22 @@
 
 namespace zipccl::cuda {
 
-// KernelSymbol<K>::kName: the extern "C" name of kernel struct K's entry.
+// Dense ids of the kernels (k_zipccl_hist_u8, ...), for per-kernel tables.
+enum KernelId : int {
+#define ZIPCCL_KERNEL_ID(sym, ...) k_##sym,
+  ZIPCCL_CUDA_KERNELS(ZIPCCL_KERNEL_ID)
+#undef ZIPCCL_KERNEL_ID
+  kNumKernels
+};
+
+// KernelSymbol<K>: the extern "C" name of kernel struct K's entry and its id.
 template <class K>
 struct KernelSymbol;
 #define ZIPCCL_KERNEL_SYMBOL(sym, ...)            \
   template <>                                     \
   struct KernelSymbol<__VA_ARGS__> {              \
     static constexpr const char* kName = #sym;    \
+    static constexpr KernelId kId = k_##sym;      \
   };
 ZIPCCL_CUDA_KERNELS(ZIPCCL_KERNEL_SYMBOL)
 #undef ZIPCCL_KERNEL_SYMBOL
