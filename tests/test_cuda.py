@@ -47,6 +47,8 @@ def _cuda_build_expected() -> bool:
   """What the build's own probe (cmake/jax_cuda.py) finds here: an NVRTC to compile the kernels with."""
   if os.environ.get("ZIPCCL_DISABLE_CUDA", "") not in ("", "0"):
     return False
+  if EXT.build_info()["cuda_note"].startswith("built by Bazel"):  # xla_ffi/BUILD.bazel: CPU-only extension
+    return False
   r = subprocess.run([sys.executable, "-I", str(ROOT / "cmake" / "jax_cuda.py")], capture_output=True, text=True,
                      check=True, timeout=300)
   return "\nNVRTC=/" in "\n" + r.stdout
