@@ -16,17 +16,27 @@ namespace {
 constexpr int kApiVersion = 12000;  // the CUDA version whose signatures cuda_driver.h declares
 
 using GetProcAddress = CUresult (*)(const char* symbol, void** fn, int cuda_version, unsigned long long flags);
+using GetProcAddressV2 = CUresult (*)(const char* symbol, void** fn, int cuda_version, unsigned long long flags,
+                                      int* symbol_status);
 
 std::string Load(DriverApi* d, int* version) {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) return std::string("cannot load libcuda.so.1: ") + dlerror();
-  // The 4-argument cuGetProcAddress of CUDA 11.3+ (cuda.h maps the name to _v2 only for 12.5+ callers).
-  auto get = reinterpret_cast<GetProcAddress>(dlsym(lib, "cuGetProcAddress"));
-  if (get == nullptr) return "libcuda.so.1 has no cuGetProcAddress (a driver older than CUDA 11.3)";
+  // cuGetProcAddress_v2 (drivers >= 12.0) or the 4-argument cuGetProcAddress of CUDA 11.3+, which older
+  // drivers export (cuda.h maps the name to _v2 for callers built against CUDA >= 12.0).
+  auto get_v2 = reinterpret_cast<GetProcAddressV2>(dlsym(lib, "cuGetProcAddress_v2"));
+  auto get_v1 = reinterpret_cast<GetProcAddress>(dlsym(lib, "cuGetProcAddress"));
+  if (get_v2 == nullptr && get_v1 == nullptr)
+    return "libcuda.so.1 has no cuGetProcAddress (a driver older than CUDA 11.3)";
+  auto get = [&](const char* name, void** p) {
+    int status = 0;
+    return get_v2 ? get_v2(name, p, kApiVersion, /*CU_GET_PROC_ADDRESS_DEFAULT=*/0, &status)
+                  : get_v1(name, p, kApiVersion, 0);
+  };
   std::string missing;
   auto resolve = [&](const char* name, auto** fn) {
     void* p = nullptr;
-    if (get(name, &p, kApiVersion, /*CU_GET_PROC_ADDRESS_DEFAULT=*/0) != kCudaSuccess || p == nullptr)
+    if (get(name, &p) != kCudaSuccess || p == nullptr)
       missing += std::string(missing.empty() ? "" : ", ") + name;
     *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
   };
