@@ -300,8 +300,9 @@ TEST(old_driver_fails_naming_both_versions) {
     zipccl_test::Array x = Frames(kBF16, 1, 3000, 2);
     Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kBF16), false);
     CHECK_EQ(e.outcome.ok, cc == 80) << cc << ": " << e.outcome.message;
-    if (cc == 100)
+    if (cc == 100) {
       CHECK(e.outcome.message.find("unsupported toolchain") != std::string::npos) << e.outcome.message;
+    }
     ExpectClean(ctx, "CUDA 12.0 driver");
   }
   emulated::SetComputeCapability(80);
