@@ -32,6 +32,9 @@ void ZipcclRegisterCudaHost(nb::module_& parent);
 #ifndef ZIPCCL_CUDA_MIN_DRIVER
 #define ZIPCCL_CUDA_MIN_DRIVER ""
 #endif
+#if defined(ZIPCCL_BAZEL_BUILD)  // xla_ffi/BUILD.bazel: a CPU-only extension
+#define ZIPCCL_CUDA_NOTE "built by Bazel, which builds no CUDA kernels (CMake builds them with NVRTC)"
+#endif
 #ifndef ZIPCCL_CUDA_NOTE
 #define ZIPCCL_CUDA_NOTE ""
 #endif
