@@ -33,6 +33,19 @@ def test_plan_kernel_has_no_4kb_stack_frame_any_more(tmp_path):
   assert all(k["SHARED"] > 5000 for k in plan), plan  # the work arrays moved to shared memory
 
 
+def test_cubins_for_sm80_and_sm90_and_ptx():
+  """The images NVRTC built, as the extension embeds them: CUDA ELF cubins per arch and the PTX fallback."""
+  images = ext.cuda_images()
+  assert [(a, k) for a, k, _ in images] == [(80, "cubin"), (90, "cubin"), (80, "ptx")]
+  for arch, kind, data in images:
+    if kind == "cubin":
+      assert data[:4] == b"\x7fELF" and int.from_bytes(data[18:20], "little") == 190, arch  # EM_CUDA
+    else:
+      text = data.decode()
+      assert ".target sm_80" in text and ".visible .entry zipccl_scan(" in text
+  assert [int(a) for a in ext.build_info()["cuda_archs"].split(",")] == [a for a, k, _ in images if k == "cubin"]
+
+
 def test_the_gate_parses_a_kernel_over_it():
   """The parser sees what it must fail on (a recorded line of the shipped defect)."""
   sample = ("Resource usage:\n Function zipccl_plan:\n"
