@@ -1,29 +1,33 @@
-# Chooses the CUDA compiler so the kernels match the JAX that runs them (issue 15, defect 2).
+# Chooses how the CUDA kernels are built so that they match the JAX that runs them (issue 15, defect 2).
 #
-# With a JAX CUDA plugin installed (jax-cuda12-plugin, jax-cuda13-plugin), the kernels must use a CUDA
-# runtime of the plugin's major version: a newer major needs a newer driver (CUDA 13: >= 580) than the
-# hosts running that plugin may have. The first nvcc of that major among
-#   $ZIPCCL_CUDA_HOME, $CUDA_HOME, $CUDA_PATH (bin/nvcc), nvcc on PATH, /usr/local/cuda*/bin/nvcc, and the
-#   NVIDIA PyPI wheels in the Python environment (cmake/jax_cuda.py)
-# is used; if there is none, the extension is built without CUDA kernels, with a warning saying why, rather
-# than with a runtime the plugin's driver may not run. Without a plugin: any nvcc on PATH, as before.
+# The kernels (xla_ffi/codec/kernels.cu) are compiled by NVRTC, NVIDIA's runtime-compilation library, at build
+# time (cmake/nvrtc_build.py, ctypes on libnvrtc.so.N): a CUBIN per architecture of ZIPCCL_CUDA_ARCH_LIST and
+# PTX of the first, embedded in the extension. The host side launches them through the CUDA driver API
+# (libcuda.so.1, dlopen at first use), so no CUDA runtime is linked and no nvcc, CUDA header or toolkit is
+# needed: PyPI's nvidia-cuda-nvrtc-cu12 / nvidia-cuda-nvrtc wheels are enough.
 #
-# Sets ZIPCCL_WITH_CUDA, CMAKE_CUDA_COMPILER (before enable_language), ZIPCCL_CUDA_TOOLKIT ("12.9"),
-# ZIPCCL_CUDA_MIN_DRIVER, ZIPCCL_JAX_CUDA_PLUGIN ("name version" or ""), ZIPCCL_CUDA_NOTE (why the kernels
-# are or are not built). Needs Python_EXECUTABLE.
+# With a JAX CUDA plugin installed (jax-cuda12-plugin, jax-cuda13-plugin), NVRTC of the plugin's CUDA major is
+# required: the CUBINs of CUDA N need a driver for CUDA N, which the plugin needs anyway; without it the
+# extension is built without kernels, with a warning saying why. Without a plugin: the newest NVRTC found.
+# cmake/jax_cuda.py makes the choice (and lists where it looked).
+#
+# Sets ZIPCCL_WITH_CUDA, ZIPCCL_NVRTC (the library), ZIPCCL_CUDA_TOOLKIT ("12.9", NVRTC's CUDA version),
+# ZIPCCL_CUDA_VERSION (12090), ZIPCCL_CUDA_ARCH_LIST, ZIPCCL_CUDA_ARCHS ("80,90"), ZIPCCL_CUDA_MIN_DRIVER,
+# ZIPCCL_JAX_CUDA_PLUGIN ("name version" or ""), ZIPCCL_CUDA_NOTE (why the kernels are or are not built).
+# Needs Python_EXECUTABLE.
 
 set(ZIPCCL_WITH_CUDA OFF)
 set(ZIPCCL_JAX_CUDA_PLUGIN "")
 set(ZIPCCL_CUDA_NOTE "")
+set(ZIPCCL_NVRTC "")
+# The architectures shipped as CUBINs; PTX of the first one covers every later GPU (JIT by the driver).
+set(ZIPCCL_CUDA_ARCH_LIST 80 90)
 
-function(_zipccl_nvcc_major nvcc out)
-  execute_process(COMMAND "${nvcc}" --version OUTPUT_VARIABLE _v ERROR_QUIET RESULT_VARIABLE _rc)
-  set(_major "")
-  if(_rc EQUAL 0 AND _v MATCHES "release ([0-9]+)\\.([0-9]+)")
-    set(_major "${CMAKE_MATCH_1}")
-  endif()
-  set(${out} "${_major}" PARENT_SCOPE)
-endfunction()
+if(NOT ("$ENV{ZIPCCL_DISABLE_CUDA}" STREQUAL "" OR "$ENV{ZIPCCL_DISABLE_CUDA}" STREQUAL "0"))
+  set(ZIPCCL_CUDA_NOTE "ZIPCCL_DISABLE_CUDA is set")
+  message(STATUS "zipccl: CUDA kernels OFF (${ZIPCCL_CUDA_NOTE})")
+  return()
+endif()
 
 execute_process(
   COMMAND "${Python_EXECUTABLE}" -I "${CMAKE_CURRENT_LIST_DIR}/jax_cuda.py"
@@ -31,93 +35,48 @@ execute_process(
 if(NOT _rc EQUAL 0)
   message(FATAL_ERROR "zipccl: cmake/jax_cuda.py failed")
 endif()
-string(REPLACE "\n" ";" _lines "${_probe}")
-set(_plugin_major "")
-set(_wheel_nvccs "")
-if(_lines)
-  list(GET _lines 0 _plugin)
-  list(REMOVE_AT _lines 0)
-  set(_wheel_nvccs ${_lines})
-  if(_plugin)
-    string(REPLACE "|" ";" _plugin "${_plugin}")
-    list(GET _plugin 0 _plugin_major)
-    list(GET _plugin 1 _plugin_name)
-    list(GET _plugin 2 _plugin_version)
-    set(ZIPCCL_JAX_CUDA_PLUGIN "${_plugin_name} ${_plugin_version}")
+foreach(_key PLUGIN NVRTC NVRTC_VERSION NOTE)
+  set(_probe_${_key} "")
+  if(_probe MATCHES "(^|\n)${_key}=([^\n]*)")
+    set(_probe_${_key} "${CMAKE_MATCH_2}")
   endif()
+endforeach()
+if(_probe_PLUGIN)
+  string(REPLACE "|" ";" _plugin "${_probe_PLUGIN}")
+  list(GET _plugin 1 _plugin_name)
+  list(GET _plugin 2 _plugin_version)
+  set(ZIPCCL_JAX_CUDA_PLUGIN "${_plugin_name} ${_plugin_version}")
 endif()
+set(ZIPCCL_CUDA_NOTE "${_probe_NOTE}")
 
-set(_chosen "")
-if(NOT ("$ENV{ZIPCCL_DISABLE_CUDA}" STREQUAL "" OR "$ENV{ZIPCCL_DISABLE_CUDA}" STREQUAL "0"))
-  set(ZIPCCL_CUDA_NOTE "ZIPCCL_DISABLE_CUDA is set")
-elseif(_plugin_major)
-  set(_candidates "")
-  foreach(_env ZIPCCL_CUDA_HOME CUDA_HOME CUDA_PATH)
-    if(DEFINED ENV{${_env}})
-      list(APPEND _candidates "$ENV{${_env}}/bin/nvcc")
-    endif()
-  endforeach()
-  find_program(_path_nvcc nvcc NO_CACHE NO_CMAKE_PATH NO_CMAKE_ENVIRONMENT_PATH NO_CMAKE_SYSTEM_PATH)
-  if(_path_nvcc)
-    list(APPEND _candidates "${_path_nvcc}")
-  endif()
-  file(GLOB _local_nvccs "/usr/local/cuda-${_plugin_major}*/bin/nvcc" "/usr/local/cuda/bin/nvcc")
-  list(APPEND _candidates ${_local_nvccs} ${_wheel_nvccs})
-  set(_tried "")
-  foreach(_nvcc IN LISTS _candidates)
-    if(EXISTS "${_nvcc}")
-      _zipccl_nvcc_major("${_nvcc}" _m)
-      list(APPEND _tried "${_nvcc} (CUDA ${_m})")
-      if(_m STREQUAL _plugin_major)
-        set(_chosen "${_nvcc}")
-        break()
-      endif()
-    endif()
-  endforeach()
-  string(REPLACE ";" ", " _tried "${_tried}")
-  if(NOT _chosen)
-    set(ZIPCCL_CUDA_NOTE "${ZIPCCL_JAX_CUDA_PLUGIN} needs CUDA ${_plugin_major} kernels and no CUDA ${_plugin_major} nvcc was found (tried: ${_tried}; nvidia-cuda-nvcc-cu12 wheels ship no nvcc); set ZIPCCL_CUDA_HOME to a CUDA ${_plugin_major} toolkit")
-    message(WARNING "zipccl: CUDA kernels OFF: ${ZIPCCL_CUDA_NOTE}")
-  else()
-    set(ZIPCCL_CUDA_NOTE "CUDA ${_plugin_major} to match ${ZIPCCL_JAX_CUDA_PLUGIN}")
-  endif()
-else()
-  include(CheckLanguage)
-  check_language(CUDA)
-  if(CMAKE_CUDA_COMPILER)
-    set(_chosen "${CMAKE_CUDA_COMPILER}")
-    set(ZIPCCL_CUDA_NOTE "nvcc on PATH (no JAX CUDA plugin installed)")
-  else()
-    set(ZIPCCL_CUDA_NOTE "no nvcc found")
-  endif()
-endif()
-
-set(ZIPCCL_CUDA_NVCC "${_chosen}")
-if(ZIPCCL_CUDA_SELECT_ONLY)  # tests/test_cuda_build.py: the choice alone, no enable_language
+if(ZIPCCL_CUDA_SELECT_ONLY)  # tests: the choice alone
+  set(ZIPCCL_NVRTC "${_probe_NVRTC}")
   return()
 endif()
-if(_chosen)
-  set(CMAKE_CUDA_COMPILER "${_chosen}")
-  # The architectures must be set before enable_language(CUDA) and before any target.
-  set(CMAKE_CUDA_ARCHITECTURES "80;90")
-  string(REPLACE ";" "," ZIPCCL_CUDA_ARCHS "${CMAKE_CUDA_ARCHITECTURES}")
-  enable_language(CUDA)
-  set(CMAKE_CUDA_STANDARD 17)
-  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-  find_package(CUDAToolkit REQUIRED)
-  set(ZIPCCL_WITH_CUDA ON)
-  # The oldest Linux driver of the toolkit's major version (CUDA minor-version compatibility).
-  string(REGEX MATCH "^[0-9]+\\.[0-9]+" ZIPCCL_CUDA_TOOLKIT "${CMAKE_CUDA_COMPILER_VERSION}")
-  string(REGEX MATCH "^[0-9]+" _cuda_major "${CMAKE_CUDA_COMPILER_VERSION}")
-  set(_min_driver_11 "450.80.02")
-  set(_min_driver_12 "525.60.13")
-  set(_min_driver_13 "580.65.06")
-  set(ZIPCCL_CUDA_MIN_DRIVER "${_min_driver_${_cuda_major}}")
-  if(NOT ZIPCCL_CUDA_MIN_DRIVER)
-    message(FATAL_ERROR "zipccl: no known minimum driver for CUDA ${CMAKE_CUDA_COMPILER_VERSION}")
+if(NOT _probe_NVRTC)
+  if(ZIPCCL_JAX_CUDA_PLUGIN)
+    message(WARNING "zipccl: CUDA kernels OFF: ${ZIPCCL_CUDA_NOTE}")
+  else()
+    message(STATUS "zipccl: CUDA kernels OFF (${ZIPCCL_CUDA_NOTE})")
   endif()
-  message(STATUS "zipccl: CUDA kernels ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION} at ${CMAKE_CUDA_COMPILER}, "
-                 "sm_${CMAKE_CUDA_ARCHITECTURES}; ${ZIPCCL_CUDA_NOTE})")
-else()
-  message(STATUS "zipccl: CUDA kernels OFF (${ZIPCCL_CUDA_NOTE})")
+  return()
 endif()
+
+set(ZIPCCL_NVRTC "${_probe_NVRTC}")
+set(ZIPCCL_CUDA_TOOLKIT "${_probe_NVRTC_VERSION}")
+string(REGEX MATCH "^([0-9]+)\\.([0-9]+)" _v "${ZIPCCL_CUDA_TOOLKIT}")
+set(_cuda_major "${CMAKE_MATCH_1}")
+math(EXPR ZIPCCL_CUDA_VERSION "1000 * ${CMAKE_MATCH_1} + 10 * ${CMAKE_MATCH_2}")
+string(REPLACE ";" "," ZIPCCL_CUDA_ARCHS "${ZIPCCL_CUDA_ARCH_LIST}")
+# The oldest Linux driver that runs the CUBINs: the first driver of NVRTC's CUDA major (minor-version
+# compatibility: CUBINs of any CUDA 12.x run on a CUDA 12.0 driver; the driver API used, cuLibrary*, is CUDA
+# 12.0's as well). Archs without a CUBIN JIT the PTX, which needs a driver of NVRTC's own CUDA version.
+set(_min_driver_12 "525.60.13")
+set(_min_driver_13 "580.65.06")
+set(ZIPCCL_CUDA_MIN_DRIVER "${_min_driver_${_cuda_major}}")
+if(NOT ZIPCCL_CUDA_MIN_DRIVER)
+  message(FATAL_ERROR "zipccl: NVRTC ${ZIPCCL_CUDA_TOOLKIT} at ${ZIPCCL_NVRTC}: CUDA 12 or 13 is needed")
+endif()
+set(ZIPCCL_WITH_CUDA ON)
+message(STATUS "zipccl: CUDA kernels ON (NVRTC ${ZIPCCL_CUDA_TOOLKIT} at ${ZIPCCL_NVRTC}, "
+               "sm_${ZIPCCL_CUDA_ARCHS} + PTX; ${ZIPCCL_CUDA_NOTE})")

@@ -1,11 +1,12 @@
-"""The CUDA toolkit CMake picks matches the installed JAX CUDA plugin (cmake/cuda_toolkit.cmake, issue 15).
+"""The NVRTC the build picks matches the installed JAX CUDA plugin (cmake/jax_cuda.py, cmake/cuda_toolkit.cmake).
 
-Runs the selection alone (ZIPCCL_CUDA_SELECT_ONLY) in a scratch CMake project, with a fake Python that reports
-a plugin and fake nvcc scripts of given CUDA versions, so every branch runs without any CUDA toolkit.
+The choice (cmake/jax_cuda.py: `candidates`, `choose`) runs on fake wheel and toolkit layouts; the CMake side runs
+alone (ZIPCCL_CUDA_SELECT_ONLY) in a scratch project with a fake Python that prints a probe's answer.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -16,7 +17,59 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+_spec = importlib.util.spec_from_file_location("jax_cuda", ROOT / "cmake" / "jax_cuda.py")
+jax_cuda = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(jax_cuda)
+
+PLUGIN12 = (12, "jax-cuda12-plugin", "0.10.2")
+
+
+def _lib(path: Path) -> Path:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(b"\x7fELF")
+  return path
+
+
+def test_cuda12_plugin_never_gets_nvrtc13():
+  lib, ver, note = jax_cuda.choose(PLUGIN12, [(Path("/x/libnvrtc.so.13"), "13.0")])
+  assert lib is None and ver == ""
+  assert "jax-cuda12-plugin 0.10.2 needs CUDA 12 kernels and no NVRTC 12 was found" in note
+  assert "/x/libnvrtc.so.13 (13.0)" in note and "pip install nvidia-cuda-nvrtc-cu12 (the cuda12 extra)" in note
+
+
+def test_cuda12_plugin_takes_nvrtc12_even_after_a_13():
+  found = [(Path("/a/libnvrtc.so.13"), "13.0"), (Path("/b/libnvrtc.so.12"), "12.9")]
+  assert jax_cuda.choose(PLUGIN12, found) == (Path("/b/libnvrtc.so.12"), "12.9",
+                                              "NVRTC 12.9 to match jax-cuda12-plugin 0.10.2")
+  lib, _, _ = jax_cuda.choose((13, "jax-cuda13-plugin", "0.10.2"), found)
+  assert lib == Path("/a/libnvrtc.so.13")
+
+
+def test_without_a_plugin_the_newest_nvrtc():
+  found = [(Path("/b/libnvrtc.so.12"), "12.9"), (Path("/a/libnvrtc.so.13"), "13.0")]
+  lib, ver, note = jax_cuda.choose(None, found)
+  assert (lib, ver) == (Path("/a/libnvrtc.so.13"), "13.0") and "no JAX CUDA plugin" in note
+  lib, _, note = jax_cuda.choose(None, [])
+  assert lib is None and note.startswith("no NVRTC found")
+
+
+def test_candidates_in_wheels_and_toolkits(tmp_path):
+  """Where the NVIDIA wheels put libnvrtc (cu12: nvidia/cuda_nvrtc/lib, 13: nvidia/cu13/lib), then toolkits: an
+  explicit home, and the toolkit behind an nvcc wrapper script on PATH (as on this machine)."""
+  w12 = _lib(tmp_path / "site" / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12")
+  w13 = _lib(tmp_path / "site" / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13")
+  home = _lib(tmp_path / "cuda-12.4" / "lib64" / "libnvrtc.so.12").parent.parent
+  behind = _lib(tmp_path / "cuda-13.0" / "targets" / "x86_64-linux" / "lib" / "libnvrtc.so.13").parents[3]
+  (behind / "bin").mkdir()
+  wrapper = tmp_path / "bin" / "nvcc"
+  wrapper.parent.mkdir()
+  wrapper.write_text(f'#!/bin/sh\nexec {behind}/bin/nvcc "$@"\n')
+  wrapper.chmod(0o755)
+  explicit = _lib(tmp_path / "mine" / "libnvrtc.so.12")
+  env = {"ZIPCCL_NVRTC": str(explicit), "ZIPCCL_CUDA_HOME": str(home), "PATH": str(wrapper.parent)}
+  got = jax_cuda.candidates(env, [str(tmp_path / "site")])
+  assert got[:4] == [explicit, w13, w12, home / "lib64" / "libnvrtc.so.12"], got
+  assert behind / "targets" / "x86_64-linux" / "lib" / "libnvrtc.so.13" in got
 
 
 def _script(path: Path, text: str) -> Path:
@@ -26,68 +79,44 @@ def _script(path: Path, text: str) -> Path:
   return path
 
 
-def _nvcc(path: Path, version: str) -> Path:
-  return _script(path, f'echo "Cuda compilation tools, release {version}, V{version}.1"\n')
-
-
-def _select(tmp: Path, probe_lines: list[str], env: dict[str, str]) -> tuple[str, str]:
-  python = _script(tmp / "fakepy" / "python", "cat <<'EOT'\n" + "\n".join(probe_lines) + "\nEOT\n")
+def _cmake(tmp: Path, probe: str, env: dict[str, str]) -> tuple[str, str, str]:
+  python = _script(tmp / "fakepy" / "python", "cat <<'EOT'\n" + probe + "\nEOT\n")
   (tmp / "proj").mkdir(exist_ok=True)
   (tmp / "proj" / "CMakeLists.txt").write_text(
       "cmake_minimum_required(VERSION 3.18)\nproject(t LANGUAGES NONE)\n"
       f'set(Python_EXECUTABLE "{python}")\nset(ZIPCCL_CUDA_SELECT_ONLY ON)\n'
       f'include("{ROOT}/cmake/cuda_toolkit.cmake")\n'
-      'message(STATUS "CHOSEN=[${ZIPCCL_CUDA_NVCC}]")\nmessage(STATUS "NOTE=[${ZIPCCL_CUDA_NOTE}]")\n')
-  full = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "ZIPCCL_CUDA_HOME",
-                                                           "ZIPCCL_DISABLE_CUDA")}
+      'message(STATUS "CHOSEN=[${ZIPCCL_NVRTC}]")\nmessage(STATUS "NOTE=[${ZIPCCL_CUDA_NOTE}]")\n'
+      'message(STATUS "PLUGIN=[${ZIPCCL_JAX_CUDA_PLUGIN}]")\n')
+  full = {k: v for k, v in os.environ.items() if k != "ZIPCCL_DISABLE_CUDA"}
   full.update(env)
   r = subprocess.run(["cmake", "-S", str(tmp / "proj"), "-B", str(tmp / "build")], capture_output=True,
                      text=True, env=full, timeout=120)
   assert r.returncode == 0, r.stdout + r.stderr
   out = r.stdout + r.stderr
-  chosen = re.search(r"CHOSEN=\[(.*?)\]", out).group(1)
-  note = re.search(r"NOTE=\[(.*?)\]", out, re.S).group(1)
-  return chosen, note
+  return tuple(re.search(rf"{k}=\[(.*?)\]", out, re.S).group(1) for k in ("CHOSEN", "NOTE", "PLUGIN"))
 
 
-def test_cuda12_plugin_never_gets_a_cuda13_nvcc(tmp_path):
-  nvcc13 = _nvcc(tmp_path / "bin13" / "nvcc", "13.0")
-  chosen, note = _select(tmp_path, ["12|jax-cuda12-plugin|0.10.2"],
-                         {"PATH": f"{nvcc13.parent}:/usr/bin:/bin"})
-  assert chosen == ""
-  assert "jax-cuda12-plugin 0.10.2 needs CUDA 12 kernels" in note and "(CUDA 13)" in note
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_cmake_reads_the_probe(tmp_path):
+  probe = ("PLUGIN=12|jax-cuda12-plugin|0.10.2\nNVRTC=/w/nvidia/cuda_nvrtc/lib/libnvrtc.so.12\nNVRTC_VERSION=12.9\n"
+           "NOTE=NVRTC 12.9 to match jax-cuda12-plugin 0.10.2")
+  assert _cmake(tmp_path, probe, {}) == ("/w/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+                                         "NVRTC 12.9 to match jax-cuda12-plugin 0.10.2", "jax-cuda12-plugin 0.10.2")
 
 
-def test_cuda12_plugin_takes_the_cuda12_toolkit_it_is_given(tmp_path):
-  nvcc13 = _nvcc(tmp_path / "bin13" / "nvcc", "13.0")
-  nvcc12 = _nvcc(tmp_path / "cuda12" / "bin" / "nvcc", "12.9")
-  chosen, note = _select(tmp_path, ["12|jax-cuda12-plugin|0.10.2"],
-                         {"PATH": f"{nvcc13.parent}:/usr/bin:/bin", "ZIPCCL_CUDA_HOME": str(tmp_path / "cuda12")})
-  assert chosen == str(nvcc12)
-  assert note == "CUDA 12 to match jax-cuda12-plugin 0.10.2"
-
-
-def test_a_wheel_nvcc_of_the_plugins_major_is_used(tmp_path):
-  """The probe lists nvcc from the NVIDIA wheels (nvidia/cu13/bin/nvcc for CUDA 13); when no system toolkit of
-  that major exists, that one is chosen. (CUDA 12 here: this machine has a system CUDA 13.)"""
-  wheel_nvcc = _nvcc(tmp_path / "site" / "nvidia" / "cuda_nvcc" / "bin" / "nvcc", "12.8")
-  chosen, _ = _select(tmp_path, ["12|jax-cuda12-plugin|0.10.2", str(wheel_nvcc)], {"PATH": "/usr/bin:/bin"})
-  assert chosen == str(wheel_nvcc)
-
-
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
 def test_disable_wins(tmp_path):
-  nvcc12 = _nvcc(tmp_path / "cuda12" / "bin" / "nvcc", "12.9")
-  chosen, note = _select(tmp_path, ["12|jax-cuda12-plugin|0.10.2"],
-                         {"ZIPCCL_CUDA_HOME": str(nvcc12.parent.parent), "ZIPCCL_DISABLE_CUDA": "1"})
+  probe = "PLUGIN=\nNVRTC=/w/libnvrtc.so.13\nNVRTC_VERSION=13.0\nNOTE=x"
+  chosen, note, _ = _cmake(tmp_path, probe, {"ZIPCCL_DISABLE_CUDA": "1"})
   assert chosen == "" and note == "ZIPCCL_DISABLE_CUDA is set"
 
 
-def test_probe_reports_no_plugin_here():
-  """This environment has no JAX CUDA plugin: the probe's first line is empty (today's behaviour)."""
+def test_probe_reports_the_plugin_installed_here():
   r = subprocess.run([sys.executable, "-I", str(ROOT / "cmake" / "jax_cuda.py")], capture_output=True, text=True,
-                     check=True)
-  first = r.stdout.splitlines()[0] if r.stdout else ""
+                     check=True, timeout=300)
+  first = r.stdout.splitlines()[0]
   import importlib.metadata as md
   installed = [d for d in ("jax-cuda12-plugin", "jax-cuda13-plugin")
                if any(x.metadata["Name"] == d for x in md.distributions())]
-  assert (first == "") == (not installed), (first, installed)
+  assert (first == "PLUGIN=") == (not installed), (first, installed)

@@ -1,20 +1,9 @@
-"""Resource gate of the installed extension's CUDA kernels (issue 15, defect 3).
-
-Reads every kernel's registers, stack frame and static shared memory from the cubins inside
-zipccl_jax/_zipccl*.so with `cuobjdump --dump-resource-usage` (PATH, or the nvidia-cuda-cuobjdump wheel of the
-test extra) and fails on a stack frame over 256 bytes (local memory the driver reserves for every resident
-thread, outside XLA's pool) or static shared memory over 48 KB. Spills: cuobjdump does not report them, so
-the build makes ptxas refuse them (-Xptxas=-warn-spills,-Werror) and this test checks that the cubins were
-built with those options (cuobjdump prints them for each embedded PTX).
+"""Resource gate of the installed extension's CUDA kernels (issue 15, defect 3): tests/cuda_gate.py applied to
+exactly the CUBINs the extension embeds and loads (`_zipccl.cuda_images()`, the bytes cuLibraryLoadData gets).
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,100 +11,49 @@ import pytest
 import zipccl_jax
 from zipccl_jax import _zipccl as ext
 
-MAX_STACK_BYTES = 256
-MAX_STATIC_SHARED_BYTES = 48 * 1024
+import cuda_gate
+
 ARCHS = {"sm_80", "sm_90"}
 
 pytestmark = pytest.mark.skipif(not ext.with_cuda, reason="extension built without CUDA kernels (no cubins)")
 
 
-def _cuobjdump() -> str:
-  found = shutil.which("cuobjdump")
-  if found:
-    return found
-  for site in sys.path:
-    for rel in ("nvidia/cu13/bin/cuobjdump", "nvidia/cuda_cuobjdump/bin/cuobjdump"):
-      p = Path(site) / rel
-      if p.is_file() and os.access(p, os.X_OK):
-        return str(p)
-  pytest.fail("cuobjdump not found: pip install nvidia-cuda-cuobjdump (in the [test] extra)")
+def test_every_kernel_fits_the_resource_gate(tmp_path):
+  ks = cuda_gate.check_images(ext.cuda_images(), tmp_path)
+  assert {k["arch"] for k in ks} == ARCHS, ks
+  names = {k["name"] for k in ks}
+  assert len(ks) == len(ARCHS) * cuda_gate.N_KERNELS and all(n.startswith("zipccl_") for n in names), names
 
 
-def _extension() -> Path:
-  return Path(ext.__file__)
-
-
-def _dump() -> str:
-  r = subprocess.run([_cuobjdump(), "--dump-resource-usage", str(_extension())], capture_output=True, text=True,
-                     timeout=300)
-  assert r.returncode == 0, r.stderr
-  return r.stdout
-
-
-def _kernels(text: str) -> list[dict]:
-  """One entry per (arch, function) of the ELF sections."""
-  out, arch, in_elf = [], None, False
-  lines = text.splitlines()
-  for i, line in enumerate(lines):
-    if line.startswith("Fatbin elf code"):
-      in_elf = True
-    elif line.startswith("Fatbin ptx code"):
-      in_elf = False
-    elif (m := re.match(r"arch = (sm_\d+)", line)):
-      arch = m.group(1)
-    elif in_elf and (m := re.match(r"\s*Function (\S+):", line)):
-      fields = dict(re.findall(r"(\w+(?:\[\d+\])?):(\d+)", lines[i + 1]))
-      out.append({"arch": arch, "name": m.group(1), **{k: int(v) for k, v in fields.items()}})
-  return out
-
-
-def _short(mangled: str) -> str:
-  m = re.search(r"INS0_\d+(\w+?Kernel)(I[tjh]E)?", mangled)
-  if m:
-    return m.group(1) + {"ItE": "<u16>", "IjE": "<u32>", "IhE": "<u8>"}.get(m.group(2) or "", "")
-  return mangled[:60]
-
-
-def test_every_kernel_fits_the_resource_gate():
-  kernels = _kernels(_dump())
-  assert {k["arch"] for k in kernels} == ARCHS, kernels
-  ours = [k for k in kernels if "zipccl" in k["name"]]
-  assert len(ours) >= 2 * 13, [_short(k["name"]) for k in ours]  # 13 kernels of ours per arch
-  table = "\n".join(f"{k['arch']} {_short(k['name']):28s} REG {k['REG']:3d} STACK {k['STACK']:5d} "
-                    f"SHARED {k['SHARED']:6d}" for k in kernels)
-  print(table)
-  bad = [k for k in kernels
-         if k["STACK"] > MAX_STACK_BYTES or k["SHARED"] > MAX_STATIC_SHARED_BYTES or k.get("LOCAL", 0)]
-  assert not bad, "kernels over the gate:\n" + "\n".join(
-      f"{k['arch']} {_short(k['name'])}: stack {k['STACK']} B, static shared {k['SHARED']} B, "
-      f"local {k.get('LOCAL', 0)} B" for k in bad)
-
-
-def test_plan_kernel_has_no_4kb_stack_frame_any_more():
+def test_plan_kernel_has_no_4kb_stack_frame_any_more(tmp_path):
   """Defect 3: BuildCodeLengths' arrays in local memory gave zipccl_plan a 4,640-byte stack frame."""
-  plan = [k for k in _kernels(_dump()) if "PlanKernel" in k["name"]]
+  plan = [k for k in cuda_gate.check_images(ext.cuda_images(), tmp_path) if k["name"] == "zipccl_plan"]
   assert {k["arch"] for k in plan} == ARCHS
-  assert all(k["STACK"] <= MAX_STACK_BYTES for k in plan), plan
+  assert all(k["STACK"] <= cuda_gate.MAX_STACK_BYTES for k in plan), plan
   assert all(k["SHARED"] > 5000 for k in plan), plan  # the work arrays moved to shared memory
 
 
-def test_cubins_were_built_refusing_spills():
-  text = _dump()
-  opts = re.findall(r"ptxasOptions = (.*)", text)
-  assert len(opts) == len(ARCHS), opts
-  for o in opts:
-    assert "-warn-spills" in o and "-Werror" in o, o
+def test_cubins_for_sm80_and_sm90_and_ptx():
+  """The images NVRTC built, as the extension embeds them: CUDA ELF cubins per arch and the PTX fallback."""
+  images = ext.cuda_images()
+  assert [(a, k) for a, k, _ in images] == [(80, "cubin"), (90, "cubin"), (80, "ptx")]
+  for arch, kind, data in images:
+    if kind == "cubin":
+      assert data[:4] == b"\x7fELF" and int.from_bytes(data[18:20], "little") == 190, arch  # EM_CUDA
+    else:
+      text = data.decode()
+      assert ".target sm_80" in text and ".visible .entry zipccl_scan(" in text
+  assert [int(a) for a in ext.build_info()["cuda_archs"].split(",")] == [a for a, k, _ in images if k == "cubin"]
 
 
 def test_the_gate_parses_a_kernel_over_it():
   """The parser sees what it must fail on (a recorded line of the shipped defect)."""
-  sample = ("Fatbin elf code:\n================\narch = sm_90\nResource usage:\n"
-            " Function _ZN6zipccl4cuda6KernelINS0_10PlanKernelEEEvNT_6ParamsE:\n"
+  sample = ("Resource usage:\n Function zipccl_plan:\n"
             "  REG:40 STACK:4640 SHARED:0 LOCAL:0 CONSTANT[2]:8 CONSTANT[0]:472 TEXTURE:0 SURFACE:0 SAMPLER:0\n")
-  (k,) = _kernels(sample)
-  assert (k["arch"], k["REG"], k["STACK"], k["SHARED"]) == ("sm_90", 40, 4640, 0)
-  assert _short(k["name"]) == "PlanKernel" and k["STACK"] > MAX_STACK_BYTES
+  (k,) = cuda_gate.kernels(sample, "sm_90")
+  assert (k["arch"], k["name"], k["REG"], k["STACK"], k["SHARED"]) == ("sm_90", "zipccl_plan", 40, 4640, 0)
+  assert cuda_gate.over_the_gate([k]) == ["sm_90 zipccl_plan: stack 4640 B, static shared 0 B, local 0 B"]
 
 
 def test_installed_extension_is_the_one_checked():
-  assert Path(zipccl_jax.__file__).parent == _extension().parent
+  assert Path(zipccl_jax.__file__).parent == Path(ext.__file__).parent

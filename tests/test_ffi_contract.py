@@ -2,8 +2,9 @@
 
 tests/cc/ffi_contract_test.cc calls the real ZipcclEncodeCuda / ZipcclDecodeCuda (xla_ffi/handlers_cuda.cc)
 through a mock XLA_FFI_Api that enforces what xla/ffi/ffi_api.cc enforces (scratch alignment <= 16, scratch
-freed when the handler returns, the stream from the context, errors propagated), with the kernels run by the
-SIMT emulator (xla_ffi/emulated_kernels.cc linked in place of codec/kernels.cu). Built here with g++ under
+freed when the handler returns, the stream from the context, errors propagated), over the real launch layer
+(xla_ffi/codec/kernels_host.cc) with a mock CUDA driver (xla_ffi/emulated_driver.cc, linked in place of
+codec/cuda_driver.cc's dlopen of libcuda.so.1) whose launches run the kernels in the SIMT emulator. Built here with g++ under
 ASan + UBSan, the kernel bodies with the emulator's race detector and random yields (tests/sanitized_build.py).
 """
 
@@ -17,8 +18,11 @@ from sanitized_build import ASAN, CXX, HAVE_CXX, RACE, ROOT, binary, run
 
 # The sources that instantiate kernel bodies (the real ones, and the test's seeded ones) carry the emulator's
 # race instrumentation; the handlers and the CPU driver carry ASan.
-SOURCES = {"tests/cc/ffi_contract_test.cc": RACE, "xla_ffi/handlers_cuda.cc": ASAN,
-           "xla_ffi/emulated_kernels.cc": RACE, "xla_ffi/codec/cpu_driver.cc": ASAN}
+# The launch layer and the mock driver are built as for an NVRTC 12.9 build (the test checks the messages).
+CUDA_BUILD = ["-DZIPCCL_CUDA_VERSION=12090", '-DZIPCCL_CUDA_MIN_DRIVER="525.60.13"']
+SOURCES = {"tests/cc/ffi_contract_test.cc": RACE + CUDA_BUILD, "xla_ffi/handlers_cuda.cc": ASAN,
+           "xla_ffi/codec/kernels_host.cc": ASAN + CUDA_BUILD, "xla_ffi/emulated_driver.cc": RACE + CUDA_BUILD,
+           "xla_ffi/codec/cpu_driver.cc": ASAN}
 
 pytestmark = pytest.mark.skipif(not HAVE_CXX, reason=f"needs a C++ compiler ({CXX})")
 

@@ -46,8 +46,8 @@ def test_cuda_fields_describe_the_build():
   major = cuda["toolkit"].split(".")[0]
   assert cuda["min_driver"] == MIN_DRIVER[major]
   assert cuda["archs"] == [80, 90]
-  # The runtime linked into the extension is the toolkit's (static cudart of the same toolkit).
-  assert cuda["runtime"] == cuda["toolkit"], cuda
+  # No CUDA runtime: NVRTC images launched through the driver API.
+  assert cuda["runtime"] == info_mod._RUNTIME and cuda["compiler"] == f"NVRTC {cuda['toolkit']}", cuda
   # No NVIDIA driver on this machine: reported as such, not as a mismatch.
   if not Path("/proc/driver/nvidia").exists():
     assert cuda["driver"] is None
@@ -65,13 +65,14 @@ def test_a_plugin_of_another_cuda_major_is_a_reported_problem():
 def test_cuda_problems_of_a_faked_build(monkeypatch):
   class Ext:
     def cuda_versions(self):
-      return {"runtime": 12090, "driver": 0, "driver_error": ""}
+      return {"compiled": 12090, "driver": 0, "driver_error": ""}
 
   monkeypatch.setattr(info_mod._ffi, "extension", lambda: Ext())
   build = {"cuda_kernels": True, "cuda_toolkit": "12.9", "cuda_min_driver": "525.60.13", "cuda_archs": "80,90",
            "cuda_note": "", "jax_cuda_plugin": ""}
   ok = info_mod._cuda(build, "jax-cuda12-plugin 0.10.2")
-  assert ok["problems"] == [] and ok["runtime"] == "12.9" and ok["driver"] is None and ok["archs"] == [80, 90]
+  assert ok["problems"] == [] and ok["runtime"] == info_mod._RUNTIME and ok["driver"] is None
+  assert ok["archs"] == [80, 90] and ok["compiler"] == "NVRTC 12.9"
   (p,) = info_mod._cuda(build, "jax-cuda13-plugin 0.10.2")["problems"]
   assert "runs CUDA 13" in p and "built with CUDA 12.9" in p and "reinstall zipccl_jax" in p
   no_kernels = dict(build, cuda_kernels=False, cuda_toolkit="", cuda_note="nvcc not found")

@@ -39,6 +39,8 @@ using Bytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::
 using BytesOut = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I64Out = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I32Out = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using U64 = nb::ndarray<const uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using U64Out = nb::ndarray<uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 void CheckDType(int dtype) {
   if (ElemBytes(uint8_t(dtype)) == 0) throw nb::value_error("unsupported dtype code");
@@ -61,8 +63,6 @@ nb::dict EncodeLayoutDict(const EncodeLayout& L) {
   d["plans_off"] = L.plans_off;
   d["sizes_off"] = L.sizes_off;
   d["offsets_off"] = L.offsets_off;
-  d["cub_off"] = L.cub_off;
-  d["cub_bytes"] = L.cub_bytes;
   d["scratch_bytes"] = L.scratch_bytes;
   return d;
 }
@@ -77,8 +77,6 @@ nb::dict DecodeLayoutDict(const DecodeLayout& L) {
   d["berr_off"] = L.berr_off;
   d["sizes_off"] = L.sizes_off;
   d["offsets_off"] = L.offsets_off;
-  d["cub_off"] = L.cub_off;
-  d["cub_bytes"] = L.cub_bytes;
   d["scratch_bytes"] = L.scratch_bytes;
   return d;
 }
@@ -99,16 +97,12 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
   nb::module_ m = parent.def_submodule(
       "cuda_host", "Host-side pieces of the CUDA codec driver and its SIMT emulator (tests)");
   m.def("encode_layout",
-        [](uint64_t frames, uint64_t n, uint64_t cub_bytes) {
-          return EncodeLayoutDict(MakeEncodeLayout(frames, n, cub_bytes));
-        },
-        nb::arg("frames"), nb::arg("n_elems"), nb::arg("cub_bytes"),
+        [](uint64_t frames, uint64_t n) { return EncodeLayoutDict(MakeEncodeLayout(frames, n)); },
+        nb::arg("frames"), nb::arg("n_elems"),
         "Scratch layout of an encode call (byte offsets of each section).");
   m.def("decode_layout",
-        [](uint64_t frames, uint64_t n, uint64_t cub_bytes) {
-          return DecodeLayoutDict(MakeDecodeLayout(frames, n, cub_bytes));
-        },
-        nb::arg("frames"), nb::arg("n_elems"), nb::arg("cub_bytes"),
+        [](uint64_t frames, uint64_t n) { return DecodeLayoutDict(MakeDecodeLayout(frames, n)); },
+        nb::arg("frames"), nb::arg("n_elems"),
         "Scratch layout of a decode call.");
   m.def("encode_launches",
         [](uint64_t frames, uint64_t n, int dtype, uint64_t cap) {
@@ -128,6 +122,14 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
         },
         nb::arg("frames"), nb::arg("n_elems"), nb::arg("dtype_code"), nb::arg("status"),
         "The decoder's launch sequence: (kernel, grid, threads per CTA, static shared bytes).");
+  m.def("emulate_scan",
+        [](U64 in, U64Out out, uint64_t seed) {
+          if (out.shape(0) != in.shape(0)) throw nb::value_error("out must have the length of in");
+          EmuLauncher l(/*execute=*/true, seed);
+          l.Launch<ScanKernel>(1, ScanParams{in.data(), out.data(), uint64_t(in.shape(0))});
+        },
+        nb::arg("values"), nb::arg("out"), nb::arg("seed") = 1,
+        "Runs the block-size scan kernel (codec/cuda_scan.cuh) on the emulator: out = exclusive prefix sum.");
   m.def("emulate_encode",
         [](Bytes x, uint64_t frames, uint64_t n, int dtype, bool checksum, BytesOut out,
            I64Out nbytes, uint64_t seed, std::optional<Bytes> skip) {
@@ -187,14 +189,4 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
         "The error key the decoder minimises: frame errors (block -1) first, then the first block.");
   m.def("status_message", [](int status) { return std::string(zipccl::StatusMessage(status)); },
         nb::arg("status"), "The message of a Status code (as the CPU decoder words it).");
-#if defined(ZIPCCL_WITH_CUDA)
-  m.def("scan_temp_bytes",
-        [](uint64_t n_items) {
-          uint64_t bytes = 0;
-          int err = ScanTempBytes(n_items, &bytes);
-          if (err) throw std::runtime_error(std::string("cub scan size query: ") + ErrorString(err));
-          return bytes;
-        },
-        nb::arg("n_items"), "CUB temporary bytes of the frame-offset scan (needs a CUDA device).");
-#endif
 }

@@ -22,10 +22,12 @@
 // _COMPATIBLE condition 2), so XLA runs these calls outside command buffers.
 //
 // Plain host C++ (no CUDA headers: cudaStream_t is CUstream_st*). The kernels
-// are reached only through the host API of codec/cuda_launch.cuh, implemented
-// by codec/kernels.cu in the extension and by emulated_kernels.cc in the FFI
-// contract test (tests/cc/ffi_contract_test.cc), which drives these very
-// handlers through a mock XLA_FFI_Api.
+// are reached only through the host API of codec/cuda_launch.cuh
+// (codec/kernels_host.cc), which launches through the CUDA driver API of
+// codec/cuda_driver.h: libcuda.so.1 in the extension, the SIMT emulator behind
+// a mock driver (emulated_driver.cc) in the FFI contract test
+// (tests/cc/ffi_contract_test.cc), which drives these very handlers through a
+// mock XLA_FFI_Api.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -145,20 +147,13 @@ ffi::Error CheckDriver() {
   return ffi::Error::Success();
 }
 
-// Before any launch: the driver can run the kernels, the call's blocks fit the
-// kernels' int32 grid, and CUB's temporary bytes for the scan of the block
-// sizes (`what` names the operation in messages).
-ffi::ErrorOr<uint64_t> PrepareLaunch(uint64_t frames, uint64_t n, const char* what) {
-  if (ffi::Error e = CheckDriver(); e.failure()) return ffi::Unexpected(e);
-  const uint64_t total = frames * zipccl::NumBlocks(n);
-  if (total > uint64_t(INT32_MAX))
-    return ffi::Unexpected(Invalid(std::string(what) + ": too many blocks for one call"));
-  uint64_t cub_bytes = 0;
-  if (total) {
-    int err = zipccl::cuda::ScanTempBytes(total + 1, &cub_bytes);
-    if (err) return ffi::Unexpected(CudaError((std::string(what) + ": cub scan size query").c_str(), err));
-  }
-  return cub_bytes;
+// Before any launch: the driver can run the kernels and the call's blocks fit
+// the kernels' int32 grid (`what` names the operation in messages).
+ffi::Error PrepareLaunch(uint64_t frames, uint64_t n, const char* what) {
+  if (ffi::Error e = CheckDriver(); e.failure()) return e;
+  if (frames * zipccl::NumBlocks(n) > uint64_t(INT32_MAX))
+    return Invalid(std::string(what) + ": too many blocks for one call");
+  return ffi::Error::Success();
 }
 
 // The launch's error, else the release's.
@@ -181,9 +176,8 @@ ffi::Error EncodeImpl(CUstream_st* stream, DeviceScratch scratch, ffi::AnyBuffer
   // whenever a frame could exceed them (the CPU handler checks the actual size).
   if (!call.nbytes64 && zipccl::MaxEncodedBytes(n, dtype) > uint64_t(INT32_MAX))
     return Invalid("zipccl encode: a frame may exceed 2^31-1 bytes; enable jax_enable_x64 for int64 sizes");
-  ffi::ErrorOr<uint64_t> cub_bytes = PrepareLaunch(frames, n, "zipccl encode");
-  if (cub_bytes.has_error()) return cub_bytes.error();
-  const zipccl::cuda::EncodeLayout L = zipccl::cuda::MakeEncodeLayout(frames, n, cub_bytes.value());
+  if (ffi::Error e = PrepareLaunch(frames, n, "zipccl encode"); e.failure()) return e;
+  const zipccl::cuda::EncodeLayout L = zipccl::cuda::MakeEncodeLayout(frames, n);
   ffi::ErrorOr<uint8_t*> s = scratch.Allocate(L.scratch_bytes, "zipccl encode");
   if (s.has_error()) return s.error();
   int err = zipccl::cuda::EncodeAsync(x.untyped_data(), dtype, checksum, payload->typed_data(), cap,
@@ -202,9 +196,8 @@ ffi::Error DecodeImpl(CUstream_st* stream, DeviceScratch scratch,
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
-  ffi::ErrorOr<uint64_t> cub_bytes = PrepareLaunch(frames, n, "zipccl decode");
-  if (cub_bytes.has_error()) return cub_bytes.error();
-  const zipccl::cuda::DecodeLayout L = zipccl::cuda::MakeDecodeLayout(frames, n, cub_bytes.value());
+  if (ffi::Error e = PrepareLaunch(frames, n, "zipccl decode"); e.failure()) return e;
+  const zipccl::cuda::DecodeLayout L = zipccl::cuda::MakeDecodeLayout(frames, n);
   ffi::ErrorOr<uint8_t*> s = scratch.Allocate(L.scratch_bytes, "zipccl decode");
   if (s.has_error()) return s.error();
   int err = zipccl::cuda::DecodeAsync(payload.typed_data(), cap, dtype, out->untyped_data(),

@@ -19,6 +19,7 @@ void ZipcclRegisterCudaHost(nb::module_& parent);
 
 #if defined(ZIPCCL_WITH_CUDA)
 #include "codec/cuda_launch.cuh"
+#include "codec/kernel_images.h"
 #endif
 
 // What the build system recorded (CMakeLists.txt / cmake/cuda_toolkit.cmake, third_party/cuda.bzl).
@@ -30,6 +31,9 @@ void ZipcclRegisterCudaHost(nb::module_& parent);
 #endif
 #ifndef ZIPCCL_CUDA_MIN_DRIVER
 #define ZIPCCL_CUDA_MIN_DRIVER ""
+#endif
+#if defined(ZIPCCL_BAZEL_BUILD)  // xla_ffi/BUILD.bazel: a CPU-only extension
+#define ZIPCCL_CUDA_NOTE "built by Bazel, which builds no CUDA kernels (CMake builds them with NVRTC)"
 #endif
 #ifndef ZIPCCL_CUDA_NOTE
 #define ZIPCCL_CUDA_NOTE ""
@@ -158,9 +162,9 @@ NB_MODULE(_zipccl, m) {
 #else
     d["cuda_kernels"] = false;
 #endif
-    d["cuda_toolkit"] = ZIPCCL_CUDA_TOOLKIT;        // nvcc's "major.minor", "" without kernels
-    d["cuda_archs"] = ZIPCCL_CUDA_ARCHS;            // "80,90": cubins (and PTX) per architecture
-    d["cuda_min_driver"] = ZIPCCL_CUDA_MIN_DRIVER;  // oldest Linux driver of the toolkit's major
+    d["cuda_toolkit"] = ZIPCCL_CUDA_TOOLKIT;        // NVRTC's "major.minor", "" without kernels
+    d["cuda_archs"] = ZIPCCL_CUDA_ARCHS;            // "80,90": a cubin per architecture (+ PTX of the first)
+    d["cuda_min_driver"] = ZIPCCL_CUDA_MIN_DRIVER;  // oldest Linux driver that runs the cubins
     d["cuda_note"] = ZIPCCL_CUDA_NOTE;              // why this toolkit, or why no kernels
     d["jax_cuda_plugin"] = ZIPCCL_BUILD_JAX_CUDA_PLUGIN;  // the plugin seen at build time, "" if none
     d["cpu_code_paths"] = zipccl::cpu::CompiledCodePaths();
@@ -172,8 +176,8 @@ NB_MODULE(_zipccl, m) {
     zipccl::cuda::Versions v;
     int err = zipccl::cuda::GetVersions(&v);
     nb::dict d;
-    d["runtime"] = v.runtime;  // 1000 * major + 10 * minor, as cudaRuntimeGetVersion reports it
-    d["driver"] = v.driver;    // the newest CUDA the driver supports; 0: no driver
+    d["compiled"] = v.compiled;  // the kernels' CUDA (NVRTC's), 1000 * major + 10 * minor
+    d["driver"] = v.driver;      // the newest CUDA the driver supports; 0: no driver
     d["error"] = err ? std::string(zipccl::cuda::ErrorString(err)) : std::string();
     const char* why = zipccl::cuda::DriverError();
     d["driver_error"] = why ? std::string(why) : std::string();
@@ -181,7 +185,18 @@ NB_MODULE(_zipccl, m) {
 #else
     return nb::none();
 #endif
-  }, "CUDA runtime and driver versions as the kernels see them (None without CUDA kernels).");
+  }, "CUDA versions of the kernels and of the driver (None without CUDA kernels).");
+  m.def("cuda_images", []() {
+    nb::list out;
+#if defined(ZIPCCL_WITH_CUDA)
+    int count = 0;
+    const zipccl::cuda::KernelImage* images = zipccl::cuda::KernelImages(&count);
+    for (int i = 0; i < count; ++i)
+      out.append(nb::make_tuple(images[i].arch, images[i].ptx ? "ptx" : "cubin",
+                                nb::bytes(reinterpret_cast<const char*>(images[i].data), images[i].size)));
+#endif
+    return out;
+  }, "[(arch, 'cubin' | 'ptx', bytes)]: the kernel images embedded in this extension, the bytes the driver loads.");
   m.def("rejected_fill_bits", [](int dtype) {
     if (zipccl::ElemBytes(uint8_t(dtype)) == 0) throw nb::value_error("unsupported dtype code");
     return zipccl::RejectedFillBits(uint8_t(dtype));

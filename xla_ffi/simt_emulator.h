@@ -28,15 +28,16 @@
 //   - forwards the access to AddressSanitizer's check (__asan_loadN/storeN).
 // Without the instrumentation (the Python extension) the emulator runs as
 // before: threads switch only at barriers, and there is no race detection.
-// What it cannot show: warp-level timing and intrinsics, memory-model effects
-// between CTAs (CTAs run one after the other), races in global memory, and
-// anything about CUB itself (its scans are replaced by sequential ones of the
-// same contract).
+// What it cannot show: warp-level timing and intrinsics (the device's CTA-wide
+// scan, a warp-shuffle scan in codec/kernels.cu, is replaced here by a
+// sequential one of the same contract), memory-model effects between CTAs
+// (CTAs run one after the other) and races in global memory. The block-size
+// scan is a kernel body of ours (cuda_scan.cuh) and runs here as it is.
 //
 // Pure host C++ (no CUDA toolkit). Used by cuda_host_bindings.cc (the Python
-// submodule zipccl_jax._zipccl.cuda_host) and by emulated_kernels.cc (the
+// submodule zipccl_jax._zipccl.cuda_host) and by emulated_driver.cc (the
 // driver's host API on the emulator, linked into the FFI contract test in
-// place of codec/kernels.cu).
+// place of the real driver).
 #pragma once
 
 #include <ucontext.h>
@@ -357,32 +358,16 @@ struct EmuLauncher {
       if (!emu.race.empty()) throw std::runtime_error("emulator: " + emu.race);
     }
   }
-
-  // CUB's contract: temp_bytes of temporary storage at temp, which the scan
-  // may overwrite (filled with garbage here, so a layout that overlaps it with
-  // live data shows up).
-  ZIPCCL_EMU_NOINSTR void ExclusiveSum(const uint64_t* in, uint64_t* out, uint64_t n, void* temp,
-                                       uint64_t temp_bytes) {
-    records.push_back({"cub_exclusive_sum", n, 0, 0});
-    if (!execute) return;
-    if (temp_bytes) FillGarbage(temp, size_t(temp_bytes), sched.rng());
-    uint64_t acc = 0;
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t v = in[i];
-      out[i] = acc;
-      acc += v;
-    }
-  }
 };
 
 // Runs (or, unless `execute`, only records) the encoder's launch sequence on
-// host memory, with scratch of its own (cub_bytes 0): what the Python bindings
+// host memory, with scratch of its own: what the Python bindings
 // (cuda_host_bindings.cc) and the sanitized driver (tests/cc/emulator_driver.cc) run.
 inline std::vector<LaunchRecord> EmulateEncode(const uint8_t* x, uint64_t frames, uint64_t n, int dtype,
                                                bool checksum, uint8_t* out, uint64_t cap,
                                                int64_t* nbytes, const uint8_t* skip, bool execute,
                                                uint64_t seed) {
-  const EncodeLayout L = MakeEncodeLayout(frames, n, /*cub_bytes=*/0);
+  const EncodeLayout L = MakeEncodeLayout(frames, n);
   EmuLauncher l(execute, seed);
   std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
   uint8_t* s = nullptr;
@@ -392,7 +377,7 @@ inline std::vector<LaunchRecord> EmulateEncode(const uint8_t* x, uint64_t frames
   }
   EncodeParams p =
       MakeEncodeParams(L, x, uint8_t(dtype), checksum, out, cap, nbytes, /*nbytes64=*/true, skip, s);
-  RunEncode(l, p, L, s);
+  RunEncode(l, p);
   return l.records;
 }
 
@@ -400,7 +385,7 @@ inline std::vector<LaunchRecord> EmulateEncode(const uint8_t* x, uint64_t frames
 inline std::vector<LaunchRecord> EmulateDecode(const uint8_t* payload, uint64_t frames, uint64_t cap,
                                                int dtype, uint64_t n, uint8_t* out, int32_t* status,
                                                const uint8_t* skip, bool execute, uint64_t seed) {
-  const DecodeLayout L = MakeDecodeLayout(frames, n, /*cub_bytes=*/0);
+  const DecodeLayout L = MakeDecodeLayout(frames, n);
   EmuLauncher l(execute, seed);
   std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
   uint8_t* s = nullptr;
@@ -409,7 +394,7 @@ inline std::vector<LaunchRecord> EmulateDecode(const uint8_t* payload, uint64_t 
     s = scratch.data() + (kScratchAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kScratchAlign);
   }
   DecodeParams p = MakeDecodeParams(L, payload, cap, uint8_t(dtype), out, status, skip, s);
-  RunDecode(l, p, L, s);
+  RunDecode(l, p);
   return l.records;
 }
 

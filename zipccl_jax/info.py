@@ -26,8 +26,12 @@ def _version(dist: str) -> str | None:
     return None
 
 
+# The kernels are NVRTC images launched through the CUDA driver API: no CUDA runtime is linked or loaded.
+_RUNTIME = "none (CUDA driver API, libcuda.so.1)"
+
+
 def _cuda_version(v: int) -> str | None:
-  """12090 (cudaRuntimeGetVersion's encoding) -> "12.9"; 0 -> None."""
+  """12090 (cuDriverGetVersion's encoding) -> "12.9"; 0 -> None."""
   return f"{v // 1000}.{v % 1000 // 10}" if v else None
 
 
@@ -43,11 +47,12 @@ def _cuda(build: dict, plugin: str | None) -> dict:
   versions = ext.cuda_versions() if build["cuda_kernels"] else None
   cuda = {
       "kernels": bool(build["cuda_kernels"]),
-      "toolkit": build["cuda_toolkit"] or None,
-      "runtime": _cuda_version(versions["runtime"]) if versions else None,
+      "toolkit": build["cuda_toolkit"] or None,  # the CUDA version of the NVRTC that compiled the kernels
+      "compiler": f"NVRTC {build['cuda_toolkit']}" if build["cuda_kernels"] else None,
+      "runtime": _RUNTIME if versions else None,
       "driver": _cuda_version(versions["driver"]) if versions else None,  # None: no NVIDIA driver
       "min_driver": build["cuda_min_driver"] or None,
-      "archs": [int(a) for a in build["cuda_archs"].split(",") if a],
+      "archs": [int(a) for a in build["cuda_archs"].split(",") if a],  # CUBINs; PTX of the first for later GPUs
       "build_note": build["cuda_note"],
       "jax_cuda_plugin_at_build": build["jax_cuda_plugin"] or None,
   }
@@ -69,7 +74,8 @@ def info() -> dict:
   """The build and environment as a JSON-serialisable dict.
 
   Keys: `version`, `jax`, `jaxlib`, `jax_cuda_plugin` (installed now, "name version" or None),
-  `cuda` {`kernels`, `toolkit`, `runtime`, `driver`, `min_driver`, `archs`, `build_note`,
+  `cuda` {`kernels`, `toolkit` (NVRTC's CUDA version, "12.9"), `compiler`, `runtime` (none is linked: the
+  kernels run through the driver API), `driver`, `min_driver`, `archs`, `build_note`,
   `jax_cuda_plugin_at_build`, `problems`}, `cpu` {`code_paths`, `native`}, `python`.
   Does not initialise any JAX backend.
   """

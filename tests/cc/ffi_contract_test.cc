@@ -1,7 +1,8 @@
 // FFI contract test of the CUDA handlers: the real ZipcclEncodeCuda / ZipcclDecodeCuda of
 // xla_ffi/handlers_cuda.cc, called through a mock XLA_FFI_Api that enforces XLA's rules
-// (xla_ffi_mock.h), with the driver's host API linked from xla_ffi/emulated_kernels.cc instead of
-// codec/kernels.cu, so the kernels run in the SIMT emulator on host memory. Host compiler only.
+// (xla_ffi_mock.h), over the real launch layer (xla_ffi/codec/kernels_host.cc) with a mock CUDA driver
+// (xla_ffi/emulated_driver.cc) linked in place of libcuda.so.1, whose launches run the kernels in the
+// SIMT emulator on host memory. Host compiler only.
 //
 // Any request XLA would reject (an alignment above 16, a missing GPU context, scratch kept past the
 // return) fails the call or is recorded as a violation, and fails the test. The bytes are compared with
@@ -9,7 +10,9 @@
 //
 // Build (tests/test_ffi_contract.py does this; Bazel: //tests/cc:ffi_contract_test):
 //   g++ -std=c++17 -I. -Ixla_ffi -isystem <jaxlib>/include tests/cc/ffi_contract_test.cc
-//       xla_ffi/handlers_cuda.cc xla_ffi/emulated_kernels.cc xla_ffi/codec/cpu_driver.cc
+//       xla_ffi/handlers_cuda.cc xla_ffi/codec/kernels_host.cc xla_ffi/emulated_driver.cc
+//       xla_ffi/codec/cpu_driver.cc -DZIPCCL_CUDA_VERSION=12090 -DZIPCCL_CUDA_MIN_DRIVER='"525.60.13"'
+
 #ifndef ZIPCCL_WITH_CUDA
 #define ZIPCCL_WITH_CUDA 1
 #endif
@@ -23,7 +26,8 @@
 #include "tests/cc/codec_test_util.h"
 #include "tests/cc/xla_ffi_mock.h"
 #include "xla_ffi/codec/cuda_common.cuh"
-#include "xla_ffi/emulated_kernels.h"
+#include "xla_ffi/codec/cuda_launch.cuh"
+#include "xla_ffi/emulated_driver.h"
 #include "xla_ffi/handlers.h"
 #include "xla_ffi/simt_emulator.h"
 
@@ -114,20 +118,66 @@ TEST(encode_through_xla_ffi_gives_the_cpu_drivers_bytes) {
   }
 }
 
-TEST(any_cub_temp_size_gives_the_same_bytes) {
-  for (uint64_t temp : {uint64_t(1), uint64_t(255), uint64_t(1) << 20}) {
-    emulated::SetScanTempBytes(temp);
+// The launch layer picks the image for the device's compute capability: the CUBIN of its major with the
+// highest minor not above it, else the PTX; the mock driver refuses any other (as the driver does).
+TEST(each_gpu_generation_gets_an_image_it_can_run) {
+  struct Case {
+    int cc, arch;
+    bool ptx;
+  };
+  for (Case c : {Case{86, 80, false}, Case{90, 90, false}, Case{120, 80, true}, Case{89, 80, false}}) {
+    emulated::SetComputeCapability(c.cc);
     XLA_FFI_ExecutionContext ctx;
     zipccl_test::Array x = Frames(kBF16, 2, 5000, 3);
     const uint64_t cap = zipccl::MaxEncodedBytes(5000, kBF16);
     Encoded e = EncodeCuda(ctx, x, 2, cap, false);
-    CHECK(e.outcome.ok) << e.outcome.message;
-    ExpectClean(ctx, "cub temp");
+    CHECK(e.outcome.ok) << "sm_" << c.cc << ": " << e.outcome.message;
+    CHECK(emulated::Last().image_arch == c.arch && emulated::Last().image_ptx == c.ptx) << "sm_" << c.cc;
     int64_t size = 0;
     std::vector<uint8_t> want = CpuRow(x, 2, 0, cap, false, &size);
-    CHECK(std::memcmp(e.payload.data(), want.data(), cap) == 0) << "temp " << temp;
+    CHECK(std::memcmp(e.payload.data(), want.data(), cap) == 0) << "sm_" << c.cc;
+    ExpectClean(ctx, "image choice");
   }
-  emulated::SetScanTempBytes(1000);
+  emulated::SetComputeCapability(75);  // older than every image: an error, not a crash
+  XLA_FFI_ExecutionContext ctx;
+  zipccl_test::Array x = Frames(kBF16, 1, 3000, 3);
+  Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kBF16), false);
+  CHECK(!e.outcome.ok);
+  CHECK(e.outcome.message.find("no kernel image") != std::string::npos) << e.outcome.message;
+  ExpectClean(ctx, "sm_75");
+  emulated::SetComputeCapability(80);
+}
+
+// What the driver refuses comes back as the handler's error: a kernel the library lacks, and (the mock's
+// own launch checks) a CTA over the kernel's launch bounds or more shared memory than 48 KB.
+TEST(the_driver_refuses_a_missing_kernel_and_a_bad_launch) {
+  emulated::SetComputeCapability(87);  // a library not loaded yet, so every kernel is looked up afresh
+  emulated::HideKernel("zipccl_scan");
+  XLA_FFI_ExecutionContext ctx;
+  zipccl_test::Array x = Frames(kF16, 1, 3000, 4);
+  Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kF16), false);
+  emulated::HideKernel(nullptr);
+  emulated::SetComputeCapability(80);
+  CHECK(!e.outcome.ok);
+  CHECK(e.outcome.message.find("zipccl encode: kernel launch: named symbol not found") != std::string::npos)
+      << e.outcome.message;
+  ExpectClean(ctx, "missing kernel");
+
+  using namespace zipccl::cuda;
+  CUfunction scan = emulated::KernelHandle("zipccl_scan");
+  CHECK(scan != nullptr && emulated::KernelHandle("zipccl_no_such_kernel") == nullptr);
+  uint64_t in[3] = {5, 6, 7}, out[3] = {};
+  ScanParams p{in, out, 3};
+  void* args[] = {&p};
+  auto launch = [&](unsigned grid, unsigned threads, unsigned shared) {
+    return emulated::LaunchKernel(scan, grid, 1, 1, threads, 1, 1, shared, reinterpret_cast<CUstream>(&ctx),
+                                  args, nullptr);
+  };
+  CHECK_EQ(launch(1, kThreads, 0), kCudaSuccess);
+  CHECK(out[0] == 0 && out[1] == 5 && out[2] == 11);
+  CHECK_EQ(launch(1, kThreads * 2, 0), kCudaErrorInvalidValue);                   // over __launch_bounds__
+  CHECK_EQ(launch(1, kThreads, unsigned(emulated::kMaxSharedBytes)), kCudaErrorInvalidValue);  // > 48 KB
+  CHECK_EQ(launch(0, kThreads, 0), kCudaErrorInvalidValue);                       // empty grid
 }
 
 TEST(decode_with_status_and_skip_through_xla_ffi) {
@@ -212,7 +262,7 @@ TEST(allocator_failure_reports_xlas_message) {
 
 TEST(launch_failure_propagates_and_frees_the_scratch) {
   XLA_FFI_ExecutionContext ctx;
-  emulated::FailNextCall(719);
+  emulated::FailNextLaunch(719);
   zipccl_test::Array x = Frames(kF32, 1, 3000, 2);
   Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kF32), false);
   CHECK(!e.outcome.ok);
@@ -225,17 +275,38 @@ TEST(launch_failure_propagates_and_frees_the_scratch) {
 }
 
 TEST(old_driver_fails_naming_both_versions) {
-  emulated::SetDriverVersion(11080);
-  XLA_FFI_ExecutionContext ctx;
-  zipccl_test::Array x = Frames(kBF16, 1, 3000, 2);
-  Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kBF16), false);
-  emulated::SetDriverVersion(emulated::kRuntimeVersion);
-  CHECK(!e.outcome.ok);
-  CHECK_EQ(int(e.outcome.errc), int(XLA_FFI_Error_Code_FAILED_PRECONDITION));
-  for (const char* part : {"CUDA 11.8", "CUDA 12.9 runtime", "525.60.13"})
-    CHECK(e.outcome.message.find(part) != std::string::npos) << part << " in: " << e.outcome.message;
-  CHECK_EQ(ctx.allocations, uint64_t(0));
-  ExpectClean(ctx, "driver");
+  zipccl::cuda::Versions v{};
+  zipccl::cuda::GetVersions(&v);
+  CHECK_EQ(v.compiled, 12090);  // -DZIPCCL_CUDA_VERSION of this build: kernels "compiled by NVRTC 12.9"
+  for (int old : {11080, 0}) {  // a CUDA 11.8 driver; no driver at all
+    emulated::SetDriverVersion(old);
+    XLA_FFI_ExecutionContext ctx;
+    zipccl_test::Array x = Frames(kBF16, 1, 3000, 2);
+    Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kBF16), false);
+    emulated::SetDriverVersion(13000);
+    CHECK(!e.outcome.ok);
+    CHECK_EQ(int(e.outcome.errc), int(XLA_FFI_Error_Code_FAILED_PRECONDITION));
+    for (const char* part : {old ? "supports CUDA 11.8" : "no CUDA driver was found", "compiled for CUDA 12.9",
+                             "525.60.13"})
+      CHECK(e.outcome.message.find(part) != std::string::npos) << part << " in: " << e.outcome.message;
+    CHECK_EQ(ctx.allocations, uint64_t(0));
+    ExpectClean(ctx, "driver");
+  }
+  // A CUDA 12.0 driver runs CUBINs of NVRTC 12.9 (minor-version compatibility), but not its PTX.
+  emulated::SetDriverVersion(12000);
+  for (int cc : {80, 100}) {
+    emulated::SetComputeCapability(cc);
+    XLA_FFI_ExecutionContext ctx;
+    zipccl_test::Array x = Frames(kBF16, 1, 3000, 2);
+    Encoded e = EncodeCuda(ctx, x, 1, zipccl::MaxEncodedBytes(3000, kBF16), false);
+    CHECK_EQ(e.outcome.ok, cc == 80) << cc << ": " << e.outcome.message;
+    if (cc == 100) {
+      CHECK(e.outcome.message.find("unsupported toolchain") != std::string::npos) << e.outcome.message;
+    }
+    ExpectClean(ctx, "CUDA 12.0 driver");
+  }
+  emulated::SetComputeCapability(80);
+  emulated::SetDriverVersion(13000);
 }
 
 // Damaged frames through the decode handler on the emulated kernels, under ASan: each payload buffer is

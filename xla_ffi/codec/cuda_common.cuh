@@ -6,13 +6,16 @@
 //   cuda_common.cuh  this file
 //   cuda_encode.cuh  encoder kernel bodies
 //   cuda_decode.cuh  decoder kernel bodies
+//   cuda_scan.cuh    the block-size scan kernel body
+//   cuda_kernels.cuh the list of kernels (extern "C" entry names)
 //   cuda_launch.cuh  launch sequences (RunEncode/RunDecode) and the host API
 //
 // Everything a kernel does lives in a `Run` template over a "CTA" type that
 // provides the thread index, barriers and a CTA-wide exclusive scan:
 //   - codec/kernels.cu instantiates the bodies with DeviceCta (threadIdx,
-//     __syncthreads, cub::BlockScan) inside __global__ wrappers, and runs the
-//     launch sequence (RunEncode/RunDecode) with CUB's DeviceScan;
+//     __syncthreads, a warp-shuffle scan) inside extern "C" __global__ entries,
+//     compiled by NVRTC; codec/kernels_host.cc runs the launch sequence
+//     (RunEncode/RunDecode) through the CUDA driver API;
 //   - xla_ffi/cuda_host_bindings.cc instantiates the same bodies and the same
 //     launch sequence with a host SIMT emulator (one fiber per thread, barriers
 //     as context switches, threads run in a shuffled order between barriers,
@@ -23,7 +26,7 @@
 // (PlanBlock, WriteBlockHeader, WriteTable, ParseHuffLayout, BuildEncodeTable,
 // BuildDecodeTable, Symbol16/32, Merge16/32, ValidateFrameHeader, FrameChecksum).
 //
-// These headers compile with nvcc and with a plain C++17 host compiler.
+// These headers compile with NVRTC (and nvcc) and with a plain C++17 host compiler.
 #pragma once
 
 #include <cstddef>
@@ -280,21 +283,20 @@ struct DecodeParams {
 };
 
 // ---- Scratch layout -----------------------------------------------------------
-// One scratch allocation per call, carved into 256-byte aligned sections. The
-// CUB temporary storage size is queried at run time (it depends on the device)
-// and passed in.
+// One scratch allocation per call, carved into 256-byte aligned sections; its
+// size depends only on the call's shape.
 constexpr uint64_t kScratchAlign = 256;
 ZIPCCL_HD uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 struct EncodeLayout {
   uint64_t frames, n, nb, total;
-  uint64_t stats_off, plans_off, sizes_off, offsets_off, cub_off, cub_bytes;
+  uint64_t stats_off, plans_off, sizes_off, offsets_off;
   uint64_t scratch_bytes;  // 0 when there is no block to code
 };
 
 struct DecodeLayout {
   uint64_t frames, n, nb, total;
-  uint64_t sizes_off, offsets_off, ferr_off, berr_off, cub_off, cub_bytes;
+  uint64_t sizes_off, offsets_off, ferr_off, berr_off;
   uint64_t scratch_bytes;
 };
 
@@ -306,16 +308,14 @@ inline uint64_t CarveSection(uint64_t* at, uint64_t bytes) {
   return off;
 }
 // The sections both layouts end with: the block sizes and their prefix sums
-// ([total + 1] each) and CUB's temporary storage for the scan.
+// ([total + 1] each; the scan kernel needs no other storage).
 template <class Layout>
-void CarveScanSections(uint64_t* at, uint64_t cub_bytes, Layout* L) {
+void CarveScanSections(uint64_t* at, Layout* L) {
   L->sizes_off = CarveSection(at, (L->total + 1) * sizeof(uint64_t));
   L->offsets_off = CarveSection(at, (L->total + 1) * sizeof(uint64_t));
-  L->cub_off = CarveSection(at, cub_bytes);
-  L->cub_bytes = cub_bytes;
 }
 
-inline EncodeLayout MakeEncodeLayout(uint64_t frames, uint64_t n, uint64_t cub_bytes) {
+inline EncodeLayout MakeEncodeLayout(uint64_t frames, uint64_t n) {
   EncodeLayout L{};
   L.frames = frames;
   L.n = n;
@@ -325,12 +325,12 @@ inline EncodeLayout MakeEncodeLayout(uint64_t frames, uint64_t n, uint64_t cub_b
   uint64_t at = 0;
   L.stats_off = CarveSection(&at, L.total * sizeof(BlockStats));
   L.plans_off = CarveSection(&at, L.total * sizeof(BlockPlan));
-  CarveScanSections(&at, cub_bytes, &L);
+  CarveScanSections(&at, &L);
   L.scratch_bytes = at;
   return L;
 }
 
-inline DecodeLayout MakeDecodeLayout(uint64_t frames, uint64_t n, uint64_t cub_bytes) {
+inline DecodeLayout MakeDecodeLayout(uint64_t frames, uint64_t n) {
   DecodeLayout L{};
   L.frames = frames;
   L.n = n;
@@ -339,7 +339,7 @@ inline DecodeLayout MakeDecodeLayout(uint64_t frames, uint64_t n, uint64_t cub_b
   uint64_t at = 0;
   L.ferr_off = CarveSection(&at, frames * sizeof(unsigned long long));
   L.berr_off = CarveSection(&at, frames * sizeof(unsigned long long));
-  if (L.total) CarveScanSections(&at, cub_bytes, &L);
+  if (L.total) CarveScanSections(&at, &L);
   L.scratch_bytes = at;
   return L;
 }

@@ -61,7 +61,7 @@ struct DirKernel : PerItemKernel<DecodeParams> {
   }
 };
 
-// 3. (between 2 and 4) cub::DeviceScan::ExclusiveSum(sizes -> offsets).
+// 3. (between 2 and 4) ScanKernel (cuda_scan.cuh): sizes -> offsets.
 
 // 4. Block decoder: one CTA per block.
 //    - Thread 0 checks the block header, parses the table and stream directory

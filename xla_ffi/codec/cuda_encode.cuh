@@ -140,7 +140,7 @@ struct PlanKernel {
   }
 };
 
-// 3. (between 2 and 4) cub::DeviceScan::ExclusiveSum(sizes -> offsets).
+// 3. (between 2 and 4) ScanKernel (cuda_scan.cuh): sizes -> offsets.
 
 // 4. Block writer: one CTA per block, skipped when the frame overflows or the
 //    caller skips the frame. HUFF

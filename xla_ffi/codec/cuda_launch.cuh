@@ -1,13 +1,11 @@
 // CUDA driver of the zipccl codec: the launch sequences shared by the device
-// launcher (codec/kernels.cu) and the host emulator (cuda_host_bindings.cc),
-// and the asynchronous host API implemented in codec/kernels.cu.
+// launcher (codec/kernels_host.cc) and the host emulator (simt_emulator.h),
+// and the asynchronous host API implemented in codec/kernels_host.cc.
 #pragma once
 
 #include <string>
 
-#include "cuda_common.cuh"
-#include "cuda_decode.cuh"
-#include "cuda_encode.cuh"
+#include "cuda_kernels.cuh"
 
 namespace zipccl::cuda {
 
@@ -16,8 +14,6 @@ namespace zipccl::cuda {
 // =============================================================================
 // A Launcher provides
 //   template <class K> void Launch(uint64_t grid, const typename K::Params&);
-//   void ExclusiveSum(const uint64_t* in, uint64_t* out, uint64_t n, void* temp,
-//                     uint64_t temp_bytes);
 // and remembers the first error itself.
 
 // Calls f(T{}) with T the unsigned integer of the dtype's element width, the
@@ -32,12 +28,12 @@ void WithElemType(uint8_t dtype, F&& f) {
 }
 
 template <class Launcher>
-void RunEncode(Launcher& l, const EncodeParams& p, const EncodeLayout& L, uint8_t* scratch) {
+void RunEncode(Launcher& l, const EncodeParams& p) {
   if (p.frames == 0) return;
   if (p.total) {
     WithElemType(p.dtype, [&](auto t) { l.template Launch<HistKernel<decltype(t)>>(p.total, p); });
     l.template Launch<PlanKernel>(p.total + 1, p);
-    l.ExclusiveSum(p.sizes, p.offsets, p.total + 1, scratch + L.cub_off, L.cub_bytes);
+    l.template Launch<ScanKernel>(1, ScanParams{p.sizes, p.offsets, p.total + 1});
     WithElemType(p.dtype, [&](auto t) { l.template Launch<WriteKernel<decltype(t)>>(p.total, p); });
   }
   l.template Launch<FinishEncodeKernel>(CeilDiv(p.frames, kItemThreads), p);
@@ -45,12 +41,12 @@ void RunEncode(Launcher& l, const EncodeParams& p, const EncodeLayout& L, uint8_
 }
 
 template <class Launcher>
-void RunDecode(Launcher& l, const DecodeParams& p, const DecodeLayout& L, uint8_t* scratch) {
+void RunDecode(Launcher& l, const DecodeParams& p) {
   if (p.frames == 0) return;
   l.template Launch<FrameCheckKernel>(CeilDiv(p.frames, kItemThreads), p);
   if (p.total) {
     l.template Launch<DirKernel>(CeilDiv(p.total + 1, kItemThreads), p);
-    l.ExclusiveSum(p.sizes, p.offsets, p.total + 1, scratch + L.cub_off, L.cub_bytes);
+    l.template Launch<ScanKernel>(1, ScanParams{p.sizes, p.offsets, p.total + 1});
     WithElemType(p.dtype, [&](auto t) {
       l.template Launch<DecodeBlockKernel<decltype(t)>>(p.total, p);
       l.template Launch<PoisonKernel<decltype(t)>>(p.total, p);
@@ -60,23 +56,27 @@ void RunDecode(Launcher& l, const DecodeParams& p, const DecodeLayout& L, uint8_
 }
 
 // =============================================================================
-// Host API (implemented in codec/kernels.cu; asynchronous on `stream`)
+// Host API (implemented in codec/kernels_host.cc; asynchronous on `stream`)
 // =============================================================================
-// Return values are cudaError_t codes (0 = success). xla_ffi/emulated_kernels.cc
-// implements the same API on the SIMT emulator: the FFI contract test links it
-// in place of codec/kernels.cu (a link-time seam; the handlers are unchanged).
+// Return values are CUresult codes (0 = success; the same numbers as
+// cudaError_t). The launches go through the DriverApi of cuda_driver.h, which
+// xla_ffi/emulated_driver.cc implements on the SIMT emulator for the FFI
+// contract test (a link-time seam; the handlers and this API are unchanged).
 
-// CUDA versions as cudaRuntimeGetVersion / cudaDriverGetVersion report them
-// (1000 * major + 10 * minor): the runtime the kernels were built against and
-// the newest CUDA the installed driver supports (0: no driver).
+// CUDA versions as cuDriverGetVersion reports them (1000 * major + 10 * minor):
+// the CUDA of the NVRTC that compiled the kernels and the newest CUDA the
+// installed driver supports (0: no driver).
 struct Versions {
-  int runtime, driver;
+  int compiled, driver;
 };
 int GetVersions(Versions* v);
 
-// Whether a driver supporting CUDA `driver` runs kernels built with runtime
-// `runtime`: CUDA's minor-version compatibility needs the same major or newer.
-inline bool DriverSupports(int driver, int runtime) { return driver / 1000 >= runtime / 1000; }
+// Whether a driver supporting CUDA `driver` runs kernels compiled by NVRTC of
+// CUDA `compiled`: the CUBINs need a driver of the same major or newer (CUDA's
+// minor-version compatibility; the driver API used needs >= 12.0 in any case).
+inline bool DriverSupports(int driver, int compiled) {
+  return driver >= 12000 && driver / 1000 >= compiled / 1000;
+}
 
 // Null when the driver can run the kernels, else a message naming both
 // versions and the minimum driver of the build (checked once per process;
@@ -85,20 +85,15 @@ const char* DriverError();
 
 // The message of DriverError for these versions ("12.2" style) and the build's
 // minimum driver (e.g. "525.60.13").
-inline std::string DriverMismatchMessage(int driver, int runtime, const char* min_driver) {
+inline std::string DriverMismatchMessage(int driver, int compiled, const char* min_driver) {
   auto ver = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
   const std::string have =
       driver ? "the NVIDIA driver supports CUDA " + ver(driver) : std::string("no CUDA driver was found");
-  return "zipccl_jax: " + have + ", but its CUDA kernels were built with the CUDA " + ver(runtime) +
-         " runtime, which needs a driver for CUDA " + std::to_string(runtime / 1000) + ".x (>= " +
-         min_driver + "). Update the NVIDIA driver, or rebuild zipccl_jax with a CUDA toolkit " +
-         "the driver supports (pip install next to the matching jax-cuda plugin); " +
-         "`python -m zipccl_jax.info` shows both versions.";
+  return "zipccl_jax: " + have + ", but its CUDA kernels were compiled for CUDA " + ver(compiled) +
+         " (NVRTC), which needs a driver for CUDA " + std::to_string(compiled / 1000) + ".x (>= " +
+         min_driver + "). Update the NVIDIA driver, or rebuild zipccl_jax next to the jax-cuda plugin " +
+         "the driver supports (pip install .); `python -m zipccl_jax.info` shows both versions.";
 }
-
-// Bytes of CUB temporary storage for an exclusive scan of n uint64 values on
-// the current device.
-int ScanTempBytes(uint64_t n_items, uint64_t* bytes);
 
 // Encodes `frames` frames of n elements each (x: frames * n elements, device
 // memory) into payload (frames * cap bytes) and writes each frame's exact size
@@ -106,7 +101,7 @@ int ScanTempBytes(uint64_t n_items, uint64_t* bytes);
 // cpu::EncodeFrame applied per frame. skip (nullable, device memory, one byte
 // per frame): a frame with a non-zero flag is not coded (its blocks are neither
 // histogrammed, planned nor written), its payload row is all zero and its size 0. scratch holds L.scratch_bytes bytes
-// (256-byte aligned); L comes from MakeEncodeLayout with ScanTempBytes(total + 1).
+// (256-byte aligned); L comes from MakeEncodeLayout.
 // The caller guarantees that MaxEncodedBytes(n) fits nbytes' type.
 int EncodeAsync(const void* x, uint8_t dtype, bool checksum, uint8_t* payload, uint64_t cap,
                 void* nbytes, bool nbytes64, const uint8_t* skip, const EncodeLayout& L,
@@ -120,6 +115,7 @@ int EncodeAsync(const void* x, uint8_t dtype, bool checksum, uint8_t* payload, u
 int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, int32_t* status,
                 const uint8_t* skip, const DecodeLayout& L, void* scratch, CUstream_st* stream);
 
+// A CUresult's message (cuGetErrorString), or a generic one without a driver.
 const char* ErrorString(int cuda_error);
 
 }  // namespace zipccl::cuda

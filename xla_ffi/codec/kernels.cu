@@ -1,132 +1,76 @@
-// CUDA driver of the zipccl codec: __global__ wrappers around the kernel bodies
-// of cuda_encode.cuh / cuda_decode.cuh, CUB scans, and the asynchronous host
-// entry points of cuda_launch.cuh. No XLA includes; no allocation and no
-// synchronisation (the caller provides scratch).
-#include <cuda_runtime.h>
-
-#include <cub/block/block_scan.cuh>
-#include <cub/device/device_scan.cuh>
-
-#include <string>
-
-#include "cuda_launch.cuh"
-
-// The oldest NVIDIA driver of the toolkit's major version (CMake sets it from
-// the toolkit that builds this file; it is also recorded in build_info()).
-#ifndef ZIPCCL_CUDA_MIN_DRIVER
-#error "ZIPCCL_CUDA_MIN_DRIVER must name the minimum driver of the CUDA toolkit"
-#endif
+// Device code of the zipccl codec: one extern "C" __global__ entry per kernel
+// of cuda_kernels.cuh around the bodies of cuda_encode.cuh / cuda_decode.cuh /
+// cuda_scan.cuh. Compiled by NVRTC at build time (cmake/nvrtc_build.py) into a
+// CUBIN per shipped architecture and PTX; the host side (codec/kernels_host.cc)
+// loads them through the CUDA driver API. No CUDA runtime, no CUB: only the
+// device intrinsics NVRTC provides. NVRTC has no C++ standard library, so the
+// build script supplies <cstddef>, <cstdint> and <cstring> as in-memory headers.
+#include "cuda_kernels.cuh"
 
 namespace zipccl::cuda {
 namespace {
 
+constexpr int kWarpThreads = 32;
+
 // The CTA primitives of the kernel bodies, on the device.
 template <int kBlockThreads>
 struct DeviceCta {
-  using Scan = cub::BlockScan<uint32_t, kBlockThreads>;
-  typename Scan::TempStorage* scan_temp;
+  static constexpr int kWarps = kBlockThreads / kWarpThreads;
+  static_assert(kBlockThreads % kWarpThreads == 0 && kWarps <= kWarpThreads, "one warp scans the warp totals");
+  uint32_t* warp_total;  // [kWarps] in shared memory
 
   __device__ uint32_t tid() const { return threadIdx.x; }
   __device__ uint64_t block() const { return blockIdx.x; }
   __device__ void sync() { __syncthreads(); }
   __device__ int sync_or(int pred) { return __syncthreads_or(pred); }
+
+  // Inclusive sum over the lanes of a full warp (shuffles, no shared memory).
+  __device__ static uint32_t WarpInclusiveSum(uint32_t x, uint32_t lane) {
+    for (uint32_t d = 1; d < uint32_t(kWarpThreads); d *= 2) {
+      const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, x, d);
+      if (lane >= d) x += y;
+    }
+    return x;
+  }
   // CTA-wide exclusive prefix sum; *aggregate receives the total. The
   // barriers around it let callers reuse shared memory freely.
   __device__ uint32_t exclusive_sum(uint32_t v, uint32_t* aggregate) {
-    uint32_t out, agg;
+    const uint32_t t = threadIdx.x, lane = t % kWarpThreads, warp = t / kWarpThreads;
     __syncthreads();
-    Scan(*scan_temp).ExclusiveSum(v, out, agg);
+    const uint32_t in_warp = WarpInclusiveSum(v, lane);
+    if (lane == kWarpThreads - 1) warp_total[warp] = in_warp;
     __syncthreads();
-    *aggregate = agg;
-    return out;
+    if (warp == 0) {
+      const uint32_t w = WarpInclusiveSum(lane < uint32_t(kWarps) ? warp_total[lane] : 0u, lane);
+      __syncwarp();
+      if (lane < uint32_t(kWarps)) warp_total[lane] = w;  // inclusive over warps
+    }
+    __syncthreads();
+    const uint32_t before = warp ? warp_total[warp - 1] : 0u;
+    *aggregate = warp_total[kWarps - 1];
+    __syncthreads();
+    return before + in_warp - v;
   }
 };
 
-// Minimum one resident CTA: without it ptxas (CUDA 13, sm_90) capped the block
-// decoder at 48 registers and spilled 12-20 bytes; the build refuses spills
-// (-Xptxas=-warn-spills,-Werror), and static shared memory bounds occupancy anyway.
 template <class K>
-__global__ void __launch_bounds__(K::kBlockThreads, 1) Kernel(typename K::Params p) {
+__device__ __forceinline__ void RunOnDevice(const typename K::Params& p) {
   __shared__ typename K::Shared sm;
-  __shared__ typename DeviceCta<K::kBlockThreads>::Scan::TempStorage scan_temp;
-  DeviceCta<K::kBlockThreads> cta{&scan_temp};
+  __shared__ uint32_t warp_total[DeviceCta<K::kBlockThreads>::kWarps];
+  DeviceCta<K::kBlockThreads> cta{warp_total};
   K::Run(cta, sm, p);
 }
 
-// Launches on one stream; stops at the first error (cudaGetLastError after
-// every launch).
-struct DeviceLauncher {
-  cudaStream_t stream;
-  cudaError_t err = cudaSuccess;
-
-  template <class K>
-  void Launch(uint64_t grid, const typename K::Params& p) {
-    if (err != cudaSuccess || grid == 0) return;
-    if (grid > uint64_t(0x7FFFFFFF)) {
-      err = cudaErrorInvalidConfiguration;
-      return;
-    }
-    Kernel<K><<<unsigned(grid), K::kBlockThreads, 0, stream>>>(p);
-    err = cudaGetLastError();
-  }
-
-  void ExclusiveSum(const uint64_t* in, uint64_t* out, uint64_t n, void* temp,
-                    uint64_t temp_bytes) {
-    if (err != cudaSuccess) return;
-    size_t bytes = size_t(temp_bytes);
-    err = cub::DeviceScan::ExclusiveSum(temp, bytes, in, out, int64_t(n), stream);
-    if (err == cudaSuccess) err = cudaGetLastError();
-  }
-};
-
 }  // namespace
-
-int ScanTempBytes(uint64_t n_items, uint64_t* bytes) {
-  size_t b = 0;
-  cudaError_t err = cub::DeviceScan::ExclusiveSum(
-      nullptr, b, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
-      int64_t(n_items), cudaStream_t(nullptr));
-  *bytes = b;
-  return int(err);
-}
-
-int EncodeAsync(const void* x, uint8_t dtype, bool checksum, uint8_t* payload, uint64_t cap,
-                void* nbytes, bool nbytes64, const uint8_t* skip, const EncodeLayout& L,
-                void* scratch, CUstream_st* stream) {
-  auto* s = static_cast<uint8_t*>(scratch);
-  EncodeParams p =
-      MakeEncodeParams(L, x, dtype, checksum, payload, cap, nbytes, nbytes64, skip, s);
-  DeviceLauncher l{stream};
-  RunEncode(l, p, L, s);
-  return int(l.err);
-}
-
-int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, int32_t* status,
-                const uint8_t* skip, const DecodeLayout& L, void* scratch, CUstream_st* stream) {
-  auto* s = static_cast<uint8_t*>(scratch);
-  DecodeParams p = MakeDecodeParams(L, payload, cap, dtype, out, status, skip, s);
-  DeviceLauncher l{stream};
-  RunDecode(l, p, L, s);
-  return int(l.err);
-}
-
-const char* ErrorString(int cuda_error) { return cudaGetErrorString(cudaError_t(cuda_error)); }
-
-int GetVersions(Versions* v) {
-  v->runtime = v->driver = 0;
-  cudaError_t err = cudaRuntimeGetVersion(&v->runtime);
-  if (err == cudaSuccess) err = cudaDriverGetVersion(&v->driver);  // 0 without a driver
-  return int(err);
-}
-
-const char* DriverError() {
-  static const std::string* message = [] {
-    Versions v;
-    if (GetVersions(&v) != 0 || !DriverSupports(v.driver, v.runtime))
-      return new std::string(DriverMismatchMessage(v.driver, v.runtime, ZIPCCL_CUDA_MIN_DRIVER));
-    return static_cast<std::string*>(nullptr);
-  }();
-  return message ? message->c_str() : nullptr;
-}
-
 }  // namespace zipccl::cuda
+
+// Minimum one resident CTA: without it ptxas (CUDA 13, sm_90) capped the block
+// decoder at 48 registers and spilled 12-20 bytes; the build refuses spills
+// (-Xptxas -warn-spills -Werror), and static shared memory bounds occupancy anyway.
+#define ZIPCCL_DEFINE_KERNEL(sym, ...)                                                     \
+  extern "C" __global__ void __launch_bounds__(zipccl::cuda::__VA_ARGS__::kBlockThreads, 1) \
+      sym(const typename zipccl::cuda::__VA_ARGS__::Params p) {                            \
+    zipccl::cuda::RunOnDevice<zipccl::cuda::__VA_ARGS__>(p);                              \
+  }
+ZIPCCL_CUDA_KERNELS(ZIPCCL_DEFINE_KERNEL)
+#undef ZIPCCL_DEFINE_KERNEL
