@@ -29,8 +29,12 @@ if(NOT ("$ENV{ZIPCCL_DISABLE_CUDA}" STREQUAL "" OR "$ENV{ZIPCCL_DISABLE_CUDA}" S
   return()
 endif()
 
+# The build environment's sys.path (pip's build isolation: where the build requirement nvidia-cuda-nvrtc is).
 execute_process(
-  COMMAND "${Python_EXECUTABLE}" -I "${CMAKE_CURRENT_LIST_DIR}/jax_cuda.py"
+  COMMAND "${Python_EXECUTABLE}" -c "import os, sys; print(os.pathsep.join(sys.path))"
+  OUTPUT_VARIABLE _build_sys_path OUTPUT_STRIP_TRAILING_WHITESPACE)
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" -I "${CMAKE_CURRENT_LIST_DIR}/jax_cuda.py" "${_build_sys_path}"
   OUTPUT_VARIABLE _probe OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc)
 if(NOT _rc EQUAL 0)
   message(FATAL_ERROR "zipccl: cmake/jax_cuda.py failed")

@@ -10,7 +10,8 @@ needs. Without a plugin, the newest NVRTC found. Candidates, in order: $ZIPCCL_N
 NVIDIA wheels in this Python environment (nvidia-cuda-nvrtc-cu12: nvidia/cuda_nvrtc/lib/libnvrtc.so.12;
 nvidia-cuda-nvrtc (13): nvidia/cu13/lib/libnvrtc.so.13), then toolkits ($ZIPCCL_CUDA_HOME, $CUDA_HOME,
 $CUDA_PATH, the one of nvcc on PATH, /usr/local/cuda*). CMake runs this with -I, so that under pip's build
-isolation it still sees the target environment's packages (the plugin and the wheels).
+isolation it still sees the target environment's packages (the plugin and the wheels), and passes the build
+environment's sys.path, where pip put the build requirement nvidia-cuda-nvrtc (CUDA 13), as argv[1].
 """
 
 from __future__ import annotations
@@ -101,8 +102,11 @@ def choose(plug: tuple[int, str, str] | None, found: list[tuple[Path, str]]) -> 
 
 
 def main() -> None:
+  # argv[1], if given: the build environment's sys.path (os.pathsep-joined), searched after this one's. Under
+  # pip's build isolation that is where the build requirement nvidia-cuda-nvrtc is (pyproject.toml).
+  build_path = sys.argv[1].split(os.pathsep) if len(sys.argv) > 1 and sys.argv[1] else []
   plug = plugin()
-  found = [(p, v) for p in candidates(dict(os.environ), sys.path) if (v := version(p))]
+  found = [(p, v) for p in candidates(dict(os.environ), sys.path + build_path) if (v := version(p))]
   lib, ver, note = choose(plug, found)
   print("PLUGIN=" + ("|".join(map(str, plug)) if plug else ""))
   print(f"NVRTC={lib or ''}")
