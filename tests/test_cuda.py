@@ -33,8 +33,9 @@ EXT = _ffi.extension()
 HOST = getattr(EXT, "cuda_host", None)
 
 BF16, F16, F32 = 1, 2, 3
-NP_DTYPE = {BF16: ml_dtypes.bfloat16, F16: np.float16, F32: np.float32}
-UINT = {BF16: np.uint16, F16: np.uint16, F32: np.uint32}
+E5M2 = zipccl_jax.format.dtype_code(np.dtype(ml_dtypes.float8_e5m2))
+NP_DTYPE = {BF16: ml_dtypes.bfloat16, F16: np.float16, F32: np.float32, E5M2: ml_dtypes.float8_e5m2}
+UINT = {BF16: np.uint16, F16: np.uint16, F32: np.uint32, E5M2: np.uint8}
 HEADER = 32
 BLOCK = 65536
 
@@ -187,12 +188,12 @@ def test_encode_launch_geometry(frames, n, code):
   assert grid["zipccl_plan"] == (total + 1, 32)           # one warp per block, one for the trailing 0
   assert grid["cub_exclusive_sum"][0] == total + 1        # sizes plus the trailing 0
   assert grid["zipccl_write"] == (total, c["THREADS"])
-  assert grid["zipccl_finish"] == (-(-frames // c["ITEM_THREADS"]), c["ITEM_THREADS"])
+  assert grid["zipccl_finish"] == (frames, c["ITEM_THREADS"])    # one CTA per frame (checksum)
   assert grid["zipccl_zero_tail"] == (frames * 4, c["THREADS"])  # 16 KB of the row per CTA
   for name, _, _, shared in launches:
     assert shared <= 48 * 1024, f"{name} needs {shared} B of static shared memory"
-  assert HOST.encode_launches(frames, 0, code, cap) == [("zipccl_finish", -(-frames // 64), 64, 4),
-                                                        ("zipccl_zero_tail", frames * 4, 256, 4)]
+  empty = HOST.encode_launches(frames, 0, code, cap)
+  assert [l[:3] for l in empty] == [("zipccl_finish", frames, 64), ("zipccl_zero_tail", frames * 4, 256)]
   assert HOST.encode_launches(0, n, code) == []
 
 
@@ -207,7 +208,7 @@ def test_decode_launch_geometry(status):
            "zipccl_poison"] + (["zipccl_status"] if status else [])
   assert [l[0] for l in launches] == names
   grid = {name: (g, t) for name, g, t, _ in launches}
-  assert grid["zipccl_frame_check"] == (1, c["ITEM_THREADS"])
+  assert grid["zipccl_frame_check"] == (frames, c["ITEM_THREADS"])  # one CTA per frame (checksum)
   assert grid["zipccl_dir"] == (-(-(total + 1) // 64), c["ITEM_THREADS"])
   assert grid["zipccl_decode_block"] == (total, c["THREADS"])
   assert grid["zipccl_poison"] == (total, c["THREADS"])
@@ -504,6 +505,38 @@ def test_emulated_decode_checksum_and_overflow():
   small, _ = _cpu_encode(x, code, True, 1000)
   y, status = _emu_decode(small[None], code, n)
   assert HOST.status_message(int(status[0])) == "payload is truncated (shorter than its frame)"
+
+
+@needs_host
+def test_emulated_checksum_every_tail_and_chunk_boundary():
+  """The CTA checksum (four XXH32 chains over staged 2 KB chunks, then the < 16 tail bytes by one
+  thread) gives FrameChecksum's bytes for frames of every length mod 16, just below, at and above
+  the chunk boundaries, at every start alignment; a wrong chain, word order, chunk hand-over or
+  tail would change the checksum field. The decoder's CTA checksum accepts them and rejects a flip
+  in the header stripes, at a chunk boundary and in the tail."""
+  chunk = 8 * HOST.constants()["ITEM_THREADS"] * 4  # kSumChunkWords * 4 bytes
+  code = E5M2
+  lengths, tails = set(), set()
+  # Random bytes code as one RAW block: frame_bytes = 32 + 4 + 8 + n (one-byte elements).
+  for n in [0, *range(1, 17), chunk - 45, chunk - 44, chunk - 43, 2 * chunk - 44 + 13,
+            3 * chunk - 44 + 16 * 7 + 4]:
+    x = RNG.integers(0, 256, (3, n), dtype=np.uint8)
+    cap = (44 + n) | 1                       # odd: rows 1 and 2 start unaligned
+    out, nbytes = _assert_same_frames(x, code, True, cap, seed=n)
+    lengths.update(int(b) for b in nbytes)
+    tails.update(int(b) % 16 for b in nbytes)
+    y, status = _emu_decode(out, code, n, seed=n + 1)
+    assert not status.any(), [HOST.status_message(int(v)) for v in status]
+    np.testing.assert_array_equal(y, x)
+    need = int(nbytes[1])
+    for at in sorted({8, 20, min(chunk, need - 1), need - 1} - {28, 29, 30, 31}):
+      bad = out.copy()
+      bad[1, at] ^= 0x10
+      _, status = _emu_decode(bad, code, n, seed=at)
+      assert HOST.status_message(int(status[1])).startswith("checksum mismatch") or at < 32, at
+      assert status[1] != 0 and status[0] == 0 and status[2] == 0, (at, list(status))
+  assert tails == set(range(16)), sorted(tails)       # every tail length
+  assert {chunk - 1, chunk, chunk + 1} <= lengths      # both sides of the 2 KB chunk boundary
 
 
 # ---- Skipped frames (the `skip` operand) ------------------------------------------------------

@@ -11,32 +11,55 @@ namespace zipccl::cuda {
 // Decoder kernels
 // =============================================================================
 
-// 1. Frame check: one thread per frame validates the header and, if present,
-//    the checksum (XXH32 is sequential by definition: ~1-2 GB/s per frame).
-//    A skipped frame is not read: it gets kSkippedKey, which keeps the block
-//    decoder away from it and makes the poison kernel write zeros.
-struct FrameCheckKernel : PerItemKernel<DecodeParams> {
+// 1. Frame check: one CTA of kSumThreads per frame. Thread 0 validates the
+//    header; if the frame has a checksum, the CTA recomputes it
+//    (CtaFrameChecksum). A skipped frame is not read: it gets kSkippedKey,
+//    which keeps the block decoder away from it and makes the poison kernel
+//    write zeros.
+struct FrameCheckKernel {
   static constexpr const char* kName = "zipccl_frame_check";
+  static constexpr int kBlockThreads = kSumThreads;
+  using Params = DecodeParams;
+  struct Shared {
+    ChecksumShared sum;
+    uint64_t frame_bytes;
+    unsigned long long key;
+    uint32_t expect;  // the header's checksum
+    int hash;         // the header is valid and has a checksum
+  };
   template <class Cta>
-  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t f = Item(cta);
+  ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
+    const uint64_t f = cta.block();
     if (f >= p.frames) return;
     const uint8_t* in = p.payload + f * p.cap;
-    unsigned long long key = kNoError;
-    if (Skipped(p, f)) {
-      key = kSkippedKey;
-    } else if (p.cap < kFrameHeaderBytes) {
-      key = kErrTruncated;
-    } else {
-      const FrameHeader h = ParseFrameHeader(in);
-      const Status st = ValidateFrameHeader(h, p.dtype, p.n, p.cap);
-      if (st != kOk)
-        key = st;
-      else if ((h.flags & kFrameFlagChecksum) && FrameChecksum(in, h.frame_bytes) != h.checksum)
-        key = kErrChecksum;
+    if (cta.tid() == 0) {
+      unsigned long long key = kNoError;
+      int hash = 0;
+      FrameHeader h{};
+      if (Skipped(p, f)) {
+        key = kSkippedKey;
+      } else if (p.cap < kFrameHeaderBytes) {
+        key = kErrTruncated;
+      } else {
+        h = ParseFrameHeader(in);
+        const Status st = ValidateFrameHeader(h, p.dtype, p.n, p.cap);
+        if (st != kOk) key = st;
+        else hash = (h.flags & kFrameFlagChecksum) != 0;
+      }
+      sm.key = key;
+      sm.hash = hash;
+      sm.frame_bytes = h.frame_bytes;
+      sm.expect = h.checksum;
     }
-    p.ferr[f] = key;
-    p.berr[f] = kNoError;
+    cta.sync();
+    if (sm.hash) {
+      const uint32_t sum = CtaFrameChecksum(cta, sm.sum, in, sm.frame_bytes);
+      if (cta.tid() == 0 && sum != sm.expect) sm.key = kErrChecksum;
+    }
+    if (cta.tid() == 0) {
+      p.ferr[f] = sm.key;
+      p.berr[f] = kNoError;
+    }
   }
 };
 

@@ -40,14 +40,14 @@ void RunEncode(Launcher& l, const EncodeParams& p, const EncodeLayout& L, uint8_
     l.ExclusiveSum(p.sizes, p.offsets, p.total + 1, scratch + L.cub_off, L.cub_bytes);
     WithElemType(p.dtype, [&](auto t) { l.template Launch<WriteKernel<decltype(t)>>(p.total, p); });
   }
-  l.template Launch<FinishEncodeKernel>(CeilDiv(p.frames, kItemThreads), p);
+  l.template Launch<FinishEncodeKernel>(p.frames, p);  // one CTA per frame
   l.template Launch<ZeroTailKernel>(p.frames * ZeroTailKernel::TilesPerFrame(p.cap), p);
 }
 
 template <class Launcher>
 void RunDecode(Launcher& l, const DecodeParams& p, const DecodeLayout& L, uint8_t* scratch) {
   if (p.frames == 0) return;
-  l.template Launch<FrameCheckKernel>(CeilDiv(p.frames, kItemThreads), p);
+  l.template Launch<FrameCheckKernel>(p.frames, p);  // one CTA per frame
   if (p.total) {
     l.template Launch<DirKernel>(CeilDiv(p.total + 1, kItemThreads), p);
     l.ExclusiveSum(p.sizes, p.offsets, p.total + 1, scratch + L.cub_off, L.cub_bytes);
