@@ -210,12 +210,13 @@ def test_decode_launch_geometry(status):
   grid = {name: (g, t) for name, g, t, _ in launches}
   assert grid["zipccl_frame_check"] == (frames, c["ITEM_THREADS"])  # one CTA per frame (checksum)
   assert grid["zipccl_dir"] == (-(-(total + 1) // 64), c["ITEM_THREADS"])
-  assert grid["zipccl_decode_block"] == (total, c["THREADS"])
+  assert grid["zipccl_decode_block"] == (total, c["DECODE_THREADS"])  # 4 warps: more CTAs per SM
   assert grid["zipccl_poison"] == (total, c["THREADS"])
   for name, _, _, shared in launches:
     assert shared <= 48 * 1024, f"{name} needs {shared} B of static shared memory"
-  # 8 merge threads of 8 elements per stream, 32 streams per block.
-  assert c["ROUND_SYMS"] * 32 == c["THREADS"] * c["ELEMS_PER_THREAD"]
+  # DECODE_THREADS / 32 merge threads of MERGE_ELEMS elements per stream, 32 streams per block.
+  assert c["ROUND_SYMS"] * 32 == c["DECODE_THREADS"] * c["MERGE_ELEMS"]
+  assert c["DECODE_THREADS"] == 128 and c["MERGE_ELEMS"] % c["ELEMS_PER_THREAD"] == 0
 
 
 @needs_host

@@ -49,11 +49,18 @@ static_assert(kThreads * kElemsPerThread == kStreamElems, "one tile is one strea
 // Per-item kernels (plan, directory gather, frame check/finish, status): one
 // thread per block or per frame, in CTAs of kItemThreads.
 constexpr int kItemThreads = 64;
-// Decoder: each stream's thread decodes kRoundSyms symbols per round into
-// shared memory; then all threads merge them with the raw bytes, 8 threads
-// (kElemsPerThread elements each) per stream.
-constexpr int kRoundSyms = kElemsPerThread * (kThreads / kMaxStreamsPerBlock);
-static_assert(kRoundSyms == 64, "8 merge threads of 8 elements per stream");
+// Decoder: one CTA of kDecodeThreads per block; each stream's thread decodes
+// kRoundSyms symbols per round into shared memory; then all threads merge them
+// with the raw bytes, kMergeThreads threads (kMergeElems elements each) per
+// stream. A block has at most 32 streams, i.e. one decoding warp per CTA
+// whatever its size, so the CTA is small: 4 warps (not 8) let twice as many
+// CTAs, hence decoding warps, reside on an SM at the same registers per thread.
+constexpr int kDecodeThreads = 128;
+constexpr int kRoundSyms = 64;
+constexpr int kMergeThreads = kDecodeThreads / kMaxStreamsPerBlock;
+constexpr int kMergeElems = kRoundSyms / kMergeThreads;
+static_assert(kMergeThreads * kMaxStreamsPerBlock == kDecodeThreads, "whole merge groups");
+static_assert(kMergeElems % kElemsPerThread == 0, "a merge thread stores groups of 8 elements");
 static_assert(kStreamElems % kRoundSyms == 0, "rounds tile a stream");
 // Encoder staging, per tile: the bitstream words a tile can touch (up to 31
 // bits of carry from the previous tile + 11 bits per element, plus one word of
