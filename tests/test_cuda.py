@@ -9,8 +9,8 @@ This machine has no GPU, so the CUDA path is checked in four layers:
   the SIMT emulator of xla_ffi/cuda_host_bindings.cc (one fiber per thread, shuffled thread and
   CTA order, garbage-filled shared and scratch memory), must produce the CPU driver's bytes and
   verdicts;
-- tests marked `gpu` run the real kernels through JAX and are skipped, with the reason, when JAX
-  sees no GPU (`pytest -m gpu` selects only them).
+- the real kernels through JAX on a GPU: tests/test_gpu.py (`pytest -m gpu`), whose test bodies also
+  run here on CPU devices and on this emulator.
 """
 
 from __future__ import annotations
@@ -48,18 +48,6 @@ def _cuda_build_expected() -> bool:
 needs_host = pytest.mark.skipif(
     HOST is None and not EXT.with_cuda,
     reason="extension built without xla_ffi/cuda_host_bindings.cc (no CUDA host bindings)")
-
-
-def _gpu_devices():
-  try:
-    return jax.devices("gpu")
-  except RuntimeError:
-    return []
-
-
-gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(
-    not _gpu_devices(), reason="no CUDA GPU visible to JAX; the kernels are covered by the emulator")
 
 
 # ---- Build and registration ---------------------------------------------------------
@@ -662,81 +650,3 @@ def test_lowering_for_cuda_with_skip():
   text = jax.jit(f).trace(x, skip).lower(lowering_platforms=("cuda",)).as_text()
   calls = [l for l in text.splitlines() if "@zipccl_encode" in l or "@zipccl_decode" in l]
   assert len(calls) == 2 and all("tensor<4xi1>" in c for c in calls), calls
-
-
-# ---- Real GPU runs (skipped here) -----------------------------------------------------------
-
-
-@gpu
-@needs_gpu
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
-@pytest.mark.parametrize("n", [1, 4099, 3 * BLOCK + 5])
-def test_gpu_encode_equals_cpu_bytes(dtype, n):
-  code = {jnp.bfloat16: BF16, jnp.float16: F16, jnp.float32: F32}[dtype]
-  x = _data("mixed" if n > BLOCK else "gauss", n, code)
-  xs = jnp.asarray(x.view(NP_DTYPE[code]))
-  cpu, gpu_dev = jax.devices("cpu")[0], _gpu_devices()[0]
-  pc, nc = zipccl_jax.encode(jax.device_put(xs, cpu))  # committed inputs pick the device
-  pg, ng = jax.jit(zipccl_jax.encode)(jax.device_put(xs, gpu_dev))
-  assert int(nc) == int(ng)
-  np.testing.assert_array_equal(np.asarray(pg)[:int(ng)], np.asarray(pc)[:int(nc)])
-  y = zipccl_jax.decode(pg, shape=xs.shape, dtype=dtype)
-  np.testing.assert_array_equal(np.asarray(y).view(UINT[code]), x)
-
-
-@gpu
-@needs_gpu
-def test_gpu_batched_overflow_and_checksum():
-  from zipccl_jax import codec
-  gpu_dev = _gpu_devices()[0]
-  x = np.stack([_data(k, 4099, BF16) for k in ["gauss", "random", "const"]])
-  xs = jax.device_put(jnp.asarray(x.view(ml_dtypes.bfloat16)), gpu_dev)
-  payload, nbytes = codec.encode_frames(xs, capacity=4000, checksum=True)
-  payload, nbytes = np.asarray(payload), np.asarray(nbytes)
-  for f in range(3):
-    ref, need = _cpu_encode(x[f], BF16, True, 4000)
-    assert nbytes[f] == need
-    shown = need if need <= 4000 else HEADER
-    np.testing.assert_array_equal(payload[f, :shown], ref[:shown])
-
-
-@gpu
-@needs_gpu
-def test_gpu_decode_status_output():
-  gpu_dev = _gpu_devices()[0]
-  x = _data("gauss", 9000, BF16)
-  frame, need = _cpu_encode(x, BF16, False, zipccl_jax.max_encoded_bytes(9000, jnp.bfloat16))
-  bad = frame.copy()
-  bad[0] ^= 1
-  payload = jax.device_put(jnp.asarray(np.stack([frame, bad])), gpu_dev)
-  _ffi.register()
-  out, status = jax.ffi.ffi_call(
-      "zipccl_decode", (jax.ShapeDtypeStruct((2, 9000), jnp.bfloat16),
-                        jax.ShapeDtypeStruct((2,), jnp.int32)),
-      vmap_method="broadcast_all")(payload)
-  out, status = np.asarray(out).view(np.uint16), np.asarray(status)
-  assert status[0] == 0 and HOST.status_message(int(status[1])).startswith("bad magic")
-  np.testing.assert_array_equal(out[0], x)
-  assert (out[1] == NAN_BITS[BF16]).all()
-
-
-@gpu
-@needs_gpu
-def test_gpu_skip_matches_cpu():
-  from zipccl_jax import codec
-  cpu, gpu_dev = jax.devices("cpu")[0], _gpu_devices()[0]
-  x = np.stack([_data(k, 4099, BF16) for k in ["gauss", "random", "const", "sparse"]])
-  xs = jnp.asarray(x.view(ml_dtypes.bfloat16))
-  skip = np.array([False, True, False, True])
-  pc, nc = codec.encode_frames(jax.device_put(xs, cpu), skip=jax.device_put(skip, cpu))
-  pg, ng = jax.jit(lambda a, s: codec.encode_frames(a, skip=s))(jax.device_put(xs, gpu_dev),
-                                                                 jax.device_put(skip, gpu_dev))
-  np.testing.assert_array_equal(np.asarray(ng), np.asarray(nc))
-  np.testing.assert_array_equal(np.asarray(pg), np.asarray(pc))
-  garbage = np.asarray(pg).copy()
-  garbage[skip] = 0xFF
-  y = codec.decode_frames(jax.device_put(garbage, gpu_dev), shape=(4099,), dtype=jnp.bfloat16,
-                          skip=jax.device_put(skip, gpu_dev))
-  y = np.asarray(y).view(np.uint16)
-  np.testing.assert_array_equal(y[~skip], x[~skip])
-  assert not y[skip].any()
