@@ -21,38 +21,39 @@ import jaxlib
 ROOT = Path(__file__).resolve().parents[1]
 XLA_INCLUDE = Path(jaxlib.__file__).parent / "include"
 CXX = os.environ.get("CXX", "g++")
-BASE = ["-std=c++17", "-O1", "-g", "-fno-sanitize-recover=undefined", "-I", str(ROOT), "-I",
-        str(ROOT / "xla_ffi"), "-isystem", str(XLA_INCLUDE)]
+BASE = ["-std=c++17", "-O1", "-g", "-fno-sanitize-recover=undefined", "-isystem", str(XLA_INCLUDE)]
 ASAN = ["-fsanitize=address,undefined"]
 RACE = ["-fsanitize=thread,undefined"]  # instrumentation only: simt_race_hooks.cc is its runtime
 HOOKS = "xla_ffi/simt_race_hooks.cc"
 HAVE_CXX = shutil.which(CXX) is not None
 
 
-def _headers_digest() -> str:
+def _headers_digest(root: Path) -> str:
   h = hashlib.sha256()
   for d in ("xla_ffi", "tests/cc"):
-    for p in sorted((ROOT / d).rglob("*")):
+    for p in sorted((root / d).rglob("*")):
       if p.suffix in (".h", ".cuh"):
         h.update(p.read_bytes())
   return h.hexdigest()
 
 
-def _object(src: str, flags: list[str], headers: str) -> Path:
-  key = hashlib.sha256("\0".join([(ROOT / src).read_text(), headers, CXX] + BASE + flags).encode())
+def _object(root: Path, src: str, flags: list[str], headers: str) -> Path:
+  flags = BASE + ["-I", str(root), "-I", str(root / "xla_ffi")] + flags
+  key = hashlib.sha256("\0".join([(root / src).read_text(), headers, CXX] + flags).encode())
   out = ROOT / "build" / "sanitized" / f"{Path(src).stem}-{key.hexdigest()[:16]}.o"
   if not out.exists():
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
-    subprocess.run([CXX, *BASE, *flags, "-c", str(ROOT / src), "-o", str(tmp)], check=True, timeout=900)
+    subprocess.run([CXX, *flags, "-c", str(root / src), "-o", str(tmp)], check=True, timeout=900)
     tmp.rename(out)
   return out
 
 
-def binary(name: str, sources: dict[str, list[str]]) -> Path:
-  """Links `sources` (path -> its flags: RACE or ASAN, plus extras) with the race hooks into build/sanitized/."""
-  headers = _headers_digest()
-  objs = [_object(src, flags, headers) for src, flags in {**sources, HOOKS: ASAN}.items()]
+def binary(name: str, sources: dict[str, list[str]], root: Path = ROOT) -> Path:
+  """Links `sources` (path under root -> its flags: RACE or ASAN, plus extras) with the race hooks into
+  build/sanitized/; `root` is a copy of the repository's sources (a test seeding a bug), by default itself."""
+  headers = _headers_digest(root)
+  objs = [_object(root, src, flags, headers) for src, flags in {**sources, HOOKS: ASAN}.items()]
   exe = objs[0].parent / f"{name}-{hashlib.sha256(''.join(map(str, objs)).encode()).hexdigest()[:16]}"
   if not exe.exists():
     subprocess.run([CXX, *BASE, *ASAN, *map(str, objs), "-o", str(exe)], check=True, timeout=300)

@@ -12,6 +12,7 @@ attributes of HOST (layouts, launch records, constants) are the extension's.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 
 import test_cuda
 import test_fp8
-from sanitized_build import CXX, HAVE_CXX, RACE, binary, run
+from sanitized_build import CXX, HAVE_CXX, RACE, ROOT, binary, run
 
 pytestmark = pytest.mark.skipif(not HAVE_CXX, reason=f"needs a C++ compiler ({CXX})")
 
@@ -46,9 +47,10 @@ class SanitizedHost:
       for k, a in arrays.items():
         np.ascontiguousarray(a).tofile(paths[k])
       r = run(self._exe, [*args, *paths.values()])
-      if r.returncode == 2:
+      if r.returncode == 2:  # what the bindings raise as ValueError
         raise ValueError(r.stderr.strip())
-      assert r.returncode == 0, f"sanitized emulator failed:\n{r.stdout}{r.stderr[-6000:]}"
+      if r.returncode != 0:  # the emulator's error (RuntimeError in the bindings) or a sanitizer's report
+        raise RuntimeError(f"sanitized emulator failed:\n{r.stdout}{r.stderr[-6000:]}")
       assert r.stdout.startswith("instrumented 1 "), r.stdout  # the detectors were on
       for k in outputs:
         arrays[k][...] = np.fromfile(paths[k], arrays[k].dtype).reshape(arrays[k].shape)
@@ -66,9 +68,12 @@ class SanitizedHost:
     self._call(["decode", frames, n_elems, dtype_code, seed], arrays, ("out", "status"))
 
 
+DRIVER = {"tests/cc/emulator_driver.cc": RACE}
+
+
 @pytest.fixture(scope="module")
 def _driver() -> Path:
-  return binary("emulator_driver", {"tests/cc/emulator_driver.cc": RACE})
+  return binary("emulator_driver", DRIVER)
 
 
 @pytest.fixture(autouse=True)
@@ -81,3 +86,23 @@ def _sanitized_host(monkeypatch, _driver):
 def test_driver_rejects_bad_arguments(_driver):
   r = run(_driver, ["encode", 1, 8, 99, 0, 0, "x", "out", "nbytes"])
   assert r.returncode == 2 and "unsupported dtype code" in r.stderr, r.stderr
+
+
+# The seeded bug in the real encoder: one of WriteKernel's AtomicOrShared into its bit staging words as `|=`.
+SEEDED_OR = ("if (uint32_t(lo >> 32)) AtomicOrShared(w + 1, uint32_t(lo >> 32));",
+             "if (uint32_t(lo >> 32)) w[1] |= uint32_t(lo >> 32);")
+
+
+def test_race_detector_catches_a_plain_or_in_the_real_write_kernel(tmp_path):
+  shutil.copytree(ROOT / "xla_ffi", tmp_path / "xla_ffi")
+  shutil.copytree(ROOT / "tests" / "cc", tmp_path / "tests" / "cc")
+  encoder = tmp_path / "xla_ffi" / "codec" / "cuda_encode.cuh"
+  text = encoder.read_text()
+  assert text.count(SEEDED_OR[0]) == 1, "the seeded line moved: update SEEDED_OR"
+  encoder.write_text(text.replace(*SEEDED_OR))
+  host = SanitizedHost(test_cuda.HOST, binary("emulator_driver_seeded_or", DRIVER, root=tmp_path))
+  x = test_cuda._data("gauss", 5000, test_cuda.BF16)
+  out, nbytes = np.zeros(8 * x.size, np.uint8), np.zeros(1, np.int64)
+  with pytest.raises(RuntimeError, match=r"shared-memory race in zipccl_write \(CTA 0, barrier interval \d+\): "
+                     r"byte \d+ of its Shared struct \(\d+ bytes\): thread \d+ .*, thread \d+ .* with no barrier"):
+    host.emulate_encode(x.view(np.uint8), 1, x.size, test_cuda.BF16, False, out, nbytes, seed=1)

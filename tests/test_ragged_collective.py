@@ -115,6 +115,42 @@ def test_grad_is_the_documented_transpose(compress):
   assert st["g/bwd"].compressed is compress and st["g/bwd"].op == "ragged_all_to_all"
 
 
+@pytest.mark.parametrize("compress", [True, False])
+def test_forward_mode_applies_the_collective_to_the_tangent(compress):
+  """jvp / linearize of a linear map: the tangent out is the map of the tangents in, bit for bit."""
+  case = random_case(64, spd=2, dtype=np.float32, row_shape=(8,), payload="gaussian")
+  rng = np.random.default_rng(5)
+  t_op, t_out = (rng.standard_normal(a.shape).astype(np.float32) for a in case[:2])
+
+  def tangents(operand, output, io, ss, oo, rs, dx, dy):
+    f = lambda a, b: zrag(a, b, io, ss, oo, rs, compress=compress)
+    y, dy_out = jax.jvp(f, (operand, output), (dx, dy))
+    _, f_lin = jax.linearize(f, operand, output)
+    return jnp.stack([y, dy_out, f_lin(dx, dy)])
+
+  got = run_sharded(tangents, *case, t_op, t_out)
+  assert_bits_equal(got[:, 0], model(case), "primal")
+  want_t = model((t_op, t_out) + tuple(case[2:]))
+  assert_bits_equal(got[:, 1], want_t, "jvp tangent")
+  assert_bits_equal(got[:, 2], want_t, "linearize")
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_hessian_vector_product_transposes_twice(compress):
+  """jvp of grad wrt operand only: the offsets are residuals of each transposition (not constants
+  of a finished trace), and `output`, not differentiated, is a known linear argument."""
+  case = disjoint_reads(random_case(66, spd=2, dtype=np.float32, row_shape=(4,), payload="gaussian"), 3)
+
+  def hvp(operand, output, io, ss, oo, rs):
+    f = lambda a: jnp.sum(zrag(a, output, io, ss, oo, rs, compress=compress) ** 2)
+    return jax.jvp(jax.grad(f), (operand,), (jnp.ones_like(operand),))[1]
+
+  # f = |R a + K output|^2 has Hessian 2 R^T R: 2 R^T (R ones), with R^T the documented transpose.
+  ones, zeros = np.ones_like(case[0]), np.zeros_like(case[1])
+  want, _ = model_vjp(case, model((ones, zeros) + tuple(case[2:])))
+  assert_bits_equal(run_sharded(hvp, *case), 2 * want, "Hessian-vector product")
+
+
 def test_vmap_batches_examples():
   cases = [random_case(70 + b, spd=2, rows=10, out_rows=140, row_shape=(64,),
                        payload="bits" if b == 1 else "gaussian") for b in range(3)]

@@ -12,6 +12,11 @@ Every collective is linear in its operand. `linear(impl, transpose, x)` declares
 jax 0.10.2's ``linear_call`` has no batching rule, so ``jax.vmap`` of a collective would fail;
 `_linear_call_batch` is that rule (registered only if jax has none): it batches every operand
 at axis 0, the callee and its transpose alike, so that the transposed call stays consistent.
+Its JVP rule binds the tangents as they come, so a linear argument that is not differentiated
+(a symbolic zero tangent, e.g. ``ragged_all_to_all``'s ``output`` when only ``operand`` is)
+fails to bind; `_linear_call_jvp` instantiates those zeros first. Its transpose rule then asserts
+that every linear argument is being transposed; `_linear_call_transpose` transposes the known
+ones too and drops their cotangents.
 """
 
 from __future__ import annotations
@@ -20,27 +25,32 @@ from typing import Callable
 
 import jax
 from jax._src import custom_derivatives as _cd
-from jax._src.interpreters import batching
+from jax._src import ad_util
+from jax._src.interpreters import ad, batching
 
 __all__ = ["linear"]
 
 
-def linear(impl: Callable, transpose: Callable, x):
-  """`impl(x)` for a linear `impl` whose transpose is `transpose`.
+def linear(impl: Callable, transpose: Callable, x, *res):
+  """`impl(x, *res)` for an `impl` linear in the pytree `x`, whose transpose is `transpose(ct, *res)`.
 
-  `impl`'s constants (index tables, masks) are passed as residual arguments, not left for
-  ``linear_call`` to hoist: ``linear_call``'s transpose keeps its callee's hoisted constants in a
-  closure, so a second transposition (``jax.grad`` of ``jax.grad``) would read values of a
-  finished trace. Residuals are passed afresh at every transposition.
+  `res` are non-linear arguments (index tables: integers, no tangent) that both functions read;
+  `transpose` returns a cotangent with `x`'s structure. `impl`'s own constants (masks, tables it
+  builds) are passed as residual arguments too, not left for ``linear_call`` to hoist:
+  ``linear_call``'s transpose keeps its callee's hoisted constants in a closure, so a second
+  transposition (``jax.grad`` of ``jax.grad``) would read values of a finished trace. Residuals
+  are passed afresh at every transposition.
   """
-  closed = jax.make_jaxpr(impl)(x)
+  closed, out_shape = jax.make_jaxpr(impl, return_shape=True)(x, *res)
+  out_tree = jax.tree.structure(out_shape)
 
-  def fun(consts, t):
-    (y,) = jax.core.eval_jaxpr(closed.jaxpr, consts, t)
-    return y
+  def fun(residuals, t):
+    consts, args = residuals
+    flat = jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree.leaves((t, *args)))
+    return jax.tree.unflatten(out_tree, flat)
 
-  return jax.custom_derivatives.linear_call(fun, lambda _, ct: transpose(ct),
-                                            list(closed.consts), x)
+  return jax.custom_derivatives.linear_call(fun, lambda r, ct: transpose(ct, *r[1]),
+                                            (list(closed.consts), res), x)
 
 
 def _linear_call_batch(axis_data, args, dims, *, callee, transpose_thunk, num_callee_consts,
@@ -63,3 +73,33 @@ def _linear_call_batch(axis_data, args, dims, *, callee, transpose_thunk, num_ca
 
 if _cd.linear_call_p not in batching.fancy_primitive_batchers:
   batching.fancy_primitive_batchers[_cd.linear_call_p] = _linear_call_batch
+
+
+_jax_linear_call_jvp = ad.primitive_jvps[_cd.linear_call_p]
+
+
+def _linear_call_jvp(primals, tangents, *, num_callee_consts, num_res, **params):
+  n_fixed = num_callee_consts + num_res  # their tangents stay symbolic zeros (jax asserts so)
+  tangents = [t if i < n_fixed or type(t) is not ad_util.Zero else ad.instantiate_zeros(t)
+              for i, t in enumerate(tangents)]
+  return _jax_linear_call_jvp(primals, tangents, num_callee_consts=num_callee_consts,
+                              num_res=num_res, **params)
+
+
+if _jax_linear_call_jvp is _cd._linear_call_jvp_rule:  # jax's own rule, not one already fixed
+  ad.primitive_jvps[_cd.linear_call_p] = _linear_call_jvp
+
+_jax_linear_call_transpose = ad.primitive_transposes[_cd.linear_call_p]
+
+
+def _linear_call_transpose(cts, *args, num_callee_consts, num_res, **params):
+  n_fixed = num_callee_consts + num_res
+  known = [i >= n_fixed and not ad.is_undefined_primal(a) for i, a in enumerate(args)]
+  args = [ad.UndefinedPrimal(jax.typeof(a)) if k else a for a, k in zip(args, known)]
+  out = _jax_linear_call_transpose(cts, *args, num_callee_consts=num_callee_consts,
+                                   num_res=num_res, **params)
+  return [None if k else ct for ct, k in zip(out, known)]
+
+
+if _jax_linear_call_transpose is _cd._linear_call_transpose_rule:
+  ad.primitive_transposes[_cd.linear_call_p] = _linear_call_transpose

@@ -34,13 +34,13 @@ import functools
 import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from zipccl_jax import _exchange, _ragged, accounting, strategy
 from zipccl_jax import format as fmt
+from zipccl_jax._linear import linear
 from zipccl_jax._shard import axes_of, axis_size, call_site, vary_together
 from zipccl_jax.capacity import split_capacity
 from zipccl_jax.observation import record_frames
@@ -91,10 +91,12 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
   Returns:
     (M, *row): ``output`` with the received rows written.
 
-  The transpose (``jax.grad``) is a compressed ragged_all_to_all back, with offsets and sizes
-  swapped (the rows go from where they landed to where they came from), in the "gradient"
-  role; ``output``'s cotangent is the incoming cotangent with the written rows zeroed. Under
-  ``jax.vmap`` every example is one exchange with its own sizes.
+  The call is linear in ``(operand, output)`` (:mod:`zipccl_jax._linear`): ``jax.jvp`` and
+  ``jax.linearize`` send the tangents through the same compressed exchange; the transpose
+  (``jax.grad``) is a compressed ragged_all_to_all back, with offsets and sizes swapped (the rows
+  go from where they landed to where they came from), in the "gradient" role; ``output``'s
+  cotangent is the incoming cotangent with the written rows zeroed. Either argument may be left
+  undifferentiated. Under ``jax.vmap`` every example is one exchange with its own sizes.
 
   Example, two devices (``spd = 1``, rows of one element; the example of jax.lax's docstring)::
 
@@ -144,27 +146,14 @@ def _modeled_bytes(operand, output, n: int, m: int, plan):
   return raw, min(raw, math.ceil(raw * ratio)) + (n - 1) * fmt.FRAME_HEADER_BYTES
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _bind(call: _Call, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes):
-  """`_impl`, differentiated by `_ragged_all_to_all_transpose_rule` (linear in operand, output)."""
-  return _impl(call, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
+def _bind(call: _Call, operand, output, *idx):
+  """`_impl`, declared linear in (operand, output) with `_ragged_all_to_all_transpose_rule`."""
+  return linear(lambda ops, *i: _impl(call, *ops, *i),
+                functools.partial(_ragged_all_to_all_transpose_rule, call, operand.shape[0]),
+                (operand, output), *idx)
 
 
-def _bind_fwd(call: _Call, operand, output, *idx):
-  operand_rows = jnp.zeros((operand.shape[0], 0), jnp.int8)  # carries N (residuals are arrays)
-  return _bind(call, operand, output, *idx), (operand_rows, idx)
-
-
-def _bind_bwd(call: _Call, res, ct):
-  operand_rows, idx = res
-  operand_ct, output_ct = _ragged_all_to_all_transpose_rule(call, operand_rows.shape[0], idx, ct)
-  return operand_ct, output_ct, None, None, None, None
-
-
-_bind.defvjp(_bind_fwd, _bind_bwd)
-
-
-def _ragged_all_to_all_transpose_rule(call: _Call, operand_rows: int, idx, ct):
+def _ragged_all_to_all_transpose_rule(call: _Call, operand_rows: int, ct, *idx):
   """The cotangent rows travel back, compressed: from where they landed to where they came from."""
   back = _ragged.transposed_offsets(*idx, axis_name=call.axis_name)
   compress, capacity = call.backward
