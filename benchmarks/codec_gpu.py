@@ -59,7 +59,7 @@ def _gbps(nbytes: int, times: list[float]) -> dict:
 def _tensor(jnp, np, name: str, elems: int, seed: int):
   import ml_dtypes
   dt = np.dtype(getattr(ml_dtypes, name, name))
-  x = np.random.default_rng(seed).standard_normal(elems).astype(np.float32) * np.float32(0.02)
+  x = np.random.default_rng(seed).standard_normal(elems, dtype=np.float32) * np.float32(0.02)
   if dt.itemsize == 1:
     x = x * np.float32(float(ml_dtypes.finfo(dt).max) / float(np.max(np.abs(x))))
   return x.astype(dt)

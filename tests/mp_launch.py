@@ -53,6 +53,8 @@ def child_env(local_devices: int, platform: str = "cpu") -> dict:
   flags = re.sub(rf"{DEVICE_FLAG}=\S+", "", env.get("XLA_FLAGS", "")).strip()
   env["XLA_FLAGS"] = (f"{flags} {DEVICE_FLAG}={local_devices}" if platform == "cpu" else flags).strip()
   env["JAX_PLATFORMS"] = platform
+  if platform == "cuda":  # the parent (pytest) may hold 75% of each GPU already: allocate on demand
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   env["PYTHONUNBUFFERED"] = "1"
   try:  # children import the zipccl_jax this process would import
     import importlib.util
