@@ -79,6 +79,17 @@ def adversarial_bits(dtype, n: int, seed: int) -> np.ndarray:
   return out
 
 
+def sprinkled_bits(dtype, n: int, seed: int, fraction: float = 0.02) -> np.ndarray:
+  """n Gaussian elements of `dtype` (std 0.02) as bits with a `fraction` of them NaN payloads, +-0,
+  subnormals or +-Inf, one at a time: data that still codes (frames fit the default capacity)."""
+  dtype = np.dtype(dtype)
+  rng = np.random.default_rng(seed)
+  out = (rng.standard_normal(n, dtype=np.float32) * 0.02).astype(dtype).view(UINT[dtype.itemsize])
+  at = rng.random(n) < fraction
+  out[at] = rng.choice(np.concatenate(list(_classes(dtype).values())), int(at.sum()))
+  return out
+
+
 # ---- the CPU driver (the reference) -----------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ machine; `pytest -m gpu` selects the CUDA runs only.
   at odd capacities, NaN payloads, +-0, subnormals, +-Inf and random bits, with and without the checksum,
   skipped and overflowing frames, equal the CPU driver's; decoding gives the bits back; damaged and
   truncated frames get the CPU driver's verdict (status code, NaN rows; a raise where the platform can);
-- collectives: all_to_all, all_gather, ppermute (bit-identical to jax.lax on the bits), psum_scatter,
+- collectives: all_to_all, all_gather, ppermute, all_gather_invariant (bit-identical to jax.lax on the bits), psum_scatter,
   psum, pmean (compress=True bit-identical to compress=False, psum to the documented fixed-order sum),
   with both transports, under jit and grad; ragged_all_to_all against jax.lax's documented semantics
   (and, on CUDA, against jax.lax.ragged_all_to_all itself);
@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 import zipccl_jax as zj
 from codec_backends import (BLOCK, EXT, HOST, NO_CUDA, UINT, adversarial_bits, cuda_devices,
                             decode_rows, encode_rows, max_encoded_bytes, reference_decode,
-                            reference_encode, rejected_fill)
+                            reference_encode, rejected_fill, sprinkled_bits)
 from mp_launch import launch, results
 from zipccl_jax import codec
 from zipccl_jax import format as fmt
@@ -186,6 +186,8 @@ MOVES = {  # name -> (zipccl_jax call with **kw, jax.lax twin)
                          lambda v, n: lax.all_gather(v, AXIS, axis=1).reshape(v.shape[0], -1)),
     "ppermute": (lambda v, n, **kw: zj.ppermute(v, AXIS, _ring(n), **kw),
                  lambda v, n: lax.ppermute(v, AXIS, _ring(n))),
+    "all_gather_invariant": (lambda v, n, **kw: zj.all_gather_invariant(v, AXIS, tiled=True, **kw),
+                             lambda v, n: lax.all_gather(v, AXIS, tiled=True)),  # jax 0.10 has no lax twin
 }
 REDUCTIONS = {
     "psum_scatter": lambda v, **kw: zj.psum_scatter(v, AXIS, scatter_dimension=0, tiled=True, **kw),
@@ -194,33 +196,56 @@ REDUCTIONS = {
 }
 
 
-def _collective_data(n: int, dtype, seed: int) -> np.ndarray:
+def _collective_data(n: int, dtype, seed: int, kind: str = "coded") -> np.ndarray:
+  """(n * 8n, 512) of `dtype`: "coded" (Gaussian with NaN payloads, +-0, subnormals and Inf sprinkled in:
+  every frame fits) or "fallback" (random bits: frames overflow, every rank takes the raw path)."""
   rows, cols = 8 * n, 512
-  x = adversarial_bits(dtype, rows * n * cols, seed).reshape(n * rows, cols)
-  x[: n * rows // 2] = (np.random.default_rng(seed).standard_normal((n * rows // 2, cols)) * 0.02
-                        ).astype(dtype).view(x.dtype)  # half Gaussian: coded; the rest may fall back
-  return x.view(dtype)
+  size = n * rows * cols
+  if kind == "fallback":
+    u = UINT[np.dtype(dtype).itemsize]
+    x = np.random.default_rng(seed).integers(0, np.iinfo(u).max, size, dtype=u, endpoint=True)
+  else:
+    x = sprinkled_bits(dtype, size, seed)
+  return x.reshape(n * rows, cols).view(dtype)
+
+
+def _with_stats(fn):
+  """fn() traced and run with runtime statistics on; (its result, zipccl_jax.stats())."""
+  zj.reset_stats()
+  prev = zj.set_runtime_stats(True)  # before tracing: the counters are traced in
+  try:
+    out = jax.block_until_ready(fn())
+    jax.effects_barrier()
+  finally:
+    zj.set_runtime_stats(prev)
+  return out, zj.stats()
 
 
 @pytest.mark.parametrize("transport", ["padded", "ragged"])
 @pytest.mark.parametrize("backend", DEVICE_BACKENDS)
 def test_collectives_bit_exact(backend, transport):
+  """Data movement bit-identical to jax.lax on coded data (no fallback) and on data that overflows
+  (every rank falls back); reductions equal to compress=False and psum to the documented sum."""
   mesh = _mesh(backend)
   n = mesh.size
-  kw = dict(compress=True, transport=transport)
+  names = list(MOVES)
   for dtype in (BF16, np.dtype(ml_dtypes.float8_e4m3fn)):
-    x = _collective_data(n, dtype, seed=3)
-    names = list(MOVES)
-    got = _run(mesh, lambda v: tuple(MOVES[k][0](v, n, **kw) for k in names), x)
-    want = _run(mesh, lambda v: tuple(MOVES[k][1](_bitcast(v), n) for k in names), x)
-    for k, g, w in zip(names, got, want):
-      np.testing.assert_array_equal(_u(g), np.asarray(w), err_msg=f"{k} {dtype} {transport}")
+    for kind in ("coded", "fallback"):
+      x = _collective_data(n, dtype, seed=3, kind=kind)
+      body = lambda v: tuple(MOVES[k][0](v, n, compress=True, transport=transport, name=k) for k in names)
+      got, stats = _with_stats(lambda: _run(mesh, body, x))
+      want = _run(mesh, lambda v: tuple(MOVES[k][1](_bitcast(v), n) for k in names), x)
+      for k, g, w in zip(names, got, want):
+        what = f"{k} {dtype} {kind} {transport}"
+        np.testing.assert_array_equal(_u(g), np.asarray(w), err_msg=what)
+        st = stats[k]
+        assert st.compressed and st.calls == n and (st.fallbacks > 0) == (kind == "fallback"), (what, st)
   x = _collective_data(n, BF16, seed=4)
   f32 = x.astype(np.float32)  # sums of finite normal values (XLA:CPU flushes subnormals)
   x = np.where(np.isfinite(f32) & (np.abs(f32) >= float(jnp.finfo(BF16).smallest_normal)), x,
                np.zeros_like(x))
   names = list(REDUCTIONS)
-  got = _run(mesh, lambda v: tuple(REDUCTIONS[k](v, **kw) for k in names), x)
+  got = _run(mesh, lambda v: tuple(REDUCTIONS[k](v, compress=True, transport=transport) for k in names), x)
   raw = _run(mesh, lambda v: tuple(REDUCTIONS[k](v, compress=False) for k in names), x)
   for k, g, r in zip(names, got, raw):
     np.testing.assert_array_equal(_u(g), _u(r), err_msg=f"{k} compress=True vs False, {transport}")
