@@ -46,11 +46,15 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def child_env(local_devices: int) -> dict:
+def child_env(local_devices: int, platform: str = "cpu") -> dict:
+  """The children's environment. platform "cpu": `local_devices` virtual CPU devices each (gloo between
+  processes); "cuda": JAX on CUDA (NCCL between processes), the GPUs given by `rank_env`."""
   env = dict(os.environ)
   flags = re.sub(rf"{DEVICE_FLAG}=\S+", "", env.get("XLA_FLAGS", "")).strip()
-  env["XLA_FLAGS"] = f"{flags} {DEVICE_FLAG}={local_devices}".strip()
-  env["JAX_PLATFORMS"] = "cpu"
+  env["XLA_FLAGS"] = (f"{flags} {DEVICE_FLAG}={local_devices}" if platform == "cpu" else flags).strip()
+  env["JAX_PLATFORMS"] = platform
+  if platform == "cuda":  # the parent (pytest) may hold 75% of each GPU already: allocate on demand
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   env["PYTHONUNBUFFERED"] = "1"
   try:  # children import the zipccl_jax this process would import
     import importlib.util
@@ -77,15 +81,23 @@ def _kill(proc: subprocess.Popen) -> None:
     pass
 
 
+def rank_env(platform: str, rank: int, local_devices: int) -> dict:
+  """Per-rank variables: on "cuda", rank r sees GPUs [r * local_devices, (r + 1) * local_devices)."""
+  if platform != "cuda":
+    return {}
+  return {"CUDA_VISIBLE_DEVICES": ",".join(str(rank * local_devices + i) for i in range(local_devices))}
+
+
 def launch(script, nproc: int, local_devices: int, args=(), *, timeout: float = 300.0,
-           port: int | None = None) -> list[ChildResult]:
+           port: int | None = None, platform: str = "cpu") -> list[ChildResult]:
   """Runs `script` in `nproc` processes; returns one ChildResult per rank.
 
   The whole run is bounded by `timeout` seconds. If a rank exits with an error the others are
-  killed at once (they would wait for it in a collective).
+  killed at once (they would wait for it in a collective). platform: "cpu" (virtual devices, gloo) or
+  "cuda" (local_devices GPUs per process, NCCL).
   """
   port = port or free_port()
-  env = child_env(local_devices)
+  env = child_env(local_devices, platform)
   procs, outs = [], []
   with tempfile.TemporaryDirectory(prefix="zipccl_mp_") as tmp:
     try:
@@ -95,7 +107,8 @@ def launch(script, nproc: int, local_devices: int, args=(), *, timeout: float = 
         outs.append((out, err))
         cmd = [sys.executable, str(script), "--rank", str(rank), "--nproc", str(nproc), "--port",
                str(port), "--local-devices", str(local_devices), *map(str, args)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+        procs.append(subprocess.Popen(cmd, env={**env, **rank_env(platform, rank, local_devices)},
+                                      stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                       start_new_session=True))
       deadline = time.monotonic() + timeout
       while time.monotonic() < deadline:

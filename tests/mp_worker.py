@@ -2,7 +2,7 @@
 
 Every rank builds the same global inputs from fixed seeds, places its local shards, runs every
 zipccl_jax collective next to its jax.lax twin in one jitted shard_map over all devices of all processes,
-and compares the shards it holds: bit-identical for data movement, the documented fixed-order float32 sum
+and compares the shards it holds (`--transport` for the compressed ones): bit-identical for data movement, the documented fixed-order float32 sum
 (and compress=True == compress=False) for reductions, jax.grad through all_to_all. It prints one line
 ``RESULT {json}`` and exits 0 when every check passed.
 """
@@ -18,7 +18,9 @@ def main() -> int:
   ap = argparse.ArgumentParser()
   ap.add_argument("--rows", type=int, default=8)
   ap.add_argument("--cols", type=int, default=1024)
+  ap.add_argument("--transport", default="auto", choices=("auto", "padded", "ragged"))
   a = start_worker(ap)
+  t = a.transport
 
   import jax
   import jax.numpy as jnp
@@ -59,15 +61,15 @@ def main() -> int:
 
   ring = [(i, (i + 1) % n) for i in range(n)]
   ops = {
-      "all_to_all": (lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, compress=True),
+      "all_to_all": (lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, compress=True, transport=t),
                      lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True)),
-      "all_gather": (lambda v: zj.all_gather(v, "i", tiled=True, compress=True),
+      "all_gather": (lambda v: zj.all_gather(v, "i", tiled=True, compress=True, transport=t),
                      lambda v: lax.all_gather(v, "i", tiled=True)),
-      "ppermute": (lambda v: zj.ppermute(v, "i", ring, compress=True),
+      "ppermute": (lambda v: zj.ppermute(v, "i", ring, compress=True, transport=t),
                    lambda v: lax.ppermute(v, "i", ring)),
-      "psum_scatter": (lambda v: zj.psum_scatter(v, "i", tiled=True, compress=True),
+      "psum_scatter": (lambda v: zj.psum_scatter(v, "i", tiled=True, compress=True, transport=t),
                        lambda v: zj.psum_scatter(v, "i", tiled=True, compress=False)),
-      "psum": (lambda v: zj.psum(v, "i", compress=True),
+      "psum": (lambda v: zj.psum(v, "i", compress=True, transport=t),
                lambda v: zj.psum(v, "i", compress=False)),
   }
   names = list(ops)
@@ -117,12 +119,13 @@ def main() -> int:
     return fn
 
   x, w = glob(gauss), glob(weights)
-  g_ours = jax.jit(jax.grad(loss(zj, {"compress": True})))(x, w)
+  g_ours = jax.jit(jax.grad(loss(zj, {"compress": True, "transport": t})))(x, w)
   g_lax = jax.jit(jax.grad(loss(lax, {})))(x, w)
   checks["grad/all_to_all"] = shards_equal(g_ours, g_lax)
 
   ok = all(checks.values())
-  report({"rank": a.rank, "devices": n, "ok": ok, "checks": checks})
+  report({"rank": a.rank, "devices": n, "platform": jax.devices()[0].platform, "ok": ok,
+          "checks": checks})
   jax.distributed.shutdown()
   return 0 if ok else 1
 

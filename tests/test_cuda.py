@@ -9,8 +9,8 @@ This machine has no GPU, so the CUDA path is checked in four layers:
   the SIMT emulator of xla_ffi/cuda_host_bindings.cc (one fiber per thread, shuffled thread and
   CTA order, garbage-filled shared and scratch memory), must produce the CPU driver's bytes and
   verdicts;
-- tests marked `gpu` run the real kernels through JAX and are skipped, with the reason, when JAX
-  sees no GPU (`pytest -m gpu` selects only them).
+- the real kernels through JAX on a GPU: tests/test_gpu.py (`pytest -m gpu`), whose test bodies also
+  run here on CPU devices and on this emulator.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ EXT = _ffi.extension()
 HOST = getattr(EXT, "cuda_host", None)
 
 BF16, F16, F32 = 1, 2, 3
-NP_DTYPE = {BF16: ml_dtypes.bfloat16, F16: np.float16, F32: np.float32}
-UINT = {BF16: np.uint16, F16: np.uint16, F32: np.uint32}
+E5M2 = zipccl_jax.format.dtype_code(np.dtype(ml_dtypes.float8_e5m2))
+NP_DTYPE = {BF16: ml_dtypes.bfloat16, F16: np.float16, F32: np.float32, E5M2: ml_dtypes.float8_e5m2}
+UINT = {BF16: np.uint16, F16: np.uint16, F32: np.uint32, E5M2: np.uint8}
 HEADER = 32
 BLOCK = 65536
 
@@ -57,18 +58,6 @@ def _cuda_build_expected() -> bool:
 needs_host = pytest.mark.skipif(
     HOST is None and not EXT.with_cuda,
     reason="extension built without xla_ffi/cuda_host_bindings.cc (no CUDA host bindings)")
-
-
-def _gpu_devices():
-  try:
-    return jax.devices("gpu")
-  except RuntimeError:
-    return []
-
-
-gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(
-    not _gpu_devices(), reason="no CUDA GPU visible to JAX; the kernels are covered by the emulator")
 
 
 # ---- Build and registration ---------------------------------------------------------
@@ -168,12 +157,12 @@ def test_encode_launch_geometry(frames, n, code):
   assert grid["zipccl_plan"] == (total + 1, 32)           # one warp per block, one for the trailing 0
   assert grid["zipccl_scan"] == (1, c["THREADS"])         # one CTA walks sizes + the trailing 0
   assert grid["zipccl_write"] == (total, c["THREADS"])
-  assert grid["zipccl_finish"] == (-(-frames // c["ITEM_THREADS"]), c["ITEM_THREADS"])
+  assert grid["zipccl_finish"] == (frames, c["ITEM_THREADS"])    # one CTA per frame (checksum)
   assert grid["zipccl_zero_tail"] == (frames * 4, c["THREADS"])  # 16 KB of the row per CTA
   for name, _, _, shared in launches:
     assert shared <= 48 * 1024, f"{name} needs {shared} B of static shared memory"
-  assert HOST.encode_launches(frames, 0, code, cap) == [("zipccl_finish", -(-frames // 64), 64, 4),
-                                                        ("zipccl_zero_tail", frames * 4, 256, 4)]
+  empty = HOST.encode_launches(frames, 0, code, cap)
+  assert [l[:3] for l in empty] == [("zipccl_finish", frames, 64), ("zipccl_zero_tail", frames * 4, 256)]
   assert HOST.encode_launches(0, n, code) == []
 
 
@@ -188,14 +177,15 @@ def test_decode_launch_geometry(status):
            "zipccl_poison"] + (["zipccl_status"] if status else [])
   assert [l[0] for l in launches] == names
   grid = {name: (g, t) for name, g, t, _ in launches}
-  assert grid["zipccl_frame_check"] == (1, c["ITEM_THREADS"])
+  assert grid["zipccl_frame_check"] == (frames, c["ITEM_THREADS"])  # one CTA per frame (checksum)
   assert grid["zipccl_dir"] == (-(-(total + 1) // 64), c["ITEM_THREADS"])
-  assert grid["zipccl_decode_block"] == (total, c["THREADS"])
+  assert grid["zipccl_decode_block"] == (total, c["DECODE_THREADS"])  # 4 warps: more CTAs per SM
   assert grid["zipccl_poison"] == (total, c["THREADS"])
   for name, _, _, shared in launches:
     assert shared <= 48 * 1024, f"{name} needs {shared} B of static shared memory"
-  # 8 merge threads of 8 elements per stream, 32 streams per block.
-  assert c["ROUND_SYMS"] * 32 == c["THREADS"] * c["ELEMS_PER_THREAD"]
+  # DECODE_THREADS / 32 merge threads of MERGE_ELEMS elements per stream, 32 streams per block.
+  assert c["ROUND_SYMS"] * 32 == c["DECODE_THREADS"] * c["MERGE_ELEMS"]
+  assert c["DECODE_THREADS"] == 128 and c["MERGE_ELEMS"] % c["ELEMS_PER_THREAD"] == 0
 
 
 @needs_host
@@ -506,6 +496,38 @@ def test_emulated_decode_checksum_and_overflow():
   assert HOST.status_message(int(status[0])) == "payload is truncated (shorter than its frame)"
 
 
+@needs_host
+def test_emulated_checksum_every_tail_and_chunk_boundary():
+  """The CTA checksum (four XXH32 chains over staged 2 KB chunks, then the < 16 tail bytes by one
+  thread) gives FrameChecksum's bytes for frames of every length mod 16, just below, at and above
+  the chunk boundaries, at every start alignment; a wrong chain, word order, chunk hand-over or
+  tail would change the checksum field. The decoder's CTA checksum accepts them and rejects a flip
+  in the header stripes, at a chunk boundary and in the tail."""
+  chunk = 8 * HOST.constants()["ITEM_THREADS"] * 4  # kSumChunkWords * 4 bytes
+  code = E5M2
+  lengths, tails = set(), set()
+  # Random bytes code as one RAW block: frame_bytes = 32 + 4 + 8 + n (one-byte elements).
+  for n in [0, *range(1, 17), chunk - 45, chunk - 44, chunk - 43, 2 * chunk - 44 + 13,
+            3 * chunk - 44 + 16 * 7 + 4]:
+    x = RNG.integers(0, 256, (3, n), dtype=np.uint8)
+    cap = (44 + n) | 1                       # odd: rows 1 and 2 start unaligned
+    out, nbytes = _assert_same_frames(x, code, True, cap, seed=n)
+    lengths.update(int(b) for b in nbytes)
+    tails.update(int(b) % 16 for b in nbytes)
+    y, status = _emu_decode(out, code, n, seed=n + 1)
+    assert not status.any(), [HOST.status_message(int(v)) for v in status]
+    np.testing.assert_array_equal(y, x)
+    need = int(nbytes[1])
+    for at in sorted({8, 20, min(chunk, need - 1), need - 1} - {28, 29, 30, 31}):
+      bad = out.copy()
+      bad[1, at] ^= 0x10
+      _, status = _emu_decode(bad, code, n, seed=at)
+      assert HOST.status_message(int(status[1])).startswith("checksum mismatch") or at < 32, at
+      assert status[1] != 0 and status[0] == 0 and status[2] == 0, (at, list(status))
+  assert tails == set(range(16)), sorted(tails)       # every tail length
+  assert {chunk - 1, chunk, chunk + 1} <= lengths      # both sides of the 2 KB chunk boundary
+
+
 # ---- Skipped frames (the `skip` operand) ------------------------------------------------------
 
 
@@ -628,81 +650,3 @@ def test_lowering_for_cuda_with_skip():
   text = jax.jit(f).trace(x, skip).lower(lowering_platforms=("cuda",)).as_text()
   calls = [l for l in text.splitlines() if "@zipccl_encode" in l or "@zipccl_decode" in l]
   assert len(calls) == 2 and all("tensor<4xi1>" in c for c in calls), calls
-
-
-# ---- Real GPU runs (skipped here) -----------------------------------------------------------
-
-
-@gpu
-@needs_gpu
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
-@pytest.mark.parametrize("n", [1, 4099, 3 * BLOCK + 5])
-def test_gpu_encode_equals_cpu_bytes(dtype, n):
-  code = {jnp.bfloat16: BF16, jnp.float16: F16, jnp.float32: F32}[dtype]
-  x = _data("mixed" if n > BLOCK else "gauss", n, code)
-  xs = jnp.asarray(x.view(NP_DTYPE[code]))
-  cpu, gpu_dev = jax.devices("cpu")[0], _gpu_devices()[0]
-  pc, nc = zipccl_jax.encode(jax.device_put(xs, cpu))  # committed inputs pick the device
-  pg, ng = jax.jit(zipccl_jax.encode)(jax.device_put(xs, gpu_dev))
-  assert int(nc) == int(ng)
-  np.testing.assert_array_equal(np.asarray(pg)[:int(ng)], np.asarray(pc)[:int(nc)])
-  y = zipccl_jax.decode(pg, shape=xs.shape, dtype=dtype)
-  np.testing.assert_array_equal(np.asarray(y).view(UINT[code]), x)
-
-
-@gpu
-@needs_gpu
-def test_gpu_batched_overflow_and_checksum():
-  from zipccl_jax import codec
-  gpu_dev = _gpu_devices()[0]
-  x = np.stack([_data(k, 4099, BF16) for k in ["gauss", "random", "const"]])
-  xs = jax.device_put(jnp.asarray(x.view(ml_dtypes.bfloat16)), gpu_dev)
-  payload, nbytes = codec.encode_frames(xs, capacity=4000, checksum=True)
-  payload, nbytes = np.asarray(payload), np.asarray(nbytes)
-  for f in range(3):
-    ref, need = _cpu_encode(x[f], BF16, True, 4000)
-    assert nbytes[f] == need
-    shown = need if need <= 4000 else HEADER
-    np.testing.assert_array_equal(payload[f, :shown], ref[:shown])
-
-
-@gpu
-@needs_gpu
-def test_gpu_decode_status_output():
-  gpu_dev = _gpu_devices()[0]
-  x = _data("gauss", 9000, BF16)
-  frame, need = _cpu_encode(x, BF16, False, zipccl_jax.max_encoded_bytes(9000, jnp.bfloat16))
-  bad = frame.copy()
-  bad[0] ^= 1
-  payload = jax.device_put(jnp.asarray(np.stack([frame, bad])), gpu_dev)
-  _ffi.register()
-  out, status = jax.ffi.ffi_call(
-      "zipccl_decode", (jax.ShapeDtypeStruct((2, 9000), jnp.bfloat16),
-                        jax.ShapeDtypeStruct((2,), jnp.int32)),
-      vmap_method="broadcast_all")(payload)
-  out, status = np.asarray(out).view(np.uint16), np.asarray(status)
-  assert status[0] == 0 and HOST.status_message(int(status[1])).startswith("bad magic")
-  np.testing.assert_array_equal(out[0], x)
-  assert (out[1] == NAN_BITS[BF16]).all()
-
-
-@gpu
-@needs_gpu
-def test_gpu_skip_matches_cpu():
-  from zipccl_jax import codec
-  cpu, gpu_dev = jax.devices("cpu")[0], _gpu_devices()[0]
-  x = np.stack([_data(k, 4099, BF16) for k in ["gauss", "random", "const", "sparse"]])
-  xs = jnp.asarray(x.view(ml_dtypes.bfloat16))
-  skip = np.array([False, True, False, True])
-  pc, nc = codec.encode_frames(jax.device_put(xs, cpu), skip=jax.device_put(skip, cpu))
-  pg, ng = jax.jit(lambda a, s: codec.encode_frames(a, skip=s))(jax.device_put(xs, gpu_dev),
-                                                                 jax.device_put(skip, gpu_dev))
-  np.testing.assert_array_equal(np.asarray(ng), np.asarray(nc))
-  np.testing.assert_array_equal(np.asarray(pg), np.asarray(pc))
-  garbage = np.asarray(pg).copy()
-  garbage[skip] = 0xFF
-  y = codec.decode_frames(jax.device_put(garbage, gpu_dev), shape=(4099,), dtype=jnp.bfloat16,
-                          skip=jax.device_put(skip, gpu_dev))
-  y = np.asarray(y).view(np.uint16)
-  np.testing.assert_array_equal(y[~skip], x[~skip])
-  assert not y[skip].any()

@@ -450,7 +450,7 @@ def _gpu_devices():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_devices(), reason="no CUDA GPU visible to JAX; the emulator covers the kernels")
+@pytest.mark.skipif(not _gpu_devices(), reason="no CUDA device visible to JAX; the emulator covers the kernels")
 @pytest.mark.parametrize("dtype", FP8, ids=ids)
 def test_gpu_every_bit_pattern_equals_cpu_bytes(dtype):
   x = inputs(dtype)["all_patterns_in_huff"].view(dtype)

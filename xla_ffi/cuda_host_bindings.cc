@@ -174,6 +174,8 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
     d["ITEM_THREADS"] = kItemThreads;
     d["ELEMS_PER_THREAD"] = kElemsPerThread;
     d["ROUND_SYMS"] = kRoundSyms;
+    d["DECODE_THREADS"] = kDecodeThreads;
+    d["MERGE_ELEMS"] = kMergeElems;
     d["BIT_STAGE_WORDS"] = kBitStageWords;
     d["RAW_STAGE_WORDS"] = kRawStageWords;
     d["SCRATCH_ALIGN"] = kScratchAlign;

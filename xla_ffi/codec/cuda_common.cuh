@@ -52,11 +52,18 @@ static_assert(kThreads * kElemsPerThread == kStreamElems, "one tile is one strea
 // Per-item kernels (plan, directory gather, frame check/finish, status): one
 // thread per block or per frame, in CTAs of kItemThreads.
 constexpr int kItemThreads = 64;
-// Decoder: each stream's thread decodes kRoundSyms symbols per round into
-// shared memory; then all threads merge them with the raw bytes, 8 threads
-// (kElemsPerThread elements each) per stream.
-constexpr int kRoundSyms = kElemsPerThread * (kThreads / kMaxStreamsPerBlock);
-static_assert(kRoundSyms == 64, "8 merge threads of 8 elements per stream");
+// Decoder: one CTA of kDecodeThreads per block; each stream's thread decodes
+// kRoundSyms symbols per round into shared memory; then all threads merge them
+// with the raw bytes, kMergeThreads threads (kMergeElems elements each) per
+// stream. A block has at most 32 streams, i.e. one decoding warp per CTA
+// whatever its size, so the CTA is small: 4 warps (not 8) let twice as many
+// CTAs, hence decoding warps, reside on an SM at the same registers per thread.
+constexpr int kDecodeThreads = 128;
+constexpr int kRoundSyms = 64;
+constexpr int kMergeThreads = kDecodeThreads / kMaxStreamsPerBlock;
+constexpr int kMergeElems = kRoundSyms / kMergeThreads;
+static_assert(kMergeThreads * kMaxStreamsPerBlock == kDecodeThreads, "whole merge groups");
+static_assert(kMergeElems % kElemsPerThread == 0, "a merge thread stores groups of 8 elements");
 static_assert(kStreamElems % kRoundSyms == 0, "rounds tile a stream");
 // Encoder staging, per tile: the bitstream words a tile can touch (up to 31
 // bits of carry from the previous tile + 11 bits per element, plus one word of
@@ -407,6 +414,81 @@ ZIPCCL_HD uint64_t FrameBytesFromOffsets(const uint64_t* offsets, uint64_t nb, u
 ZIPCCL_HD uint64_t BlockOffsetInFrame(const uint64_t* offsets, uint64_t nb, uint64_t g) {
   uint64_t f = g / nb;
   return kFrameHeaderBytes + nb * kDirEntryBytes + (offsets[g] - offsets[f * nb]);
+}
+
+// ---- Checksum by a CTA ------------------------------------------------------------
+// FrameChecksum (XXH32 of the frame, checksum field read as zero) computed by
+// the kSumThreads threads of a CTA. XXH32 allows four ways of parallelism: its
+// accumulators are four independent chains, chain k taking word k of every
+// 16-byte stripe in order, and its round is not associative, so no chain can
+// be split across stripes. The CTA therefore stages the frame into shared
+// memory with coalesced aligned word loads (the frame may start at any byte:
+// rows sit at f * cap), double-buffered, while threads 0..3 each run one chain
+// over the staged chunk; thread 0 then merges and hashes the < 16 tail bytes.
+// The single-threaded version read the frame one byte at a time from global
+// memory in one thread per frame; the four chains were its only parallelism.
+constexpr int kSumThreads = kItemThreads;
+constexpr int kSumChunkWords = 8 * kSumThreads;  // 2 KB: 128 stripes per chain per chunk
+static_assert(kSumChunkWords % 4 == 0, "a chunk holds whole stripes");
+
+struct ChecksumShared {
+  uint32_t words[2][kSumChunkWords];
+  uint32_t v[4];
+};
+
+// Word j (bytes [4j, 4j + 4)) of the hashed stream of a frame of frame_bytes
+// bytes at `frame`: the frame's word, zero for the checksum field (word 7).
+// Needs 4j + 4 <= frame_bytes. Only aligned word loads, none outside the frame.
+ZIPCCL_HD uint32_t HashedFrameWord(const uint8_t* frame, uint64_t frame_bytes, uint64_t j) {
+  if (j == 7) return 0;
+  const uint8_t* p = frame + 4 * j;
+  const uint32_t off = uint32_t(reinterpret_cast<uintptr_t>(p) & 3);
+  if (off == 0) return LoadAligned32(p);
+  const uint8_t* a = p - off;
+  const uint8_t* end = frame + frame_bytes;
+  return (LoadWordClipped(a, frame, end) >> (8 * off)) |
+         (LoadWordClipped(a + 4, frame, end) << (32 - 8 * off));
+}
+
+// Every thread of the CTA calls this with the same frame and frame_bytes
+// (>= 32); the result is FrameChecksum(frame, frame_bytes) in thread 0 and
+// unspecified in the others. Barriers at the start and the end.
+template <class Cta>
+ZIPCCL_HD uint32_t CtaFrameChecksum(Cta& cta, ChecksumShared& sm, const uint8_t* frame,
+                                    uint64_t frame_bytes) {
+  const uint32_t tid = cta.tid();
+  const uint64_t words = frame_bytes / 16 * 4;  // whole stripes only
+  const uint64_t chunks = CeilDiv(words, kSumChunkWords);
+  auto stage = [&](uint64_t c) {
+    uint32_t* dst = sm.words[c & 1];
+    for (uint32_t i = tid; i < uint32_t(kSumChunkWords); i += kSumThreads) {
+      const uint64_t j = c * kSumChunkWords + i;
+      if (j < words) dst[i] = HashedFrameWord(frame, frame_bytes, j);
+    }
+  };
+  uint32_t v[4];
+  XxhInit(kChecksumSeed, v);
+  uint32_t acc = v[tid & 3];  // thread k < 4 runs chain k
+  cta.sync();  // the caller's last use of sm is over
+  stage(0);
+  cta.sync();
+  for (uint64_t c = 0; c < chunks; ++c) {
+    if (c + 1 < chunks) stage(c + 1);  // the other buffer: loads in flight while chains run
+    if (tid < 4) {
+      const uint32_t* w = sm.words[c & 1];
+      const uint64_t left = words - c * kSumChunkWords;
+      const uint32_t n = left < uint64_t(kSumChunkWords) ? uint32_t(left) : uint32_t(kSumChunkWords);
+      for (uint32_t i = tid; i < n; i += 4) acc = XxhRound(acc, w[i]);
+    }
+    cta.sync();
+  }
+  if (tid < 4) sm.v[tid] = acc;
+  cta.sync();
+  uint32_t h = 0;
+  if (tid == 0)
+    h = XxhFinish(XxhMerge(sm.v, frame_bytes), frame + words * 4, frame + frame_bytes);
+  cta.sync();
+  return h;
 }
 
 // ---- Kernel shapes ------------------------------------------------------------------

@@ -11,32 +11,55 @@ namespace zipccl::cuda {
 // Decoder kernels
 // =============================================================================
 
-// 1. Frame check: one thread per frame validates the header and, if present,
-//    the checksum (XXH32 is sequential by definition: ~1-2 GB/s per frame).
-//    A skipped frame is not read: it gets kSkippedKey, which keeps the block
-//    decoder away from it and makes the poison kernel write zeros.
-struct FrameCheckKernel : PerItemKernel<DecodeParams> {
+// 1. Frame check: one CTA of kSumThreads per frame. Thread 0 validates the
+//    header; if the frame has a checksum, the CTA recomputes it
+//    (CtaFrameChecksum). A skipped frame is not read: it gets kSkippedKey,
+//    which keeps the block decoder away from it and makes the poison kernel
+//    write zeros.
+struct FrameCheckKernel {
   static constexpr const char* kName = "zipccl_frame_check";
+  static constexpr int kBlockThreads = kSumThreads;
+  using Params = DecodeParams;
+  struct Shared {
+    ChecksumShared sum;
+    uint64_t frame_bytes;
+    unsigned long long key;
+    uint32_t expect;  // the header's checksum
+    int hash;         // the header is valid and has a checksum
+  };
   template <class Cta>
-  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t f = Item(cta);
+  ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
+    const uint64_t f = cta.block();
     if (f >= p.frames) return;
     const uint8_t* in = p.payload + f * p.cap;
-    unsigned long long key = kNoError;
-    if (Skipped(p, f)) {
-      key = kSkippedKey;
-    } else if (p.cap < kFrameHeaderBytes) {
-      key = kErrTruncated;
-    } else {
-      const FrameHeader h = ParseFrameHeader(in);
-      const Status st = ValidateFrameHeader(h, p.dtype, p.n, p.cap);
-      if (st != kOk)
-        key = st;
-      else if ((h.flags & kFrameFlagChecksum) && FrameChecksum(in, h.frame_bytes) != h.checksum)
-        key = kErrChecksum;
+    if (cta.tid() == 0) {
+      unsigned long long key = kNoError;
+      int hash = 0;
+      FrameHeader h{};
+      if (Skipped(p, f)) {
+        key = kSkippedKey;
+      } else if (p.cap < kFrameHeaderBytes) {
+        key = kErrTruncated;
+      } else {
+        h = ParseFrameHeader(in);
+        const Status st = ValidateFrameHeader(h, p.dtype, p.n, p.cap);
+        if (st != kOk) key = st;
+        else hash = (h.flags & kFrameFlagChecksum) != 0;
+      }
+      sm.key = key;
+      sm.hash = hash;
+      sm.frame_bytes = h.frame_bytes;
+      sm.expect = h.checksum;
     }
-    p.ferr[f] = key;
-    p.berr[f] = kNoError;
+    cta.sync();
+    if (sm.hash) {
+      const uint32_t sum = CtaFrameChecksum(cta, sm.sum, in, sm.frame_bytes);
+      if (cta.tid() == 0 && sum != sm.expect) sm.key = kErrChecksum;
+    }
+    if (cta.tid() == 0) {
+      p.ferr[f] = sm.key;
+      p.berr[f] = kNoError;
+    }
   }
 };
 
@@ -63,7 +86,40 @@ struct DirKernel : PerItemKernel<DecodeParams> {
 
 // 3. (between 2 and 4) ScanKernel (cuda_scan.cuh): sizes -> offsets.
 
-// 4. Block decoder: one CTA per block.
+// The element of symbol s with its raw bytes at q (the inverse of SymbolOf<T>
+// and Raw16/32: one-byte floats have none; LOW16 float32 blocks one).
+template <typename T>
+ZIPCCL_HD uint32_t MergeElem(int s, const uint8_t* q, bool low16) {
+  if (sizeof(T) == 1) return Merge8(s);
+  if (sizeof(T) == 2) return Merge16(s, q[0]);
+  if (low16) return Merge16(s, q[0]) << 16;
+  return Merge32(s, q[0] | (uint32_t(q[1]) << 8) | (uint32_t(q[2]) << 16));
+}
+
+// Stores the cnt <= kElemsPerThread elements v at o: 16-byte vector stores (two
+// words for one-byte elements) when all 8 are there and o is aligned for them,
+// else element by element. The inverse of LoadElems8.
+template <typename T>
+ZIPCCL_HD void StoreElems8(uint8_t* o, const uint32_t* v, int cnt) {
+  if (sizeof(T) == 1 && cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(o) & 7) == 0) {
+    StoreAligned32(o, v[0] | (v[1] << 8) | (v[2] << 16) | (v[3] << 24));
+    StoreAligned32(o + 4, v[4] | (v[5] << 8) | (v[6] << 16) | (v[7] << 24));
+  } else if (sizeof(T) > 1 && cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(o) & 15) == 0) {
+    uint32_t wv[8];
+    if (sizeof(T) == 4) {
+      for (int j = 0; j < 8; ++j) wv[j] = v[j];
+      Store16B(o, wv);
+      Store16B(o + 16, wv + 4);
+    } else {
+      for (int j = 0; j < 4; ++j) wv[j] = v[2 * j] | (v[2 * j + 1] << 16);
+      Store16B(o, wv);
+    }
+  } else {
+    for (int j = 0; j < cnt; ++j) StoreElem<T>(o + j * sizeof(T), v[j]);
+  }
+}
+
+// 4. Block decoder: one CTA of kDecodeThreads per block.
 //    - Thread 0 checks the block header, parses the table and stream directory
 //      (ParseHuffLayout) and the canonical codes (BuildEncodeTable); then the
 //      whole CTA zeroes and fills the single-symbol lookup table in shared
@@ -71,23 +127,24 @@ struct DirKernel : PerItemKernel<DecodeParams> {
 //      the per-stream bit counts and nnz into stream bit offsets and raw offsets.
 //    - Rounds: thread k < n_streams decodes the next 64 symbols of stream k
 //      (a 64-bit bit buffer refilled with aligned 32-bit loads) into shared
-//      memory; then 8 threads per stream join 8 symbols each with their raw
-//      bytes and store the elements (coalesced 16-byte stores).
+//      memory; then kMergeThreads threads per stream join kMergeElems symbols
+//      each with their raw bytes and store the elements (16-byte stores).
 template <typename T>
 struct DecodeBlockKernel {
   static constexpr const char* kName = "zipccl_decode_block";
-  static constexpr int kBlockThreads = kThreads;
+  static constexpr int kBlockThreads = kDecodeThreads;
   using Params = DecodeParams;
   struct Shared {
     DecodeEntry table[kTableSize];
     uint32_t enc[kNumSymbols];
     // Rows padded by one 32-bit word: decoder lane t writes row t, so with 128-byte
     // rows all 32 lanes hit one bank; 132-byte rows put lane t in bank (t + i/2) % 32,
-    // and the merge threads' reads (4 rows x 8 offsets per warp) stay conflict-free.
+    // and the merge threads' reads (8 rows x 4 offsets 8 words apart per warp: bank
+    // k + 8q) stay conflict-free.
     uint16_t syms[kMaxStreamsPerBlock][kRoundSyms + 2];
     uint32_t round_nz[kMaxStreamsPerBlock];   // nnz of the stream before this round
     uint32_t stream_raw[kMaxStreamsPerBlock]; // first raw byte of the stream
-    uint32_t merge_nz[kThreads];
+    uint32_t merge_nz[kDecodeThreads];
     uint8_t lens[kNumSymbols];
     HuffLayout L;
     int status;
@@ -152,7 +209,7 @@ struct DecodeBlockKernel {
     }
     if (sm.mode == kModeRaw) {
       const uint8_t* body = blk + kBlockHeaderBytes;
-      for (uint64_t e = tid; e < m; e += kThreads) {
+      for (uint64_t e = tid; e < m; e += kDecodeThreads) {
         uint32_t v = 0;
         for (int i = 0; i < w; ++i) v |= uint32_t(body[e * w + i]) << (8 * i);
         StoreElem<T>(out + e * w, v);
@@ -160,13 +217,13 @@ struct DecodeBlockKernel {
       return;
     }
     if (sm.mode == kModeConst) {
-      for (uint64_t e = tid; e < m; e += kThreads) StoreElem<T>(out + e * w, sm.value);
+      for (uint64_t e = tid; e < m; e += kDecodeThreads) StoreElem<T>(out + e * w, sm.value);
       return;
     }
     // HUFF: the whole CTA builds the lookup table (BuildDecodeTable's steps).
-    for (uint32_t i = tid; i < uint32_t(kTableSize); i += kThreads) sm.table[i] = DecodeEntry{0, 0, 0};
+    for (uint32_t i = tid; i < uint32_t(kTableSize); i += kDecodeThreads) sm.table[i] = DecodeEntry{0, 0, 0};
     cta.sync();
-    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kThreads)
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kDecodeThreads)
       FillDecodeEntries(sm.enc, int(s), sm.table);
     cta.sync();
     // Stream offsets from two CTA scans over the directory.
@@ -234,17 +291,17 @@ struct DecodeBlockKernel {
         }
       }
       if (cta.sync_or(bad)) break;
-      // Merge: thread -> (stream k, elements [j0, j0 + 8) of this round).
-      const uint32_t k = tid / (kThreads / kMaxStreamsPerBlock);
-      const uint32_t j0 = (tid % (kThreads / kMaxStreamsPerBlock)) * kElemsPerThread;
-      uint64_t first = uint64_t(k) * kStreamElems + uint64_t(r) * kRoundSyms + j0;
+      // Merge: thread -> (stream k, elements [j0, j0 + kMergeElems) of this
+      // round), joined with their raw bytes and stored 8 at a time.
+      const uint32_t k = tid / kMergeThreads;
+      const uint32_t j0 = (tid % kMergeThreads) * kMergeElems;
+      const uint64_t first = uint64_t(k) * kStreamElems + uint64_t(r) * kRoundSyms + j0;
       int cnt = 0;
       if (k < uint32_t(n_streams) && first < m) {
         const uint64_t stream_end = uint64_t(k) * kStreamElems + kStreamElems < m
                                         ? uint64_t(k) * kStreamElems + kStreamElems
                                         : m;
-        cnt = stream_end - first < uint64_t(kElemsPerThread) ? int(stream_end - first)
-                                                             : kElemsPerThread;
+        cnt = stream_end - first < uint64_t(kMergeElems) ? int(stream_end - first) : kMergeElems;
       }
       uint32_t nz = 0;
       for (int j = 0; j < cnt; ++j) nz += sm.syms[k][j0 + j] != kZeroSymbol;
@@ -253,50 +310,24 @@ struct DecodeBlockKernel {
       int merge_bad = 0;
       if (cnt > 0) {
         uint32_t ri = sm.round_nz[k];
-        for (uint32_t t = tid & ~uint32_t(kThreads / kMaxStreamsPerBlock - 1); t < tid; ++t)
-          ri += sm.merge_nz[t];
+        for (uint32_t t = tid & ~uint32_t(kMergeThreads - 1); t < tid; ++t) ri += sm.merge_nz[t];
         const uint32_t stream_nnz = Load16(dir + k * kStreamDirEntryBytes + 2);
         const uint8_t* sraw = raw + uint64_t(sm.stream_raw[k]) * raw_w;
-        uint32_t v[kElemsPerThread];
-        for (int j = 0; j < cnt; ++j) {
-          const int s = sm.syms[k][j0 + j];
-          v[j] = 0;
-          if (s == kZeroSymbol) continue;
-          if (ri >= stream_nnz) {
-            merge_bad = 1;
-            break;
-          }
-          const uint8_t* q = sraw + uint64_t(ri) * raw_w;
-          if (sizeof(T) == 1) {
-            v[j] = Merge8(s);  // one-byte floats: no raw bytes (raw_w is 0)
-          } else if (sizeof(T) == 2) {
-            v[j] = Merge16(s, q[0]);
-          } else if (low16) {
-            v[j] = Merge16(s, q[0]) << 16;
-          } else {
-            v[j] = Merge32(s, q[0] | (uint32_t(q[1]) << 8) | (uint32_t(q[2]) << 16));
-          }
-          ++ri;
-        }
-        if (!merge_bad) {
-          uint8_t* o = out + first * sizeof(T);
-          if (sizeof(T) == 1 && cnt == kElemsPerThread && (reinterpret_cast<uintptr_t>(o) & 7) == 0) {
-            StoreAligned32(o, v[0] | (v[1] << 8) | (v[2] << 16) | (v[3] << 24));
-            StoreAligned32(o + 4, v[4] | (v[5] << 8) | (v[6] << 16) | (v[7] << 24));
-          } else if (sizeof(T) > 1 && cnt == kElemsPerThread &&
-                     (reinterpret_cast<uintptr_t>(o) & 15) == 0) {
-            uint32_t wv[8];
-            if (sizeof(T) == 4) {
-              for (int j = 0; j < 8; ++j) wv[j] = v[j];
-              Store16B(o, wv);
-              Store16B(o + 16, wv + 4);
-            } else {
-              for (int j = 0; j < 4; ++j) wv[j] = v[2 * j] | (v[2 * j + 1] << 16);
-              Store16B(o, wv);
+        for (int g = 0; g < cnt && !merge_bad; g += kElemsPerThread) {
+          const int gc = cnt - g < kElemsPerThread ? cnt - g : kElemsPerThread;
+          uint32_t v[kElemsPerThread];
+          for (int j = 0; j < gc; ++j) {
+            const int s = sm.syms[k][j0 + g + j];
+            v[j] = 0;
+            if (s == kZeroSymbol) continue;
+            if (ri >= stream_nnz) {
+              merge_bad = 1;
+              break;
             }
-          } else {
-            for (int j = 0; j < cnt; ++j) StoreElem<T>(o + j * sizeof(T), v[j]);
+            v[j] = MergeElem<T>(s, sraw + uint64_t(ri) * raw_w, low16);
+            ++ri;
           }
+          if (!merge_bad) StoreElems8<T>(out + (first + g) * sizeof(T), v, gc);
         }
       }
       if (cta.sync_or(merge_bad)) {

@@ -294,34 +294,44 @@ struct WriteKernel {
   }
 };
 
-// 5. Finish: one thread per frame writes the frame header (or, on overflow,
-//    the header alone with frame_bytes = the size needed), the optional
-//    checksum, and the frame size (0 and no header for a skipped frame).
-struct FinishEncodeKernel : PerItemKernel<EncodeParams> {
+// 5. Finish: one CTA of kSumThreads per frame. Thread 0 writes the frame
+//    header (or, on overflow, the header alone with frame_bytes = the size
+//    needed) and the frame size (0 and no header for a skipped frame); the CTA
+//    then computes the optional checksum (CtaFrameChecksum), which thread 0
+//    stores.
+struct FinishEncodeKernel {
   static constexpr const char* kName = "zipccl_finish";
+  static constexpr int kBlockThreads = kSumThreads;
+  using Params = EncodeParams;
+  struct Shared {
+    ChecksumShared sum;
+    uint64_t hash_bytes;  // the frame's size if it gets a checksum, else 0
+  };
   template <class Cta>
-  ZIPCCL_HD static void Run(Cta& cta, Shared&, const Params& p) {
-    const uint64_t f = Item(cta);
+  ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
+    const uint64_t f = cta.block();
     if (f >= p.frames) return;
-    if (Skipped(p, f)) {
-      if (p.nbytes64)
-        static_cast<int64_t*>(p.nbytes)[f] = 0;
-      else
-        static_cast<int32_t*>(p.nbytes)[f] = 0;
-      return;
-    }
-    const uint64_t need = FrameBytesFromOffsets(p.offsets, p.nb, f);
     uint8_t* out = p.payload + f * p.cap;
-    if (need > p.cap) {
-      if (p.cap >= kFrameHeaderBytes) WriteFrameHeader(out, p.dtype, 0, p.n, need, 0);
-    } else {
-      WriteFrameHeader(out, p.dtype, p.checksum ? kFrameFlagChecksum : 0, p.n, need, 0);
-      if (p.checksum) Store32(out + 28, FrameChecksum(out, need));
+    if (cta.tid() == 0) {
+      const uint64_t need = Skipped(p, f) ? 0 : FrameBytesFromOffsets(p.offsets, p.nb, f);
+      sm.hash_bytes = 0;
+      if (Skipped(p, f)) {
+      } else if (need > p.cap) {
+        if (p.cap >= kFrameHeaderBytes) WriteFrameHeader(out, p.dtype, 0, p.n, need, 0);
+      } else {
+        WriteFrameHeader(out, p.dtype, p.checksum ? kFrameFlagChecksum : 0, p.n, need, 0);
+        if (p.checksum) sm.hash_bytes = need;
+      }
+      if (p.nbytes64)
+        static_cast<int64_t*>(p.nbytes)[f] = int64_t(need);
+      else
+        static_cast<int32_t*>(p.nbytes)[f] = int32_t(need);  // the caller checked the bound
     }
-    if (p.nbytes64)
-      static_cast<int64_t*>(p.nbytes)[f] = int64_t(need);
-    else
-      static_cast<int32_t*>(p.nbytes)[f] = int32_t(need);  // the caller checked the bound
+    cta.sync();  // the header is in global memory before the CTA hashes it
+    if (sm.hash_bytes) {
+      const uint32_t sum = CtaFrameChecksum(cta, sm.sum, out, sm.hash_bytes);
+      if (cta.tid() == 0) Store32(out + 28, sum);
+    }
   }
 };
 

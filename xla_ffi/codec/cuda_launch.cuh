@@ -36,14 +36,14 @@ void RunEncode(Launcher& l, const EncodeParams& p) {
     l.template Launch<ScanKernel>(1, ScanParams{p.sizes, p.offsets, p.total + 1});
     WithElemType(p.dtype, [&](auto t) { l.template Launch<WriteKernel<decltype(t)>>(p.total, p); });
   }
-  l.template Launch<FinishEncodeKernel>(CeilDiv(p.frames, kItemThreads), p);
+  l.template Launch<FinishEncodeKernel>(p.frames, p);  // one CTA per frame
   l.template Launch<ZeroTailKernel>(p.frames * ZeroTailKernel::TilesPerFrame(p.cap), p);
 }
 
 template <class Launcher>
 void RunDecode(Launcher& l, const DecodeParams& p) {
   if (p.frames == 0) return;
-  l.template Launch<FrameCheckKernel>(CeilDiv(p.frames, kItemThreads), p);
+  l.template Launch<FrameCheckKernel>(p.frames, p);  // one CTA per frame
   if (p.total) {
     l.template Launch<DirKernel>(CeilDiv(p.total + 1, kItemThreads), p);
     l.template Launch<ScanKernel>(1, ScanParams{p.sizes, p.offsets, p.total + 1});

@@ -1,0 +1,213 @@
+#!/usr/bin/env python
+"""zipccl on a GPU host: GB/s of the CUDA kernels per dtype, and compressed collectives against jax.lax per size.
+
+Kernels: `zipccl_jax.encode` / `decode` of one tensor (Gaussian values, std 0.02; float8 with per-tensor amax
+scaling) per coded dtype, jitted, on the first device; GB/s of raw (uncoded) bytes per call, against a
+jitted device copy of the same bytes (`x + 0` as bits: one read, one write) timed in the same repetitions.
+Collectives: all_to_all, all_gather, ppermute, psum_scatter and psum over all devices of the platform
+(one `shard_map` axis), `compress=True` against `jax.lax` on the same bfloat16 data (data movement on its
+bits; the reductions against jax.lax's own psum), for each per-device size. Every variant is timed --reps
+times, interleaved with its baseline (drift hits both alike); each figure is the median with [p25-p75] of
+the repetitions, and each ratio the ratio of medians with [p25-p75] of the per-repetition ratios
+(benchmarks/_stats.py). A call is timed from dispatch to `block_until_ready`, so small calls include the
+launch latency. Every result is checked: round trips and data movement bit for bit, the compressed
+reductions against compress=False (the documented order; within one rounding of jax.lax).
+
+    python benchmarks/codec_gpu.py --json benchmarks/results/codec_gpu.json     # on a GPU host
+    python benchmarks/codec_gpu.py --platform cpu --quick                     # smoke: the same code on CPU
+
+Without a CUDA device it says so and exits with status 2, unless --platform cpu is given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _stats import machine_load, paired_ratio, quantile, summary  # noqa: E402
+
+DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2")
+OPS = ("all_to_all", "all_gather", "ppermute", "psum_scatter", "psum")
+NO_CUDA = ("codec_gpu.py: no CUDA device visible to JAX (jax.devices('cuda') is empty). Run it on a GPU host "
+           "with jax[cuda12] (or another CUDA plugin) installed, or pass --platform cpu for the smoke mode.")
+
+
+def _times(fns, reps: int) -> list[list[float]]:
+  """Seconds per call of each fn, `reps` interleaved rounds (one call of every fn per round), after one
+  warm-up call each (compilation)."""
+  for fn in fns:
+    fn()
+  out = [[] for _ in fns]
+  for _ in range(reps):
+    for i, fn in enumerate(fns):
+      t0 = time.perf_counter()
+      fn()
+      out[i].append(time.perf_counter() - t0)
+  return out
+
+
+def _gbps(nbytes: int, times: list[float]) -> dict:
+  """GB/s of nbytes per call: median and [p25-p75] (the quartiles of the times, inverted)."""
+  return {"gb_per_s": nbytes / quantile(times, 0.5) / 1e9, "p25_gb_per_s": nbytes / quantile(times, 0.75) / 1e9,
+          "p75_gb_per_s": nbytes / quantile(times, 0.25) / 1e9}
+
+
+def _tensor(jnp, np, name: str, elems: int, seed: int):
+  import ml_dtypes
+  dt = np.dtype(getattr(ml_dtypes, name, name))
+  x = np.random.default_rng(seed).standard_normal(elems, dtype=np.float32) * np.float32(0.02)
+  if dt.itemsize == 1:
+    x = x * np.float32(float(ml_dtypes.finfo(dt).max) / float(np.max(np.abs(x))))
+  return x.astype(dt)
+
+
+def bench_kernels(jax, jnp, np, zj, dev, dtypes, call_bytes: int, reps: int) -> list[dict]:
+  import ml_dtypes
+  out = []
+  for name in dtypes:
+    elems = call_bytes // np.dtype(getattr(ml_dtypes, name, name)).itemsize
+    x_host = _tensor(jnp, np, name, elems, seed=len(name))
+    raw = x_host.nbytes
+    x = jax.device_put(x_host, dev)
+    u = jnp.dtype({1: "uint8", 2: "uint16", 4: "uint32"}[x_host.itemsize])
+    enc = jax.jit(zj.encode)
+    dec = jax.jit(lambda p: zj.decode(p, shape=x_host.shape, dtype=x_host.dtype))
+    copy = jax.jit(lambda v: jax.lax.bitcast_convert_type(v, u) + jnp.zeros((), u))  # one read, one write
+    payload, nbytes = enc(x)
+    back = np.asarray(dec(payload))
+    exact = bool(np.array_equal(back.view(u), x_host.view(u)))
+    t_enc, t_dec, t_copy = _times([lambda: jax.block_until_ready(enc(x)),
+                                   lambda: jax.block_until_ready(dec(payload)),
+                                   lambda: jax.block_until_ready(copy(x))], reps)
+    for kernel, times in (("encode", t_enc), ("decode", t_dec)):
+      vs = paired_ratio(t_copy, times)  # copy time / kernel time: the kernel's speed as a fraction of a copy's
+      out.append({"kernel": kernel, "dtype": name, "elems": elems, "raw_bytes": raw,
+                  "frame_bytes": int(nbytes), "ratio": raw / int(nbytes), **summary(times), **_gbps(raw, times),
+                  "copy_gb_per_s": _gbps(raw, t_copy)["gb_per_s"], "vs_copy": vs["ratio"],
+                  "vs_copy_p25": vs["ratio_p25"], "vs_copy_p75": vs["ratio_p75"], "bit_exact": exact})
+  return out
+
+
+def _op_pair(zj, lax, jnp, op: str, n: int, transport: str):
+  """(compressed call, jax.lax call, exact reference call) on one device's block, axis "i"."""
+  bits = lambda v: lax.bitcast_convert_type(v, jnp.uint16)
+  ring = [(i, (i + 1) % n) for i in range(n)]
+  kw = {"compress": True, "transport": transport}
+  if op == "all_to_all":
+    return (lambda v: bits(zj.all_to_all(v, "i", 0, 0, tiled=True, **kw)),
+            lambda v: lax.all_to_all(bits(v), "i", 0, 0, tiled=True), None)
+  if op == "all_gather":
+    return (lambda v: bits(zj.all_gather(v, "i", tiled=True, **kw)),
+            lambda v: lax.all_gather(bits(v), "i", tiled=True), None)
+  if op == "ppermute":
+    return (lambda v: bits(zj.ppermute(v, "i", ring, **kw)), lambda v: lax.ppermute(bits(v), "i", ring), None)
+  if op == "psum_scatter":
+    return (lambda v: bits(zj.psum_scatter(v, "i", tiled=True, **kw)),
+            lambda v: bits(lax.psum_scatter(v, "i", tiled=True)),
+            lambda v: bits(zj.psum_scatter(v, "i", tiled=True, compress=False)))
+  if op == "psum":
+    return (lambda v: bits(zj.psum(v, "i", **kw)), lambda v: bits(lax.psum(v, "i")),
+            lambda v: bits(zj.psum(v, "i", compress=False)))
+  raise ValueError(op)
+
+
+def bench_collectives(jax, jnp, np, zj, devs, sizes_bytes, transport: str, reps: int) -> list[dict]:
+  from jax import lax
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+  n = len(devs)
+  mesh = Mesh(np.array(devs), ("i",))
+  spec = P("i")
+  out = []
+  for size in sizes_bytes:
+    cols = 1024
+    rows = max(n, size // (2 * cols) // n * n)  # per device, a multiple of n (tiled all_to_all)
+    x_host = _tensor(jnp, np, "bfloat16", n * rows * cols, seed=size % 9973).reshape(n * rows, cols)
+    x = jax.device_put(x_host, NamedSharding(mesh, spec))
+    for op in OPS:
+      ours, theirs, reference = _op_pair(zj, lax, jnp, op, n, transport)
+      smap = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+      f_ours, f_lax = smap(ours), smap(theirs)
+      got = np.asarray(f_ours(x))
+      want = np.asarray(smap(reference)(x) if reference else f_lax(x))
+      t_ours, t_lax = _times([lambda: jax.block_until_ready(f_ours(x)),
+                              lambda: jax.block_until_ready(f_lax(x))], reps)
+      r = paired_ratio(t_ours, t_lax)
+      out.append({"op": op, "dtype": "bfloat16", "bytes_per_device": rows * cols * 2, "devices": n,
+                  "transport": transport, "compressed": summary(t_ours), "raw": summary(t_lax),
+                  "ratio": r["ratio"], "ratio_p25": r["ratio_p25"], "ratio_p75": r["ratio_p75"],
+                  "bit_exact": bool(np.array_equal(got, want)),
+                  "exact_against": "compress=False (documented order)" if reference else "jax.lax"})
+  return out
+
+
+def _print(rec: dict) -> None:
+  print(f"platform {rec['platform']} ({rec['device_kind']}), {rec['devices']} devices, load "
+        f"{rec['load']['loadavg_1min']:.1f}")
+  print(f"{'kernel':7s} {'dtype':14s} {'MB':>8s} {'ratio':>6s} {'GB/s [p25-p75]':>24s} {'copy GB/s':>10s} "
+        f"{'/copy [p25-p75]':>20s} exact")
+  for k in rec["kernels"]:
+    print(f"{k['kernel']:7s} {k['dtype']:14s} {k['raw_bytes'] / 1e6:8.2f} {k['ratio']:6.3f} "
+          f"{k['gb_per_s']:8.2f} [{k['p25_gb_per_s']:.2f}-{k['p75_gb_per_s']:.2f}] {k['copy_gb_per_s']:10.2f} "
+          f"{k['vs_copy']:7.3f} [{k['vs_copy_p25']:.3f}-{k['vs_copy_p75']:.3f}] {k['bit_exact']}")
+  print(f"\n{'collective':13s} {'MB/dev':>8s} {'compressed ms':>14s} {'jax.lax ms':>11s} "
+        f"{'ratio [p25-p75]':>22s} exact")
+  for c in rec["collectives"]:
+    print(f"{c['op']:13s} {c['bytes_per_device'] / 1e6:8.3f} {c['compressed']['median_s'] * 1e3:14.3f} "
+          f"{c['raw']['median_s'] * 1e3:11.3f} {c['ratio']:8.3f} [{c['ratio_p25']:.3f}-{c['ratio_p75']:.3f}] "
+          f"{c['bit_exact']}")
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--platform", choices=("cuda", "cpu"), default="cuda",
+                 help="cpu: the smoke mode, the same code on 8 virtual CPU devices")
+  p.add_argument("--quick", action="store_true", help="tiny sizes and 3 repetitions (a smoke run)")
+  p.add_argument("--reps", type=int, default=None, help="repetitions (default 15, --quick 3)")
+  p.add_argument("--kernel-mb", type=float, default=None, help="MB of input per kernel call (default 256)")
+  p.add_argument("--sizes-mb", default=None, help="per-device MB of each collective (default 1,4,16,64)")
+  p.add_argument("--dtypes", default=",".join(DTYPES))
+  p.add_argument("--transport", choices=("auto", "padded", "ragged"), default="auto")
+  p.add_argument("--json", default=None)
+  a = p.parse_args(argv)
+  reps = a.reps or (3 if a.quick else 15)
+  kernel_mb = a.kernel_mb or (0.25 if a.quick else 256.0)
+  sizes_mb = [float(s) for s in (a.sizes_mb or ("0.0625" if a.quick else "1,4,16,64")).split(",")]
+  if a.platform == "cpu":  # before jax starts: 8 virtual devices, as tests/conftest.py
+    flag = "--xla_force_host_platform_device_count"
+    if flag not in os.environ.get("XLA_FLAGS", ""):
+      os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}=8".strip()
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import zipccl_jax as zj
+  try:
+    devs = jax.devices(a.platform)
+  except RuntimeError:
+    devs = []
+  if not devs:
+    print(NO_CUDA, file=sys.stderr)
+    return 2
+  dtypes = [d for d in a.dtypes.split(",") if d]
+  kernels = bench_kernels(jax, jnp, np, zj, devs[0], dtypes, int(kernel_mb * 1e6), reps)
+  collectives = (bench_collectives(jax, jnp, np, zj, devs, [int(s * 1e6) for s in sizes_mb], a.transport, reps)
+                 if len(devs) > 1 else [])
+  rec = {"command": "python benchmarks/codec_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+         "platform": a.platform, "devices": len(devs), "device_kind": devs[0].device_kind, "reps": reps,
+         "info": zj.info(), "load": machine_load(), "kernels": kernels, "collectives": collectives}
+  _print(rec)
+  if a.json:
+    Path(a.json).write_text(json.dumps(rec, indent=1) + "\n")
+  bad = [k for k in kernels if not k["bit_exact"]] + [c for c in collectives if not c["bit_exact"]]
+  if bad:
+    print(f"NOT bit-exact: {bad}", file=sys.stderr)
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
