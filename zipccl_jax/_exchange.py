@@ -403,13 +403,16 @@ def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
   asynchronously (GPU) XLA may overlap encoding piece k+1 and decoding piece k-1 with the
   transfer of piece k. The call is counted once (a fallback if any piece fell back).
   """
-  outs, flags = [], []
-  for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, rows.dtype):
-    fallback, out = piece(rows[:, lo:hi], cap)
-    outs.append(out)
+  dt = rows.dtype
+  u = _UINT_OF_SIZE[np.dtype(dt).itemsize]
+  bits = lax.bitcast_convert_type(rows, u)  # slices and the concatenation move bit patterns:
+  outs, flags = [], []                      # XLA:CPU may widen 16-bit float copies (NaN payloads)
+  for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt):
+    fallback, out = piece(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
+    outs.append(lax.bitcast_convert_type(out, u))
     flags.append(fallback)
   accounting.count(site, jnp.any(jnp.stack(flags)))
-  return jnp.concatenate(outs, axis=1)
+  return lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
 
 
 def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, site: str,
