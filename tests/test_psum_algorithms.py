@@ -199,3 +199,19 @@ def test_use_algorithm_rejects_bad_psum_and_pieces():
     with pytest.raises(ValueError, match="use_algorithm"):
       with zipccl_jax.use_algorithm(**kw):
         pass
+
+
+def test_psum_algorithms_benchmark_smoke(tmp_path):
+  """benchmarks/psum_algorithms.py runs, checks the variants' bits and writes its ratios."""
+  import json
+  import pathlib
+  import subprocess
+  import sys
+  script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "psum_algorithms.py"
+  out = tmp_path / "psum.json"
+  r = subprocess.run([sys.executable, "-P", str(script), "--sizes", "100", "--reps", "2", "--iters", "1",
+                      "--json", str(out)], capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout + r.stderr
+  rec = json.loads(out.read_text())["records"][0]
+  assert rec["bit_identical"] and set(rec["ratios"]) == {"raw", "compressed"}
+  assert len(rec["times_s"]["gather-sum compressed"]) == 2
