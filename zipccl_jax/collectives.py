@@ -42,8 +42,8 @@ Keyword options shared by all:
   ``lax.platform_dependent``), ``"padded"`` or ``"ragged"``.
 * ``name``: call-site name for :func:`stats` (default: ``op@file:line``).
 
-What crosses the wire, the own-row skipping, the ragged transport and the uniform overflow
-fallback are the protocol of :mod:`zipccl_jax._exchange`.
+The wire, own-row skipping, ragged transport, uniform overflow fallback and pieces (K independent
+coded chains per chunk, same bits for every K) are the protocol of :mod:`zipccl_jax._exchange`.
 
 Autodiff
 --------
@@ -491,11 +491,9 @@ def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
   Returns:
     Array(s) of ``x.shape``: the sum over ``axis_name``.
 
-  Example, two devices::
+  Example, two devices, rank 0: x = [1, 2], rank 1: x = [10, 20]::
 
-    rank 0: x = [1, 2]     rank 1: x = [10, 20]
-    "a2a-sum+gather": rank 0 keeps 1 + 10 = 11, rank 1 keeps 2 + 20 = 22 (frames of one
-      element), then all_gather -> [11, 22] on both ranks
+    "a2a-sum+gather": rank 0 keeps 1 + 10 = 11, rank 1 keeps 2 + 20 = 22, all_gather -> [11, 22]
     "gather-sum": both ranks receive [[1, 2], [10, 20]] and add the rows: [11, 22]
   """
   return run(_PSUM, x, axis_name, (), compress=compress, capacity=capacity,
@@ -551,7 +549,7 @@ def _psum_impl(call: Call, x):
 
 
 def _psum_gather_sum(call: Call, x, n: int):
-  """psum as one all-gather of the whole message, then every rank's ordered f32 sum of the rows."""
+  """One all-gather of the whole message, then every rank's ordered f32 sum of the rows."""
   record_frames(call.site, "psum", lambda: x.reshape(1, x.size))
   if not call.capacity:
     accounting.count(call.site, jnp.bool_(False))

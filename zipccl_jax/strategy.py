@@ -29,8 +29,29 @@ psum_scatter   all_to_all n*chunk      n*chunk                      n*chunk
 all_gather     all_gather chunk        chunk                        n*chunk
 psum           all_to_all n*chunk,     (n+1)*chunk                  2n*chunk
                all_gather chunk
+psum           all_gather message      message                      n*message
+ (gather-sum)
 ppermute       ppermute chunk          chunk                        chunk
 =============  ======================  ===========================  ===========================
+
+psum has two algorithms (:func:`decide_psum`): ``"a2a-sum+gather"`` (reduce-scatter, then
+all-gather; ``chunk = ceil(size / n)``) and ``"gather-sum"`` (one all-gather of the whole message,
+then every rank sums the ``n`` rows: one latency instead of two, ``n - 1`` messages on the wire
+instead of about 2). Each is costed as above, raw and compressed, and the cheaper one runs; both
+compute the same float32 order, so the choice never changes a bit.
+
+Pieces (pipelining). A compressed all_to_all, all_gather, psum_scatter or psum can code each chunk
+as ``K`` independent chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has
+three stages, encode (``T_e = encode bytes / encode_Bps``, ``o_e`` = encode overhead per piece),
+transfer (``T_w = sent / bandwidth``, the link latency per piece) and decode (``T_d``, ``o_d``)::
+
+  t(K) = sum_s (T_s / K + o_s) + (K - 1) * max_s (T_s / K + o_s)    where transfers overlap codec
+  t(K) = sum_s (T_s + K o_s)                                         otherwise (CPU)
+
+(:func:`pipeline_time`; ``t(1)`` is the unpipelined time either way). :func:`choose_pieces` takes
+the best ``K <= MAX_PIECES`` with pieces of at least one codec block, if it beats ``K = 1`` by
+``min_gain``, on GPU/TPU; on CPU ``K = 1`` (XLA:CPU's collectives are blocking thunks on devices
+that share the host's cores). ``use_algorithm(pieces=K)`` pins it.
 
 The padded transport's wire chunk is the capacity ``C``; the ragged one's is
 the expected frame size ``32 + expected_ratio * raw + 64 * blocks`` (capped at
@@ -84,6 +105,7 @@ and kept in a log: :func:`decisions` (site -> :class:`Decision`) and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -320,17 +342,16 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
   bw = links[0].bandwidth_Bps
   lat = links[0].latency_s
 
-  pieces_est = {}
+  piece = [1, ""]  # K and why (compressed estimates only)
 
   def out(compress_, cap, transport_, t_c, wire, src, reason):
-    k = pieces_est.get("k", 1) if compress_ else 1
     d = Decision(op=op, site=site, dtype=dt.name, chunk_elems=m, axis_size=n, axis=axis,
                  role=role, compress=bool(compress_), capacity=int(cap if compress_ else 0),
                  transport=transport_, algorithm=algorithm, est_raw_s=float(t_raw),
                  est_compressed_s=float(t_c), raw_bytes=int(raw_bytes), wire_bytes=int(wire),
                  bandwidth_Bps=float(bw), latency_s=float(lat), capacity_source=src,
-                 reason=reason + (pieces_est.get("why", "") if compress_ else ""),
-                 profile=prof.fingerprint(), mode=str(compress), pieces=k)
+                 reason=reason + (piece[1] if compress_ else ""), profile=prof.fingerprint(),
+                 mode=str(compress), pieces=piece[0] if compress_ else 1)
     if log:
       _record(d)
     return d
@@ -353,30 +374,15 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
                   + math.ceil(prof.ratio("expected_ratio", role, dt) * raw_chunk)
                   + BLOCK_SLACK_BYTES * -(-m // fmt.BLOCK_ELEMS))
 
-  def coded_time(tr: str):
-    t, wire = t_codec, 0.0
-    for i, (lk, (coll, k)) in enumerate(zip(links, phases)):
-      ragged = tr == "ragged" and not (op == "psum" and i == 1)  # psum phase 2 stays padded
-      chunk = exp_frame if ragged else cap
-      s = sent_bytes(coll, k * chunk, n)
-      wire += s
-      t += lk.time(s)
-      if ragged:
-        t += lk.latency_s  # the int32 size exchange
-    if op == "ppermute":  # the 4-byte overflow flag psum
-      t += prof.link(axis_name, "psum", plat)[0].latency_s
-    t += prof.fallback_risk * t_raw
-    return t, wire
-
+  coded_time = functools.partial(
+      _coded_time, op=op, links=links, phases=phases, n=n, cap=cap, exp_frame=exp_frame,
+      t_fixed=t_codec + prof.fallback_risk * t_raw,
+      flag_latency=prof.link(axis_name, "psum", plat)[0].latency_s if op == "ppermute" else 0.0)
   tr_best, (t_c, wire) = _best_transport(transport, plat, coded_time)
   if op in PIPELINED_OPS:
-    k, t_k, cands = choose_pieces(_pipeline_stages(links, phases, codec, cap, raw_chunk, n), m,
-                                  plat, prof.min_gain, pieces)
-    t_c += t_k - cands[0][1]
-    pieces_est["k"] = k
-    if len(cands) > 1:
-      pieces_est["why"] = f"; K={k} ({'use_algorithm' if pieces else 'model'}: " + ", ".join(
-          f"K={i} {t * 1e3:.3f} ms" for i, t in cands) + ")"
+    piece[0], dt_k, piece[1] = _pieces_term(_pipeline_stages(links, phases, codec, cap, raw_chunk, n),
+                                            m, plat, prof.min_gain, pieces)
+    t_c += dt_k
 
   if compress is True:
     return out(True, cap, transport, t_c, wire, src, "compress=True")
@@ -392,6 +398,28 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
                f"model: {t_c * 1e3:.3f} ms x (1+{g:g}) < raw {t_raw * 1e3:.3f} ms")
   return out(False, 0, transport, t_c, wire, src,
              f"model: {t_c * 1e3:.3f} ms x (1+{g:g}) >= raw {t_raw * 1e3:.3f} ms")
+
+
+def _coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_latency):
+  """(seconds, bytes sent) of the coded call on transport `tr` (`t_fixed`: codec and fallback)."""
+  t, wire = t_fixed + flag_latency, 0.0  # flag: ppermute's 4-byte overflow psum
+  for i, (lk, (coll, k)) in enumerate(zip(links, phases)):
+    ragged = tr == "ragged" and not (op == "psum" and i == 1)  # psum phase 2 stays padded
+    chunk = exp_frame if ragged else cap
+    s = sent_bytes(coll, k * chunk, n)
+    wire += s
+    t += lk.time(s)
+    if ragged:
+      t += lk.latency_s  # the int32 size exchange
+  return t, wire
+
+
+def _pieces_term(stages, m: int, plat: str, min_gain: float, pinned):
+  """(K, seconds K pieces add to the unpipelined estimate, reason suffix) (:func:`choose_pieces`)."""
+  k, t_k, cands = choose_pieces(stages, m, plat, min_gain, pinned)
+  why = "" if len(cands) == 1 else f"; K={k} ({'use_algorithm' if pinned else 'model'}: " + \
+      ", ".join(f"K={i} {t * 1e3:.3f} ms" for i, t in cands) + ")"
+  return k, t_k - cands[0][1], why
 
 
 def _record(d: Decision) -> None:
