@@ -237,6 +237,12 @@ def test_model_k_is_one_on_cpu_and_grows_on_gpu_for_large_messages():
   small = strategy.decide("all_to_all", BF16, 4096, axis_size=N, compress=True, platform="gpu",
                           log=False)
   assert small.pieces == 1  # below one 64K block per piece
+  ragged = strategy.decide("all_to_all", BF16, m, axis_size=N, compress=True, platform="gpu",
+                           transport="ragged", log=False)
+  assert ragged.pieces == 1  # XLA:GPU serializes the ragged transport's chains
+  auto = strategy.decide("all_to_all", BF16, m, axis_size=N, compress="auto", platform="gpu",
+                         log=False)
+  assert auto.compress and auto.transport == "padded" and auto.pieces == gpu.pieces
 
 
 def test_pipeline_time_model():
@@ -247,7 +253,10 @@ def test_pipeline_time_model():
   assert strategy.pipeline_time(stages, 2, True) == pytest.approx(6.4 + 3.2)
   assert strategy.pipeline_time(stages, 2, False) == pytest.approx(12.8)
   k, t, cands = strategy.choose_pieces(stages, 1 << 20, "gpu", 0.02)
-  assert k > 1 and t == min(c[1] for c in cands)
+  fastest = min(c[1] for c in cands)
+  assert k > 1 and t <= fastest * 1.02  # the fewest pieces within min_gain of the fastest
+  assert all(c[1] > fastest * 1.02 for c in cands if c[0] < k)
+  assert strategy.choose_pieces(stages, 1 << 20, "gpu", 0.02, transport="ragged")[0] == 1
   assert strategy.choose_pieces(stages, 1 << 20, "cpu", 0.02)[0] == 1
   assert strategy.choose_pieces(stages, 1 << 20, "cpu", 0.02, pinned=3)[0] == 3
 

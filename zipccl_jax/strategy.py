@@ -49,9 +49,11 @@ transfer (``T_w = sent / bandwidth``, the link latency per piece) and decode (``
   t(K) = sum_s (T_s + K o_s)                                         otherwise (CPU)
 
 (:func:`pipeline_time`; ``t(1)`` is the unpipelined time either way). :func:`choose_pieces` takes
-the best ``K <= MAX_PIECES`` with pieces of at least one codec block, if it beats ``K = 1`` by
-``min_gain``, on GPU/TPU; on CPU ``K = 1`` (XLA:CPU's collectives are blocking thunks on devices
-that share the host's cores). ``use_algorithm(pieces=K)`` pins it.
+the fewest pieces within ``min_gain`` of the best ``K <= MAX_PIECES`` (pieces of at least one
+codec block), if that beats ``K = 1`` by ``min_gain``, on GPU/TPU with the padded transport; on
+CPU ``K = 1`` (XLA:CPU's collectives are blocking thunks on devices that share the host's cores),
+and on the ragged transport too (XLA:GPU runs its chains one after another:
+benchmarks/gpu_schedule.py). ``use_algorithm(pieces=K)`` pins it.
 
 The padded transport's wire chunk is the capacity ``C``; the ragged one's is
 the expected frame size ``32 + expected_ratio * raw + 64 * blocks`` (capped at
@@ -378,11 +380,12 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
       _coded_time, op=op, links=links, phases=phases, n=n, cap=cap, exp_frame=exp_frame,
       t_fixed=t_codec + prof.fallback_risk * t_raw,
       flag_latency=prof.link(axis_name, "psum", plat)[0].latency_s if op == "ppermute" else 0.0)
+  if op in PIPELINED_OPS:  # each transport's time with its best K
+    coded_time = _with_pieces(coded_time, _pipeline_stages(links, phases, codec, cap, raw_chunk, n),
+                              m, plat, prof.min_gain, pieces, piece)
   tr_best, (t_c, wire) = _best_transport(transport, plat, coded_time)
   if op in PIPELINED_OPS:
-    piece[0], dt_k, piece[1] = _pieces_term(_pipeline_stages(links, phases, codec, cap, raw_chunk, n),
-                                            m, plat, prof.min_gain, pieces)
-    t_c += dt_k
+    piece[:] = piece[2][tr_best if tr_best in piece[2] else "padded"]
 
   if compress is True:
     return out(True, cap, transport, t_c, wire, src, "compress=True")
@@ -414,12 +417,20 @@ def _coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_
   return t, wire
 
 
-def _pieces_term(stages, m: int, plat: str, min_gain: float, pinned):
-  """(K, seconds K pieces add to the unpipelined estimate, reason suffix) (:func:`choose_pieces`)."""
-  k, t_k, cands = choose_pieces(stages, m, plat, min_gain, pinned)
-  why = "" if len(cands) == 1 else f"; K={k} ({'use_algorithm' if pinned else 'model'}: " + \
-      ", ".join(f"K={i} {t * 1e3:.3f} ms" for i, t in cands) + ")"
-  return k, t_k - cands[0][1], why
+def _with_pieces(coded_time, stages, m: int, plat: str, min_gain: float, pinned, piece: list):
+  """`coded_time` plus each transport's best K (:func:`choose_pieces`); `piece[2]` collects, per
+  transport, [K, reason suffix]."""
+  piece.append({})
+
+  def timed(tr: str):
+    t, wire = coded_time(tr)
+    k, t_k, cands = choose_pieces(stages, m, plat, min_gain, pinned, transport=tr)
+    why = "" if len(cands) == 1 else f"; K={k} ({'use_algorithm' if pinned else 'model'}: " + \
+        ", ".join(f"K={i} {t * 1e3:.3f} ms" for i, t in cands) + ")"
+    piece[2][tr] = [k, why]
+    return t + t_k - cands[0][1], wire
+
+  return timed
 
 
 def _record(d: Decision) -> None:
@@ -511,15 +522,17 @@ def pipeline_time(stages, pieces: int, overlap: bool) -> float:
 
 
 def choose_pieces(stages, chunk_elems: int, platform: str, min_gain: float,
-                  pinned: int | None = None):
+                  pinned: int | None = None, transport: str = "padded"):
   """(K, its time, [(k, time), ...] compared) for a coded call of `stages` (`_pipeline_stages`).
 
   Pinned: that K (at most one piece per element). Otherwise K = 1 on CPU (XLA:CPU's
   collectives are blocking thunks and the virtual devices share the host's cores: no overlap to
-  win, only per-piece overheads); on GPU/TPU the K in 1..MAX_PIECES with pieces of at least one
-  codec block (65536 elements) that minimises `pipeline_time`, by ``min_gain`` over K = 1.
+  win, only per-piece overheads) and on the ragged transport (XLA:GPU schedules its chains one
+  after another, every collective sync: benchmarks/gpu_schedule.py); on GPU/TPU with the padded
+  transport the fewest pieces (1..MAX_PIECES, each at least one codec block of 65536 elements)
+  within ``min_gain`` of the fastest `pipeline_time`, if that beats K = 1 by ``min_gain``.
   """
-  overlap = platform in _OVERLAP_PLATFORMS
+  overlap = platform in _OVERLAP_PLATFORMS and transport != "ragged"
   if pinned is not None:
     ks = sorted({1, max(1, min(int(pinned), int(chunk_elems)))})
   elif overlap:
@@ -529,7 +542,10 @@ def choose_pieces(stages, chunk_elems: int, platform: str, min_gain: float,
   cands = [(k, pipeline_time(stages, k, overlap)) for k in ks]
   if pinned is not None:
     return cands[-1][0], cands[-1][1], cands
-  best = min(cands, key=lambda c: (c[1] * (1 + min_gain if c[0] > 1 else 1), c[0]))
+  fastest = min(t for _, t in cands)
+  best = next(c for c in cands if c[1] <= fastest * (1 + min_gain))  # the fewest pieces that do
+  if best[0] > 1 and best[1] * (1 + min_gain) >= cands[0][1]:
+    best = cands[0]
   return best[0], best[1], cands
 
 
