@@ -6,9 +6,9 @@
 Compiles `zipccl_jax.<op>` over 8 devices of a described H100 topology (jax-cuda12-plugin's deviceless
 compile: `jax.experimental.topologies.get_topology_desc(platform="cuda", target_config=...)`), then prints
 the entry computation's scheduled order of what matters for pipelining: the zipccl encode custom calls,
-the collectives' start (marked sync where XLA found nothing to overlap) and done, and the conditionals (each chain's decode or raw fallback),
-and for each collective which encodes and conditionals XLA placed between its start and its done (work
-overlapping that transfer). Nothing runs; no timing is measured.
+the collectives' start (marked sync where XLA found nothing to overlap) and done, and the conditionals
+(each chain's decode or raw fallback), and for each collective which encodes and conditionals XLA placed
+between its start and its done (work overlapping that transfer). Nothing runs; no timing is measured.
 
 Needs, in a venv of its own (the plugin makes every jax import on a machine without a GPU look for one):
 `pip install ".[gpuaot]"` next to a zipccl_jax built with its CUDA handlers (the default build where a CUDA

@@ -24,7 +24,6 @@ from zipccl_jax._shard import axis_size, call_site, check_groups, lax_only_reaso
 from zipccl_jax.capacity import CODED_DTYPES, piece_capacities, split_capacity
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Call:
   """The static parameters of one traced collective call (what its rules need)."""

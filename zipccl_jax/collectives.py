@@ -473,11 +473,11 @@ def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
   rank order and one round-to-nearest-even (see :func:`psum_scatter`), so the two algorithms
   return the same bits, every rank holds the same bits, and ``compress=True``, ``False``,
   ``"auto"`` and the overflow fallback give the same bits too. ``jax.lax.psum`` may round
-  differently (within one rounding). Other dtypes call ``jax.lax.psum``. ``capacity``: an int
+  differently (within one rounding). Other dtypes call ``jax.lax.psum``. An int ``capacity``
   is the bytes of one frame of the algorithm's chunk (``ceil(x.size / n)`` elements, resp.
-  ``x.size``), so with an int ``"auto"`` keeps ``"a2a-sum+gather"``. Under ``check_vma`` the result is device-invariant
-  like ``jax.lax.psum``'s, and the transpose is a (free) ``pcast``; without
-  ``check_vma`` the transpose is this ``psum``.
+  ``x.size``), so with one ``"auto"`` keeps ``"a2a-sum+gather"``. Under ``check_vma`` the
+  result is device-invariant like ``jax.lax.psum``'s, and the transpose is a (free) ``pcast``;
+  without ``check_vma`` the transpose is this ``psum``.
 
   Args:
     x: array(s) with a mapped axis named ``axis_name``.
