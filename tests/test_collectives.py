@@ -250,6 +250,7 @@ def results(mesh_id):
     res = f(put(mesh, dataset(kind)))
     out[kind] = {op: tuple(np.asarray(r) for r in rs) for op, rs in zip(ops, res)}
   out["sites"] = {k[len(tag):]: v for k, v in zc.stats().items() if k.startswith(tag)}
+  out["decisions"] = {k[len(tag):]: v for k, v in zc.decisions().items() if k.startswith(tag)}
   return out
 
 
@@ -259,6 +260,8 @@ def _check_paths(mesh_id, op):
   assert site.compressed and site.capacity > 0
   n = site.axis_size
   m = math.prod(site.shape) // (1 if op in ("all_gather", "ppermute") else n)
+  if op == "psum":  # the frame of psum's algorithm: the message for gather-sum (the model's pick for n=2)
+    m = results(mesh_id)["decisions"][op].chunk_elems
   for kind, fits in (("gaussian", True), ("adversarial", False)):
     chunks = dataset(kind).reshape(-1, m)
     _, nbytes = zj.codec.encode_frames(jnp.asarray(chunks), capacity=site.capacity)

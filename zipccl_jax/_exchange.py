@@ -54,6 +54,18 @@ Under ``jax.vmap`` the predicate is per example and the cond becomes a select: b
 (both collectives run everywhere, still matched), `decode_guarded` skips the examples that fell
 back, and the select works on uint views (`cond_bits`) so NaN payloads survive.
 
+Pieces (pipelining)
+-------------------
+`exchange_rows` and `gather_row` take ``pieces=K``: the columns of the rows are split into K
+near-equal pieces (`capacity.piece_bounds`), each coded in its own frames with its share of the
+capacity (`capacity.piece_capacities`) and moved by its own collective, then concatenated. The K
+encode -> collective -> decode chains share no value (each has its own overflow test and raw
+fallback), so a scheduler that runs collectives asynchronously (XLA:GPU) can overlap encoding
+piece k+1 and decoding piece k-1 with the transfer of piece k. Frames are per piece, so the bits
+of the result do not depend on K. The strategy picks K (`strategy.decide`): 1 on CPU, whose
+collectives are blocking thunks on devices that share the host's cores, so there K > 1 only adds
+per-piece overheads.
+
 Ordered sum
 -----------
 `ordered_sum` adds rows in ascending rank order in float32 and rounds once, raw or coded, so
@@ -72,6 +84,7 @@ from jax import lax
 from zipccl_jax import _ragged, accounting, codec
 from zipccl_jax import format as fmt
 from zipccl_jax._shard import manual_axes, vary, vary_like, axes_of
+from zipccl_jax.capacity import piece_capacities
 
 # Fixed-order sums are unrolled up to this many ranks, then use a sequential loop.
 _UNROLL_MAX = 64
@@ -318,46 +331,92 @@ def _row_size(nbytes, transport: str, invariant: bool = False):
 # --------------------------------------------------------------------------- #
 
 def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, site: str,
-                  raw: Callable, finish: Callable = lambda out: out):
+                  raw: Callable, finish: Callable = lambda out: out, pieces: int = 1):
   """rows (n, m), row j for rank j -> `finish(got)`, got (n, m) with row s from rank s.
 
   `raw()` is the fallback branch (the `jax.lax` collective on the operand's bits), traced in
-  the fallback scope; it must return what `finish` returns.
+  the fallback scope; it must return what `finish` returns. `pieces` > 1 codes the columns in
+  that many independent chains (`in_pieces`), each with its own fallback.
   """
+  if pieces > 1:
+    def piece(r, cap):
+      fallback, coded = _exchange_chain(r, axis_name, n, cap, transport)
+      move = lambda: raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True), r)
+      return fallback, cond_bits(fallback, lambda: in_fallback(move), coded)
+    return finish(in_pieces(rows, pieces, capacity, site, piece))
+  fallback, coded = _exchange_chain(rows, axis_name, n, capacity, transport)
+  accounting.count(site, fallback)
+  return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
+
+
+def _exchange_chain(rows, axis_name, n: int, capacity: int, transport: str):
+  """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s)."""
   skip = own_row(axis_name, n)
   payload, nbytes, _ = encode_rows(rows, capacity, skip)
   recv = _move_rows(payload, nbytes, axis_name, n, capacity, transport)
   fallback = codec.any_overflow(recv, capacity)
-  accounting.count(site, fallback)
-
-  def coded():
-    m = rows.shape[1]
-    return finish(with_own_row(decode_guarded(recv, fallback, m, rows.dtype, skip), rows, skip))
-
-  return cond_bits(fallback, lambda: in_fallback(raw), coded)
+  m = rows.shape[1]
+  return fallback, lambda: with_own_row(decode_guarded(recv, fallback, m, rows.dtype, skip),
+                                        rows, skip)
 
 
 def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str,
-               invariant: bool, raw: Callable, finish: Callable = lambda out: out):
+               invariant: bool, raw: Callable, finish: Callable = lambda out: out,
+               pieces: int = 1):
   """Every rank's `x` (coded as one row of x.size elements) -> `finish(got)`, got (n, x.size).
 
   `invariant`: the result must not depend on the rank (padded transport, every row decoded).
+  `pieces` > 1: the row's columns in that many independent chains (`in_pieces`).
   """
+  if pieces > 1:
+    def piece(r, cap):
+      fallback, coded = _gather_chain(r, axis_name, n, cap, transport, invariant)
+      to = "invarying" if invariant else "varying"
+      move = lambda: raw_bits(lambda u: lax.all_gather(u, axis_name, to=to), r[0])
+      return fallback, cond_bits(fallback, lambda: in_fallback(move), coded)
+    return finish(in_pieces(x.reshape(1, x.size), pieces, capacity, site, piece))
+  fallback, coded = _gather_chain(x, axis_name, n, capacity, transport, invariant)
+  accounting.count(site, fallback)
+  return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
+
+
+def _gather_chain(x, axis_name, n: int, capacity: int, transport: str, invariant: bool):
+  """Encode `x` (m elements) -> all-gather -> (fallback flag, thunk decoding (n, m), row s from
+  rank s)."""
   m = x.size
   payload, nbytes, _ = encode_rows(x.reshape(1, m), capacity)
   recv = _move_row_to_all(payload[0], _row_size(nbytes, transport, invariant), axis_name, n,
                           capacity, transport, invariant=invariant)
   fallback = codec.any_overflow(recv, capacity)
-  accounting.count(site, fallback)
 
   def coded():
     if invariant:  # the result must not depend on the rank: decode every row
-      return finish(decode_guarded(recv, fallback, m, x.dtype))
+      return decode_guarded(recv, fallback, m, x.dtype)
     skip = own_row(axis_name, n)
-    return finish(with_own_row(decode_guarded(recv, fallback, m, x.dtype, skip), x.reshape(m),
-                               skip))
+    return with_own_row(decode_guarded(recv, fallback, m, x.dtype, skip), x.reshape(m), skip)
 
-  return cond_bits(fallback, lambda: in_fallback(raw), coded)
+  return fallback, coded
+
+
+def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
+  """The columns of `rows` (R, m) as `pieces` independent chains; returns (R', m), concatenated.
+
+  `piece(columns, capacity)` -> (fallback flag, result (R', m_k)) runs one chain: encode, move,
+  decode, and its own raw fallback (every rank sees the same poisoned frames of that piece, so
+  the choice stays uniform per piece). No chain reads another's values, so where collectives run
+  asynchronously (GPU) XLA may overlap encoding piece k+1 and decoding piece k-1 with the
+  transfer of piece k. The call is counted once (a fallback if any piece fell back).
+  """
+  dt = rows.dtype
+  u = _UINT_OF_SIZE[np.dtype(dt).itemsize]
+  bits = lax.bitcast_convert_type(rows, u)  # slices and the concatenation move bit patterns:
+  outs, flags = [], []                      # XLA:CPU may widen 16-bit float copies (NaN payloads)
+  for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt):
+    fallback, out = piece(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
+    outs.append(lax.bitcast_convert_type(out, u))
+    flags.append(fallback)
+  accounting.count(site, jnp.any(jnp.stack(flags)))
+  return lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
 
 
 def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, site: str,

@@ -21,8 +21,7 @@ import numpy as np
 from zipccl_jax import _exchange, accounting, defaults, hierarchical, strategy
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axis_size, call_site, check_groups, lax_only_reason, tree_apply
-from zipccl_jax.capacity import CODED_DTYPES, split_capacity
-
+from zipccl_jax.capacity import CODED_DTYPES, piece_capacities, split_capacity
 
 @dataclasses.dataclass(frozen=True)
 class Call:
@@ -35,6 +34,8 @@ class Call:
   site: str
   backward: tuple         # (compress, capacity) of the transposed collective
   groups: tuple | None = None  # axis_index_groups (raw bits; ranks are positions in a group)
+  algorithm: str = ""     # psum: "a2a-sum+gather" or "gather-sum" (strategy.PSUM_ALGORITHMS)
+  pieces: int = 1         # coded chains per chunk (_exchange.in_pieces)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,8 @@ class Recipe:
   op: str
   role: str                                    # forward role: "activation" or "gradient"
   params: Callable    # (x, n, axis_name, args) -> (params, chunk_elems, raw_reason)
-  wire: Callable      # (x, n, params, capacity) -> (raw bytes, coded bytes) one device sends
+  wire: Callable      # (x, n, params, capacity, algorithm) -> (raw bytes, coded bytes) one
+                      # device sends; capacity: bytes per chunk, summed over its pieces
   lax_fn: Callable    # (x, axis_name, params, groups) -> the jax.lax collective as called
   impl: Callable      # (call, x) -> y
   transpose: Callable  # (call, ct) -> x_ct
@@ -84,21 +86,32 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
                    transport=transport, name=site + "/bwd", role="gradient")
       return hierarchical.run(lp, x, params, PUBLIC, capacity=fwd_cap, transport=transport,
                               backward=backward)
+    pin_alg, pin_pieces = hierarchical.pinned()
     p = strategy.plan(recipe.op, x.dtype, m, axis_size=n, compress=compress, capacity=fwd_cap,
                       role=role, site=site, axis_name=axis_name, transport=transport,
-                      raw_reason=raw_reason)
-    raw_b, wire_b = recipe.wire(x, n, params, p.capacity)
+                      raw_reason=raw_reason, algorithm=pin_alg if recipe.op == "psum" else None,
+                      pieces=pin_pieces if recipe.op in strategy.PIPELINED_OPS else None,
+                      message_elems=x.size)
+    raw_b, wire_b = recipe.wire(x, n, params, _wire_capacity(p, x, m), p.algorithm)
     accounting.record(site, recipe.op, x, n, p, raw_b, wire_b)
     lax_direct = raw_reason and raw_reason != "axis_index_groups" and recipe.lax_when_forced_raw
     if np.dtype(x.dtype) not in CODED_DTYPES or lax_direct:
       return recipe.lax_fn(x, axis_name, params, grp)
     call = Call(recipe.op, axis_name, params, p.capacity if p.compress else 0,
-                 p.transport or transport, site, (compress, bwd_cap), grp)
+                 p.transport or transport, site, (compress, bwd_cap), grp, p.algorithm, p.pieces)
     x = recipe.prepare(call, x)
     return linear(functools.partial(recipe.impl, call), functools.partial(recipe.transpose, call),
                   x)
 
   return tree_apply(leaf, x, site)
+
+
+def _wire_capacity(p, x, m: int) -> int:
+  """Bytes per chunk of plan `p` summed over its pieces (frame: the algorithm's chunk)."""
+  if not p.compress or p.pieces == 1:
+    return p.capacity
+  elems = x.size if p.algorithm == "gather-sum" else m
+  return sum(c for _, _, c in piece_capacities(p.capacity, elems, p.pieces, x.dtype))
 
 
 def size_of(call: Call) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 from zipccl_jax import format as fmt
 
 __all__ = ["EXPECTED_RATIO", "CODED_DTYPES", "padded_capacity", "resolve_capacity",
-           "split_capacity"]
+           "split_capacity", "piece_bounds", "piece_capacities"]
 
 CODED_DTYPES = fmt.SUPPORTED_DTYPES
 _BF16, _F16, _F32 = CODED_DTYPES[:3]
@@ -122,3 +122,42 @@ def split_capacity(capacity):
       raise ValueError("zipccl_jax: capacity pair must be (forward, backward)")
     return capacity[0], capacity[1]
   return capacity, capacity
+
+
+def piece_bounds(m: int, pieces: int) -> list[tuple[int, int]]:
+  """`[lo, hi)` column ranges of `pieces` near-equal pieces of an `m`-element chunk (the first
+  ``m % pieces`` one element longer); `pieces` is clamped to [1, max(m, 1)]."""
+  k = max(1, min(int(pieces), max(int(m), 1)))
+  base, extra = divmod(int(m), k)
+  out, lo = [], 0
+  for i in range(k):
+    hi = lo + base + (i < extra)
+    out.append((lo, hi))
+    lo = hi
+  return out
+
+
+def piece_capacities(capacity: int, m: int, pieces: int, dtype) -> list[tuple[int, int, int]]:
+  """``(lo, hi, capacity)`` of each piece of a chunk of `m` elements coded in `pieces` frames.
+
+  Each piece gets its share of the chunk's payload bytes (``capacity`` less the header and the
+  per-block slack), plus a header and the slack of its own blocks, rounded up to 8 bytes::
+
+    C_k = round_up_8(32 + ceil((C - 32 - 64 * blocks(m)) * m_k / m) + 64 * blocks(m_k))
+
+  so K pieces cost about ``(K - 1) * 32`` bytes more than one frame. ``pieces == 1`` is
+  ``[(0, m, capacity)]`` exactly.
+  """
+  dt = np.dtype(dtype)
+  bounds = piece_bounds(m, pieces)
+  if len(bounds) == 1:
+    return [(0, int(m), int(capacity))]
+  body = max(0, int(capacity) - fmt.FRAME_HEADER_BYTES - BLOCK_SLACK_BYTES * fmt.num_blocks(m))
+  out = []
+  for lo, hi in bounds:
+    mk = hi - lo
+    c = (fmt.FRAME_HEADER_BYTES + math.ceil(body * mk / m)
+         + BLOCK_SLACK_BYTES * fmt.num_blocks(mk))
+    c = min(-(-c // 8) * 8, fmt.max_encoded_bytes(mk, dt))
+    out.append((lo, hi, int(max(c, fmt.FRAME_HEADER_BYTES))))
+  return out

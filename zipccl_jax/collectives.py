@@ -42,8 +42,8 @@ Keyword options shared by all:
   ``lax.platform_dependent``), ``"padded"`` or ``"ragged"``.
 * ``name``: call-site name for :func:`stats` (default: ``op@file:line``).
 
-What crosses the wire, the own-row skipping, the ragged transport and the uniform overflow
-fallback are the protocol of :mod:`zipccl_jax._exchange`.
+The wire, own-row skipping, ragged transport, uniform overflow fallback and pieces (K independent
+coded chains per chunk, same bits for every K) are the protocol of :mod:`zipccl_jax._exchange`.
 
 Autodiff
 --------
@@ -162,7 +162,7 @@ def _all_to_all_params(x, n, axis_name, args):
   return (split, concat, tiled), x.size // n, None
 
 
-def _all_to_all_wire(x, n, params, capacity):
+def _all_to_all_wire(x, n, params, capacity, algorithm=""):
   return (accounting.sent_bytes("all-to-all", x.size * itemsize(x), n),
           accounting.sent_bytes("all-to-all", n * capacity, n))
 
@@ -203,7 +203,7 @@ def _all_to_all_impl(call: Call, x):
 
   return _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
                                  transport=call.transport, site=call.site, raw=raw,
-                                 finish=assemble)
+                                 finish=assemble, pieces=call.pieces)
 
 
 def _all_to_all_transpose_rule(call: Call, ct):
@@ -279,7 +279,7 @@ def _all_gather_params(x, n, axis_name, args):
   return (ax, tiled, to), x.size, ("to='reduced'" if to == "reduced" else None)
 
 
-def _all_gather_wire(x, n, params, capacity):
+def _all_gather_wire(x, n, params, capacity, algorithm=""):
   return (accounting.sent_bytes("all-gather", x.size * itemsize(x), n),
           accounting.sent_bytes("all-gather", capacity, n))
 
@@ -308,7 +308,7 @@ def _all_gather_impl(call: Call, x):
 
   return _exchange.gather_row(
       x, axis_name=axis_name, n=n, capacity=call.capacity, transport=call.transport,
-      site=call.site, invariant=(to == "invarying"), finish=arrange,
+      site=call.site, invariant=(to == "invarying"), finish=arrange, pieces=call.pieces,
       raw=lambda: _exchange.raw_bits(lambda u: _all_gather_lax(u, axis_name, call.params), x))
 
 
@@ -393,7 +393,7 @@ def _psum_scatter_params(x, n, axis_name, args):
   return (dim, tiled), x.size // n, None
 
 
-def _psum_scatter_wire(x, n, params, capacity):
+def _psum_scatter_wire(x, n, params, capacity, algorithm=""):
   return (accounting.sent_bytes("reduce-scatter", x.size * itemsize(x), n),
           accounting.sent_bytes("all-to-all", n * capacity, n))
 
@@ -412,7 +412,8 @@ def _reduce_scatter_rows(rows, axis_name, n, call: Call):
 
   if call.capacity:
     got = _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
-                                  transport=call.transport, site=call.site, raw=raw)
+                                  transport=call.transport, site=call.site, raw=raw,
+                                  pieces=call.pieces)
   else:
     got = raw()
     accounting.count(call.site, jnp.bool_(False))
@@ -450,22 +451,33 @@ def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
          transport="auto", name=None):
   """Compressed :func:`jax.lax.psum` (all-reduce) with a fixed float32 order.
 
-  Must be called inside ``jax.shard_map``. For bfloat16/float16/float32 it is
-  a reduce-scatter followed by an all-gather, each compressed::
+  Must be called inside ``jax.shard_map``. For the coded float dtypes it runs one of two
+  algorithms, chosen per call at trace time by the cost model of :mod:`zipccl_jax.strategy`
+  (``explain()`` lists both estimates; :func:`zipccl_jax.use_algorithm` ``(psum=...)`` pins one):
 
-    flat = pad(x.reshape(-1), to a multiple of n)       # m = ceil(x.size / n)
-    mine = psum_scatter(flat.reshape(n, m), axis_name)  # fixed-order f32 sum, rounded once
-    out = all_gather(mine, axis_name)[:x.size].reshape(x.shape)
+  * ``"a2a-sum+gather"`` (reduce-scatter + all-gather, for large messages; two collectives,
+    about ``2 (n-1)/n`` times the coded size on the wire, like a ring all-reduce)::
 
-  so every element is ``round(((f32(x_0) + f32(x_1)) + ...) + f32(x_{n-1}))``
-  (see :func:`psum_scatter`) and every rank holds the same bits. The wire
-  carries ``n * C1`` bytes (all-to-all) plus ``C2`` bytes per sender
-  (all-gather), about ``2 (n-1)/n`` times the coded size like a ring
-  all-reduce. ``compress=False`` runs the same algorithm raw, so results are
-  identical in all modes; ``jax.lax.psum`` may round differently. Other dtypes
-  call ``jax.lax.psum``. Under ``check_vma`` the result is device-invariant
-  like ``jax.lax.psum``'s, and the transpose is a (free) ``pcast``; without
-  ``check_vma`` the transpose is this ``psum``.
+      flat = pad(x.reshape(-1), to a multiple of n)       # m = ceil(x.size / n)
+      mine = psum_scatter(flat.reshape(n, m), axis_name)  # fixed-order f32 sum, rounded once
+      out = all_gather(mine, axis_name)[:x.size].reshape(x.shape)
+
+  * ``"gather-sum"`` (all-gather + local sum, when latency dominates: one collective, but
+    ``n - 1`` coded messages on the wire)::
+
+      rows = all_gather(x.reshape(-1), axis_name)        # (n, x.size), row s from rank s
+      out = ordered_f32_sum(rows).reshape(x.shape)       # on every rank, the same order
+
+  Reduction order: in both algorithms every element is
+  ``round(((f32(x_0) + f32(x_1)) + ...) + f32(x_{n-1}))``, float32 additions in ascending
+  rank order and one round-to-nearest-even (see :func:`psum_scatter`), so the two algorithms
+  return the same bits, every rank holds the same bits, and ``compress=True``, ``False``,
+  ``"auto"`` and the overflow fallback give the same bits too. ``jax.lax.psum`` may round
+  differently (within one rounding). Other dtypes call ``jax.lax.psum``. An int ``capacity``
+  is the bytes of one frame of the algorithm's chunk (``ceil(x.size / n)`` elements, resp.
+  ``x.size``), so with one ``"auto"`` keeps ``"a2a-sum+gather"``. Under ``check_vma`` the
+  result is device-invariant like ``jax.lax.psum``'s, and the transpose is a (free) ``pcast``;
+  without ``check_vma`` the transpose is this ``psum``.
 
   Args:
     x: array(s) with a mapped axis named ``axis_name``.
@@ -473,16 +485,16 @@ def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
     axis_index_groups: passed to ``jax.lax.psum``, which raises ``NotImplementedError`` for
       them inside ``shard_map``.
     compress, capacity, transport, name: see the module docstring (both
-      phases use the same options; the all-gather phase is always padded).
+      phases use the same options; the all-gather phase is always padded; so is the whole
+      ``"gather-sum"`` under ``check_vma``, whose result is device-invariant).
 
   Returns:
     Array(s) of ``x.shape``: the sum over ``axis_name``.
 
-  Example, two devices::
+  Example, two devices, rank 0: x = [1, 2], rank 1: x = [10, 20]::
 
-    rank 0: x = [1, 2]     rank 1: x = [10, 20]
-    phase 1: rank 0 keeps 1 + 10 = 11, rank 1 keeps 2 + 20 = 22 (frames of one element)
-    phase 2: all_gather -> [11, 22] on both ranks
+    "a2a-sum+gather": rank 0 keeps 1 + 10 = 11, rank 1 keeps 2 + 20 = 22, all_gather -> [11, 22]
+    "gather-sum": both ranks receive [[1, 2], [10, 20]] and add the rows: [11, 22]
   """
   return run(_PSUM, x, axis_name, (), compress=compress, capacity=capacity,
                      transport=transport, name=name,
@@ -493,9 +505,11 @@ def _psum_params(x, n, axis_name, args):
   return (), -(-x.size // n), None
 
 
-def _psum_wire(x, n, params, capacity):
-  return (accounting.sent_bytes("all-reduce", x.size * itemsize(x), n),
-          accounting.sent_bytes("all-to-all", n * capacity, n)
+def _psum_wire(x, n, params, capacity, algorithm=""):
+  raw = accounting.sent_bytes("all-reduce", x.size * itemsize(x), n)
+  if algorithm == "gather-sum":  # one frame of the whole message, to every rank
+    return raw, accounting.sent_bytes("all-gather", capacity, n)
+  return (raw, accounting.sent_bytes("all-to-all", n * capacity, n)
           + accounting.sent_bytes("all-gather", capacity, n))
 
 
@@ -503,22 +517,25 @@ def _psum_lax(x, axis_name, params, groups=None):
   return lax.psum(x, axis_name, axis_index_groups=groups)
 
 
-def _gather_sums(red, axis_name, n, call: Call, invariant):
-  """red (m,) per rank -> (n, m), row s from rank s (padded transport when invariant)."""
+def _gather_sums(red, axis_name, n, call: Call, invariant, site=None):
+  """red (m,) per rank -> (n, m), row s from rank s (padded transport when invariant); counted
+  under `site` (default: psum's gather phase, ``<site>/gather``)."""
   def raw_gather(u):
     return lax.all_gather(u, axis_name, to="invarying" if invariant else "varying")
 
   if not call.capacity:
     return _exchange.raw_bits(raw_gather, red)
   return _exchange.gather_row(red, axis_name=axis_name, n=n, capacity=call.capacity,
-                              transport=call.transport, site=call.site + "/gather",
-                              invariant=invariant,
+                              transport=call.transport, site=site or call.site + "/gather",
+                              invariant=invariant, pieces=call.pieces,
                               raw=lambda: _exchange.raw_bits(raw_gather, red))
 
 
 def _psum_impl(call: Call, x):
   n = axis_size(call.axis_name, "psum")
   x = vary(x, axes_of(call.axis_name))
+  if call.algorithm == "gather-sum":
+    return _psum_gather_sum(call, x, n)
   size = x.size
   m = -(-size // n)
   flat = x.reshape(size)
@@ -529,6 +546,15 @@ def _psum_impl(call: Call, x):
   record_frames(call.site + "/gather", "psum", lambda: red.reshape(1, m))
   got = _gather_sums(red, call.axis_name, n, call, check_vma_on())
   return got.reshape(n * m)[:size].reshape(x.shape)
+
+
+def _psum_gather_sum(call: Call, x, n: int):
+  """One all-gather of the whole message, then every rank's ordered f32 sum of the rows."""
+  record_frames(call.site, "psum", lambda: x.reshape(1, x.size))
+  if not call.capacity:
+    accounting.count(call.site, jnp.bool_(False))
+  rows = _gather_sums(x.reshape(x.size), call.axis_name, n, call, check_vma_on(), site=call.site)
+  return _exchange.ordered_sum(rows, x.dtype).reshape(x.shape)
 
 
 def _psum_transpose_rule(call: Call, ct):
@@ -599,7 +625,7 @@ def _ppermute_params(x, n, axis_name, perm):
   return pairs, x.size, (None if pairs else "empty perm")
 
 
-def _ppermute_wire(x, n, pairs, capacity):
+def _ppermute_wire(x, n, pairs, capacity, algorithm=""):
   return (accounting.sent_bytes("collective-permute", x.size * itemsize(x), n),
           accounting.sent_bytes("collective-permute", capacity, n)
           + accounting.sent_bytes("all-reduce", 4, n))

@@ -74,7 +74,7 @@ from zipccl_jax.observation import record_frames
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.profile import axis_key, current_platform, get_profile
 
-__all__ = ["LevelPlan", "plan", "run", "use_algorithm", "levels_of"]
+__all__ = ["LevelPlan", "plan", "run", "use_algorithm", "levels_of", "pinned"]
 
 OPS = ("all_gather", "psum_scatter", "all_to_all")
 
@@ -88,19 +88,27 @@ _FORCED = threading.local()
 
 
 @contextlib.contextmanager
-def use_algorithm(algorithm: str = "auto", compress=None):
-  """Pins the algorithm of two-level collectives traced inside the block.
+def use_algorithm(algorithm: str = "auto", compress=None, *, psum: str = "auto", pieces=None):
+  """Pins the algorithms of collectives traced inside the block (every argument left at its
+  default is the cost model's choice; a nested block replaces the enclosing one's pins).
 
   Args:
     algorithm: ``"auto"`` (the cost model), ``"flat"`` or ``"hierarchical"`` (for a tuple of two
       axes, the first one taken as the slow level when the profile does not say).
     compress: None (the call's own ``compress``), or per level ``{axis: True | False}``
       (hierarchical only), e.g. ``{"host": True, "local": False}``.
+    psum: ``"auto"``, ``"a2a-sum+gather"`` (reduce-scatter, then all-gather) or
+      ``"gather-sum"`` (all-gather, then every rank sums): :func:`zipccl_jax.psum`'s algorithm.
+    pieces: None, or the number K of independent coded chains a compressed all_to_all,
+      all_gather, psum_scatter or psum splits each chunk into (pipelining, see
+      ``zipccl_jax._exchange``); the result's bits do not depend on K.
 
   Example::
 
     with zipccl_jax.use_algorithm("hierarchical", {"host": True, "local": False}):
       f = jax.jit(jax.shard_map(lambda v: zipccl_jax.all_gather(v, ("host", "local")), ...))
+    with zipccl_jax.use_algorithm(psum="gather-sum", pieces=2):
+      g = jax.jit(jax.shard_map(lambda v: zipccl_jax.psum(v, "i"), ...))
   """
   if algorithm not in ("auto", "flat", "hierarchical"):
     raise ValueError(f"use_algorithm: algorithm must be 'auto', 'flat' or 'hierarchical', "
@@ -109,12 +117,24 @@ def use_algorithm(algorithm: str = "auto", compress=None):
                                or not all(isinstance(v, bool) for v in compress.values())):
     raise ValueError("use_algorithm: compress must be None, or with algorithm='hierarchical' a "
                      f"dict {{axis: True | False}}, got {compress!r}")
-  prev = getattr(_FORCED, "value", None)
+  if psum not in ("auto", "a2a-sum+gather", "gather-sum"):
+    raise ValueError(f"use_algorithm: psum must be 'auto', 'a2a-sum+gather' or 'gather-sum', "
+                     f"got {psum!r}")
+  if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int)
+                             or pieces < 1):
+    raise ValueError(f"use_algorithm: pieces must be None or an int >= 1, got {pieces!r}")
+  prev = getattr(_FORCED, "value", None), getattr(_FORCED, "single", None)
   _FORCED.value = (algorithm, dict(compress) if compress else None)
+  _FORCED.single = (None if psum == "auto" else psum, pieces)
   try:
     yield
   finally:
-    _FORCED.value = prev
+    _FORCED.value, _FORCED.single = prev
+
+
+def pinned() -> tuple:
+  """``(psum algorithm or None, pieces or None)`` pinned by the innermost :func:`use_algorithm`."""
+  return getattr(_FORCED, "single", None) or (None, None)
 
 
 def _two_axes(axis_name) -> bool:

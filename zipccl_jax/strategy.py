@@ -29,11 +29,34 @@ psum_scatter   all_to_all n*chunk      (n-1)*chunk                  (n-1)*chunk
 all_gather     all_gather chunk        chunk                        (n-1)*chunk
 psum           all_to_all n*chunk,     n*chunk                      (2n-1)*chunk
                all_gather chunk
+psum           all_gather message      message                      n*message
+ (gather-sum)
 ppermute       ppermute chunk          chunk                        chunk
 =============  ======================  ===========================  ===========================
 
 The chunk a rank keeps is never coded (``_exchange.own_row``); psum's gather, whose result must
 not depend on the rank, decodes every row. (ragged_all_to_all: n frames each way.)
+
+psum has two algorithms (:func:`decide_psum`): ``"a2a-sum+gather"`` (reduce-scatter, then
+all-gather; ``chunk = ceil(size / n)``) and ``"gather-sum"`` (one all-gather of the whole message,
+then every rank sums the ``n`` rows: one latency instead of two, ``n - 1`` messages on the wire
+instead of about 2). Each is costed as above, raw and compressed, and the cheaper one runs; both
+compute the same float32 order, so the choice never changes a bit.
+
+Pieces (pipelining). A compressed all_to_all, all_gather, psum_scatter or psum can code each chunk
+as ``K`` independent chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has
+three stages, encode (``T_e = encode bytes / encode_Bps``, ``o_e`` = encode overhead per piece),
+transfer (``T_w = sent / bandwidth``, the link latency per piece) and decode (``T_d``, ``o_d``)::
+
+  t(K) = sum_s (T_s / K + o_s) + (K - 1) * max_s (T_s / K + o_s)    where transfers overlap codec
+  t(K) = sum_s (T_s + K o_s)                                         otherwise (CPU)
+
+(:func:`pipeline_time`; ``t(1)`` is the unpipelined time either way). :func:`choose_pieces` takes
+the fewest pieces within ``min_gain`` of the best ``K <= MAX_PIECES`` (pieces of at least one
+codec block), if that beats ``K = 1`` by ``min_gain``, on GPU/TPU with the padded transport; on
+CPU ``K = 1`` (XLA:CPU's collectives are blocking thunks on devices that share the host's cores),
+and on the ragged transport too (XLA:GPU runs its chains one after another:
+benchmarks/gpu_schedule.py). ``use_algorithm(pieces=K)`` pins it.
 
 The padded transport's wire chunk is the capacity ``C``; the ragged one's is
 the expected frame size ``32 + expected_ratio * raw + 64 * blocks`` (capped at
@@ -87,6 +110,7 @@ and kept in a log: :func:`decisions` (site -> :class:`Decision`) and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -133,6 +157,8 @@ class Decision:
   reason: str
   profile: str = ""          # fingerprint of the profile used
   mode: str = "auto"         # the caller's compress option
+  pieces: int = 1            # independent encode -> collective -> decode chains (pipelining)
+  candidates: tuple = ()     # ((algorithm or "K=k", estimate s), ...) the choice compared
 
   @property
   def ratio(self) -> float:
@@ -140,6 +166,8 @@ class Decision:
 
   def summary(self) -> str:
     what = "compressed" if self.compress else "raw"
+    if self.pieces > 1:
+      what += f" in {self.pieces} pieces"
     est = (f"est {self.est_compressed_s * 1e3:.3f} ms vs raw {self.est_raw_s * 1e3:.3f} ms"
            if math.isfinite(self.est_compressed_s) else f"raw est {self.est_raw_s * 1e3:.3f} ms")
     return (f"zipccl {self.op} site={self.site}: {what} ({est}; ratio {self.ratio:.2f}, "
@@ -197,14 +225,20 @@ def explain(site: str | None = None) -> str:
   for s, d in sorted(ds.items()):
     raw_chunk = d.chunk_elems * np.dtype(np_dtype(d.dtype)).itemsize
     rows.append(f"{s[:40]:40s} {d.op:12s} {d.dtype:8s} {raw_chunk:9d} {d.axis_size:3d} "
-                f"{'compressed' if d.compress else 'raw':10s} {d.capacity:9d} "
+                f"{_choice(d):10s} {d.capacity:9d} "
                 f"{d.est_compressed_s * 1e3:8.3f} {d.est_raw_s * 1e3:8.3f} {d.ratio:5.2f} "
                 f"{d.reason}")
   return "\n".join(rows)
 
 
+def _choice(d: Decision) -> str:
+  return ("compressed" if d.compress else "raw") + (f" K={d.pieces}" if d.pieces > 1 else "")
+
+
 # op -> (phases [(link collective, chunks in the operand, coded)], encode chunks, decode chunks)
-def _structure(op: str, n: int):
+def _structure(op: str, n: int, algorithm: str | None = None):
+  if op == "psum" and algorithm == "gather-sum":  # the chunk is the whole message
+    return [("all_gather", 1)], 1, n
   if op == "ragged_all_to_all":  # frames of `bound` rows
     return [("all_to_all", n)], n, n
   if op in ("all_to_all", "psum_scatter"):  # the own row is not coded (_exchange.own_row)
@@ -267,7 +301,8 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
            site: str | None = None, role: str = "activation", capacity=None,
            transport: str = "auto", compress="auto", profile: Profile | None = None,
            platform: str | None = None, log: bool = True,
-           raw_reason: str | None = None) -> Decision:
+           raw_reason: str | None = None, algorithm: str | None = None,
+           pieces: int | None = None, message_elems: int | None = None) -> Decision:
   """The cost-model decision for one call (pure: same inputs, same answer).
 
   Args:
@@ -287,16 +322,26 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
     log: record in :func:`decisions` and log at DEBUG level.
     raw_reason: the call goes raw for this reason whatever the model says
       (``all_gather(to="reduced")``, an empty ``ppermute`` perm).
+    algorithm: psum only: ``"a2a-sum+gather"`` or ``"gather-sum"`` pinned (then
+      ``chunk_elems`` is the algorithm's frame: ``ceil(size / n)``, resp. ``size``); None:
+      the cheaper of the two (:func:`decide_psum`, with ``chunk_elems = ceil(size / n)``).
+    pieces: K pinned (:func:`choose_pieces`); None: the model's K.
+    message_elems: psum only: the operand's elements (default ``n * chunk_elems``).
   """
   prof = profile if profile is not None else get_profile()
   plat = platform_key(platform) if platform is not None else current_platform()
+  if op == "psum" and algorithm is None:
+    return decide_psum(dtype, chunk_elems, axis_size=axis_size, axis_name=axis_name, site=site,
+                       role=role, capacity=capacity, transport=transport, compress=compress,
+                       profile=prof, platform=plat, log=log, raw_reason=raw_reason,
+                       pieces=pieces, message_elems=message_elems)
   dt = np.dtype(dtype)
   n = int(axis_size)
   m = int(chunk_elems)
-  phases, enc_chunks, dec_chunks = _structure(op, n)
+  phases, enc_chunks, dec_chunks = _structure(op, n, algorithm)
   raw_chunk = m * dt.itemsize
   axis = axis_key(axis_name) if axis_name is not None else None
-  algorithm = {"psum_scatter": "a2a-sum", "psum": "a2a-sum+gather"}.get(op, "direct")
+  algorithm = algorithm or {"psum_scatter": "a2a-sum", "psum": "a2a-sum+gather"}.get(op, "direct")
 
   links = [prof.link(axis_name, coll, plat)[0] for coll, _ in phases]
   raw_bytes = sum(sent_bytes(coll, k * raw_chunk, n) for coll, k in phases)
@@ -304,19 +349,18 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
   bw = links[0].bandwidth_Bps
   lat = links[0].latency_s
 
+  piece = [1, ""]  # K and why (compressed estimates only)
+
   def out(compress_, cap, transport_, t_c, wire, src, reason):
     d = Decision(op=op, site=site, dtype=dt.name, chunk_elems=m, axis_size=n, axis=axis,
                  role=role, compress=bool(compress_), capacity=int(cap if compress_ else 0),
                  transport=transport_, algorithm=algorithm, est_raw_s=float(t_raw),
                  est_compressed_s=float(t_c), raw_bytes=int(raw_bytes), wire_bytes=int(wire),
                  bandwidth_Bps=float(bw), latency_s=float(lat), capacity_source=src,
-                 reason=reason, profile=prof.fingerprint(), mode=str(compress))
+                 reason=reason + (piece[1] if compress_ else ""), profile=prof.fingerprint(),
+                 mode=str(compress), pieces=piece[0] if compress_ else 1)
     if log:
-      if site is not None:
-        with _DECISIONS_LOCK:
-          _DECISIONS[site] = d
-      if _LOG.isEnabledFor(logging.DEBUG):
-        _LOG.debug("%s", d.summary())
+      _record(d)
     return d
 
   if raw_reason is not None:
@@ -337,22 +381,16 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
                   + math.ceil(prof.ratio("expected_ratio", role, dt) * raw_chunk)
                   + BLOCK_SLACK_BYTES * -(-m // fmt.BLOCK_ELEMS))
 
-  def coded_time(tr: str):
-    t, wire = t_codec, 0.0
-    for i, (lk, (coll, k)) in enumerate(zip(links, phases)):
-      ragged = tr == "ragged" and not (op == "psum" and i == 1)  # psum phase 2 stays padded
-      chunk = exp_frame if ragged else cap
-      s = sent_bytes(coll, k * chunk, n)
-      wire += s
-      t += lk.time(s)
-      if ragged:
-        t += lk.latency_s  # the int32 size exchange
-    if op == "ppermute":  # the 4-byte overflow flag psum
-      t += prof.link(axis_name, "psum", plat)[0].latency_s
-    t += prof.fallback_risk * t_raw
-    return t, wire
-
+  coded_time = functools.partial(
+      _coded_time, op=op, links=links, phases=phases, n=n, cap=cap, exp_frame=exp_frame,
+      t_fixed=t_codec + prof.fallback_risk * t_raw,
+      flag_latency=prof.link(axis_name, "psum", plat)[0].latency_s if op == "ppermute" else 0.0)
+  if op in PIPELINED_OPS:  # each transport's time with its best K
+    coded_time = _with_pieces(coded_time, _pipeline_stages(links, phases, codec, cap, raw_chunk, n),
+                              m, plat, prof.min_gain, pieces, piece)
   tr_best, (t_c, wire) = _best_transport(transport, plat, coded_time)
+  if op in PIPELINED_OPS:
+    piece[:] = piece[2][tr_best if tr_best in piece[2] else "padded"]
 
   if compress is True:
     return out(True, cap, transport, t_c, wire, src, "compress=True")
@@ -370,6 +408,152 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
              f"model: {t_c * 1e3:.3f} ms x (1+{g:g}) >= raw {t_raw * 1e3:.3f} ms")
 
 
+def _coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_latency):
+  """(seconds, bytes sent) of the coded call on transport `tr` (`t_fixed`: codec and fallback)."""
+  t, wire = t_fixed + flag_latency, 0.0  # flag: ppermute's 4-byte overflow psum
+  for i, (lk, (coll, k)) in enumerate(zip(links, phases)):
+    ragged = tr == "ragged" and not (op == "psum" and i == 1)  # psum phase 2 stays padded
+    chunk = exp_frame if ragged else cap
+    s = sent_bytes(coll, k * chunk, n)
+    wire += s
+    t += lk.time(s)
+    if ragged:
+      t += lk.latency_s  # the int32 size exchange
+  return t, wire
+
+
+def _with_pieces(coded_time, stages, m: int, plat: str, min_gain: float, pinned, piece: list):
+  """`coded_time` plus each transport's best K (:func:`choose_pieces`); `piece[2]` collects, per
+  transport, [K, reason suffix]."""
+  piece.append({})
+
+  def timed(tr: str):
+    t, wire = coded_time(tr)
+    k, t_k, cands = choose_pieces(stages, m, plat, min_gain, pinned, transport=tr)
+    why = "" if len(cands) == 1 else f"; K={k} ({'use_algorithm' if pinned else 'model'}: " + \
+        ", ".join(f"K={i} {t * 1e3:.3f} ms" for i, t in cands) + ")"
+    piece[2][tr] = [k, why]
+    return t + t_k - cands[0][1], wire
+
+  return timed
+
+
+def _record(d: Decision) -> None:
+  if d.site is not None:
+    with _DECISIONS_LOCK:
+      _DECISIONS[d.site] = d
+  if _LOG.isEnabledFor(logging.DEBUG):
+    _LOG.debug("%s", d.summary())
+
+
+# --------------------------------------------------------------------------- #
+# psum's algorithm
+# --------------------------------------------------------------------------- #
+
+# "a2a-sum+gather": reduce-scatter (coded all-to-all, ordered sum of my chunk), then an
+# all-gather of the sums: 2 collectives, ~2 (n-1)/n of the message on the wire.
+# "gather-sum": one all-gather of the whole message, then every rank sums all n rows in the
+# same order: 1 collective, (n-1) messages on the wire. Latency-bound messages favour it.
+PSUM_ALGORITHMS = ("a2a-sum+gather", "gather-sum")
+
+
+def decide_psum(dtype, chunk_elems: int, *, axis_size: int, message_elems=None, capacity=None,
+                compress="auto", profile: Profile | None = None, log: bool = True,
+                **kw) -> Decision:
+  """psum's decision: each algorithm's own :func:`decide`, the cheaper one kept.
+
+  Candidates are compared on what each would run: ``t_comp * (1 + min_gain)`` when its own
+  decision compresses under ``compress="auto"``, ``t_comp`` under ``compress=True``, else
+  ``t_raw``; ties keep ``"a2a-sum+gather"``. The local sums' arithmetic is not modelled (the
+  links and the codec are). An explicit ``int`` capacity is bytes per frame of the
+  reduce-scatter chunk (``ceil(size / n)`` elements), so it keeps ``"a2a-sum+gather"``
+  (:func:`zipccl_jax.use_algorithm` can still pin ``"gather-sum"``).
+  """
+  prof = profile if profile is not None else get_profile()
+  n = int(axis_size)
+  size = int(message_elems) if message_elems is not None else n * int(chunk_elems)
+  algs = PSUM_ALGORITHMS
+  if isinstance(capacity, (int, np.integer)) and not isinstance(capacity, bool):
+    algs = algs[:1]
+  g = prof.min_gain
+  cands = {}
+  for a in algs:
+    d = decide("psum", dtype, chunk_elems if a == "a2a-sum+gather" else size, axis_size=n,
+               capacity=capacity, compress=compress, profile=prof, log=False, algorithm=a, **kw)
+    t = ((d.est_compressed_s * (1 + g) if compress == "auto" else d.est_compressed_s)
+         if d.compress else d.est_raw_s)
+    cands[a] = (t, d)
+  best = min(algs, key=lambda a: (cands[a][0], algs.index(a)))
+  d = cands[best][1]
+  why = "; ".join(f"{a} {cands[a][0] * 1e3:.3f} ms" for a in algs)
+  d = dataclasses.replace(d, reason=f"{d.reason}; psum {best} (model: {why})",
+                          candidates=tuple((a, float(cands[a][0])) for a in algs))
+  if log:
+    _record(d)
+  return d
+
+
+# --------------------------------------------------------------------------- #
+# Pieces (pipelining)
+# --------------------------------------------------------------------------- #
+
+PIPELINED_OPS = ("all_to_all", "all_gather", "psum_scatter", "psum")
+MAX_PIECES = 8
+# platforms whose collectives run asynchronously beside independent work (the model's overlap)
+_OVERLAP_PLATFORMS = ("gpu", "tpu")
+
+
+def _pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int):
+  """Per coded phase, its three stages as (seconds for the whole message, seconds per piece):
+  encode (codec throughput, overhead), transfer (bytes / bandwidth, latency), decode."""
+  out = []
+  for lk, (coll, k) in zip(links, phases):
+    dec = 1 if coll == "ppermute" else n
+    out.append(((k * raw_chunk / codec.encode_Bps, codec.encode_overhead_s),
+                (sent_bytes(coll, k * cap, n) / lk.bandwidth_Bps, lk.latency_s),
+                (dec * raw_chunk / codec.decode_Bps, codec.decode_overhead_s)))
+  return out
+
+
+def pipeline_time(stages, pieces: int, overlap: bool) -> float:
+  """Seconds for a message in `pieces` chains, summed over phases. With `overlap` a three-stage
+  pipeline: one piece through every stage, then ``K - 1`` times the slowest stage; without,
+  every stage of every piece one after another (``K = 1`` is the unpipelined time either way)."""
+  t = 0.0
+  for phase in stages:
+    per = [total / pieces + fixed for total, fixed in phase]
+    t += sum(per) + (pieces - 1) * (max(per) if overlap else sum(per))
+  return t
+
+
+def choose_pieces(stages, chunk_elems: int, platform: str, min_gain: float,
+                  pinned: int | None = None, transport: str = "padded"):
+  """(K, its time, [(k, time), ...] compared) for a coded call of `stages` (`_pipeline_stages`).
+
+  Pinned: that K (at most one piece per element). Otherwise K = 1 on CPU (XLA:CPU's
+  collectives are blocking thunks and the virtual devices share the host's cores: no overlap to
+  win, only per-piece overheads) and on the ragged transport (XLA:GPU schedules its chains one
+  after another, every collective sync: benchmarks/gpu_schedule.py); on GPU/TPU with the padded
+  transport the fewest pieces (1..MAX_PIECES, each at least one codec block of 65536 elements)
+  within ``min_gain`` of the fastest `pipeline_time`, if that beats K = 1 by ``min_gain``.
+  """
+  overlap = platform in _OVERLAP_PLATFORMS and transport != "ragged"
+  if pinned is not None:
+    ks = sorted({1, max(1, min(int(pinned), int(chunk_elems)))})
+  elif overlap:
+    ks = list(range(1, max(1, min(MAX_PIECES, int(chunk_elems) // fmt.BLOCK_ELEMS)) + 1))
+  else:
+    ks = [1]
+  cands = [(k, pipeline_time(stages, k, overlap)) for k in ks]
+  if pinned is not None:
+    return cands[-1][0], cands[-1][1], cands
+  fastest = min(t for _, t in cands)
+  best = next(c for c in cands if c[1] <= fastest * (1 + min_gain))  # the fewest pieces that do
+  if best[0] > 1 and best[1] * (1 + min_gain) >= cands[0][1]:
+    best = cands[0]
+  return best[0], best[1], cands
+
+
 def crossover_bandwidth(op: str, dtype, chunk_elems: int, *, axis_size: int,
                         role: str = "activation", profile: Profile | None = None,
                         platform: str = "cpu", capacity=None) -> float:
@@ -380,7 +564,8 @@ def crossover_bandwidth(op: str, dtype, chunk_elems: int, *, axis_size: int,
   """
   prof = profile if profile is not None else get_profile()
   d = decide(op, dtype, chunk_elems, axis_size=axis_size, role=role, compress=True,
-             capacity=capacity, profile=prof, platform=platform, log=False)
+             capacity=capacity, profile=prof, platform=platform, log=False, pieces=1,
+             algorithm="a2a-sum+gather" if op == "psum" else None)
   lk, _ = prof.link(None, "*", platform)
   phases, _, _ = _structure(op, axis_size)
   b_raw, b_wire = d.raw_bytes, d.wire_bytes
@@ -412,11 +597,14 @@ class Plan:
   reason: str = ""
   transport: str | None = None  # None: the caller's transport
   decision: Decision | None = None  # the cost model's decision (compress="auto")
+  algorithm: str = ""           # psum: "a2a-sum+gather" or "gather-sum" ("": the op's only one)
+  pieces: int = 1               # coded chains per chunk (see _exchange, "Pieces")
 
 
 def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity,
          role: str = "activation", site: str | None = None, axis_name=None,
-         transport: str = "auto", raw_reason: str | None = None) -> Plan:
+         transport: str = "auto", raw_reason: str | None = None, algorithm: str | None = None,
+         pieces: int | None = None, message_elems: int | None = None) -> Plan:
   """The single place that decides raw vs. compressed for one call, and logs it.
 
   Args:
@@ -433,12 +621,47 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
     axis_name: the collective's axis (selects the profile's link).
     transport: the caller's transport.
     raw_reason: the call goes raw for this reason (``to="reduced"``, an empty perm); logged.
+    algorithm, pieces, message_elems: as :func:`decide`'s (``algorithm``/``pieces`` pinned by
+      :func:`zipccl_jax.use_algorithm`).
 
   ``compress=True`` and ``False`` are obeyed as given (capacity from ``capacity=`` or
   :func:`~zipccl_jax.padded_capacity`). ``"auto"`` asks the cost model (:func:`decide`), which
   also picks the capacity (observed per call site, else the active profile's ratio) and, off
-  CPU, the transport. Every decision is logged (:func:`explain`).
+  CPU, the transport. Every decision is logged (:func:`explain`). The plan carries psum's
+  algorithm and the number of pieces of the decision that was logged.
   """
+  last, chosen = [], None
+  if op == "psum" and algorithm is None and compress in (True, False, "auto"):
+    # psum's algorithm first (its frame size decides the capacity), then that algorithm's plan
+    chosen = decide_psum(dtype, chunk_elems, axis_size=axis_size, axis_name=axis_name, site=site,
+                         role=role, capacity=None if isinstance(capacity, str) else capacity,
+                         transport=transport, compress=compress, raw_reason=raw_reason,
+                         pieces=pieces, message_elems=message_elems, log=False)
+    algorithm = chosen.algorithm
+  if op == "psum" and algorithm == "gather-sum":
+    chunk_elems = message_elems if message_elems is not None else axis_size * chunk_elems
+
+  def log(mode, cap=None, reason=None):
+    last.append(decide(op, dtype, chunk_elems, axis_size=axis_size, axis_name=axis_name,
+                       site=site, role=role, capacity=cap, transport=transport, compress=mode,
+                       raw_reason=reason, algorithm=algorithm, pieces=pieces))
+    return last[-1]
+
+  p = _plan(op, dtype, chunk_elems, compress, capacity, role, site, log, raw_reason)
+  if not last:
+    return p
+  d = last[-1]
+  if op == "psum":
+    how = f"psum {d.algorithm} (" + ("use_algorithm" if chosen is None else "model: " + "; ".join(
+        f"{a} {t * 1e3:.3f} ms" for a, t in chosen.candidates)) + ")"
+    d = dataclasses.replace(d, reason=f"{d.reason}; {how}",
+                            candidates=chosen.candidates if chosen is not None else ())
+    _record(d)
+  return dataclasses.replace(p, algorithm=d.algorithm if op == "psum" else "",
+                             pieces=d.pieces if p.compress else 1, decision=p.decision and d)
+
+
+def _plan(op, dtype, chunk_elems, compress, capacity, role, site, log, raw_reason) -> Plan:
   if compress is not True and compress is not False and compress != "auto":
     raise ValueError(f"zipccl_jax.{op}: compress must be True, False or 'auto', got {compress!r}")
   observed = isinstance(capacity, str)
@@ -448,12 +671,6 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
   capacity = None if observed else capacity
   dt = np.dtype(dtype)
   coded = dt in CODED_DTYPES
-
-  def log(mode, cap=None, reason=None):
-    return decide(op, dt, chunk_elems, axis_size=axis_size, axis_name=axis_name, site=site,
-                  role=role, capacity=cap, transport=transport, compress=mode,
-                  raw_reason=reason)
-
   if raw_reason is not None:
     return Plan(False, reason=raw_reason, decision=log(compress, reason=raw_reason))
   if compress is False:

@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""XLA:GPU's schedule of a compressed collective in K pieces, compiled without a GPU.
+
+    JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu python benchmarks/gpu_schedule.py --pieces 3
+
+Compiles `zipccl_jax.<op>` over 8 devices of a described H100 topology (jax-cuda12-plugin's deviceless
+compile: `jax.experimental.topologies.get_topology_desc(platform="cuda", target_config=...)`), then prints
+the entry computation's scheduled order of what matters for pipelining: the zipccl encode custom calls,
+the collectives' start (marked sync where XLA found nothing to overlap) and done, and the conditionals
+(each chain's decode or raw fallback), and for each collective which encodes and conditionals XLA placed
+between its start and its done (work overlapping that transfer). Nothing runs; no timing is measured.
+
+Needs, in a venv of its own (the plugin makes every jax import on a machine without a GPU look for one):
+`pip install ".[gpuaot]"` next to a zipccl_jax built with its CUDA handlers (the default build where a CUDA
+toolkit is found; `python -m zipccl_jax.info` lists them). JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 lets the plugin
+load without CUDA libraries; JAX_PLATFORMS=cpu keeps the default backend on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import zipccl_jax
+from zipccl_jax import _ffi
+
+# An H100 SXM as XLA's GpuTargetConfigProto text (hardware facts the compiler's cost models read).
+H100 = """
+gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
+  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000 l2_cache_size: 52428800 clock_rate_ghz: 1.98
+  device_memory_size: 84929347584 shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 } registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}
+runtime_version { major: 12 minor: 8 }
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 7 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+_OPS = {
+    "all_to_all": lambda v, **kw: zipccl_jax.all_to_all(v, "i", 0, 0, tiled=True, **kw),
+    "all_gather": lambda v, **kw: zipccl_jax.all_gather(v, "i", tiled=True, **kw),
+    "psum_scatter": lambda v, **kw: zipccl_jax.psum_scatter(v, "i", tiled=True, **kw),
+}
+_LINE = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*? (?P<op>[a-z\-]+)\(")
+
+
+def scheduled(hlo: str) -> list[tuple[str, str]]:
+    """(kind, name) of the entry computation's encodes, async collective starts/dones and conditionals,
+    in the scheduled order (a scheduled module lists instructions in execution order)."""
+    out = []
+    for line in hlo[hlo.index("\nENTRY"):].splitlines()[1:]:
+        m = _LINE.match(line)
+        if not m:
+            continue
+        op = m.group("op")
+        if op == "custom-call" and "zipccl_encode" in line:
+            out.append(("encode", m.group("name")))
+        elif op.endswith("-start"):  # XLA marks a collective it found nothing to overlap with sync
+            out.append((op + (" (sync)" if '"is_sync":true' in line else " (async)"), m.group("name")))
+        elif op.endswith("-done") or op == "conditional":
+            out.append((op, m.group("name")))
+    return out
+
+
+def overlaps(seq):
+    """{collective start: [encodes and conditionals scheduled before its done]}."""
+    open_, out = {}, {}
+    for kind, name in seq:
+        if "-start" in kind:
+            open_[name] = []
+        elif kind.endswith("-done"):
+            start = next(iter(open_), None)
+            if start is not None:
+                out[start] = open_.pop(start)
+        else:
+            for work in open_.values():
+                work.append(f"{kind} {name}")
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", choices=sorted(_OPS), default="all_to_all")
+    ap.add_argument("--pieces", type=int, default=3)
+    ap.add_argument("--elems", type=int, default=1 << 20, help="bfloat16 elements per row (8 rows/device)")
+    ap.add_argument("--transport", default="padded", choices=("padded", "ragged"))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    _ffi.register()
+    if "CUDA" not in _ffi.extension().registrations():
+        sys.exit("gpu_schedule: this zipccl_jax has no CUDA handlers (python -m zipccl_jax.info)")
+    from jax.experimental import topologies
+    topo = topologies.get_topology_desc("h100x8", "cuda", target_config=H100, topology="1x1x8")
+    mesh = Mesh(np.array(topo.devices), ("i",))
+
+    def body(v):
+        with zipccl_jax.use_algorithm(pieces=args.pieces):
+            return _OPS[args.op](v, compress=True, transport=args.transport)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    spec = jax.ShapeDtypeStruct((8 * 8, args.elems), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
+    hlo = f.lower(spec).compile().as_text()
+    seq = scheduled(hlo)
+    ov = overlaps(seq)
+    for kind, name in seq:
+        print(f"{kind:32s} {name}")
+    print("overlapping each transfer:")
+    for start, work in ov.items():
+        print(f"  {start}: {', '.join(work) or '-'}")
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+                                         "schedule": seq, "overlaps": ov}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Pipelining: a coded chunk as K independent encode -> collective -> decode chains (_exchange.in_pieces).
+
+On 8 virtual CPU devices every K gives the bits of K = 1 (data movement: jax.lax's bits), including
+chunks whose size K does not divide and pieces that overflow into their own raw fallback. The CUDA
+lowering (no GPU needed) is parsed as StableHLO: K chains, and no chain's custom call or collective
+reads a value computed by another chain. The model picks K = 1 on CPU and K > 1 for a large message on
+a GPU profile, and explain() reports it.
+"""
+from __future__ import annotations
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import zipccl_jax
+from zipccl_jax import capacity, strategy
+
+N = 8
+BF16 = ml_dtypes.bfloat16
+pytestmark = pytest.mark.skipif(jax.device_count() < N, reason="needs 8 devices")
+COLLECTIVE_OPS = ("stablehlo.all_to_all", "stablehlo.all_gather", "stablehlo.ragged_all_to_all",
+                  "stablehlo.all_reduce", "stablehlo.collective_permute")
+
+
+def _mesh():
+  return jax.make_mesh((N,), ("i",))
+
+
+def _bits(a):
+  a = np.asarray(a)
+  return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+# op -> (zipccl body, jax.lax twin or None for reductions, out_specs)
+CASES = {
+    "all_to_all": (lambda v, **kw: zipccl_jax.all_to_all(v, "i", 0, 1, tiled=True, **kw),
+                   lambda v: lax.all_to_all(v, "i", 0, 1, tiled=True), P("i")),
+    "all_gather": (lambda v, **kw: zipccl_jax.all_gather(v, "i", axis=1, tiled=True, **kw),
+                   lambda v: lax.all_gather(v, "i", axis=1, tiled=True), P("i")),
+    "psum_scatter": (lambda v, **kw: zipccl_jax.psum_scatter(v, "i", tiled=True, **kw), None,
+                     P("i")),
+    "psum": (lambda v, **kw: zipccl_jax.psum(v, "i", **kw), None, P()),
+}
+
+
+def _run(mesh, fn, x, out_spec, pieces=None, **kw):
+  def body(v):
+    with zipccl_jax.use_algorithm(pieces=pieces):
+      return fn(v, **kw)
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=out_spec))
+  return np.asarray(f(jax.device_put(x, NamedSharding(mesh, P("i")))))
+
+
+def _data(cols, seed=0, adversarial_rows=()):
+  rng = np.random.default_rng(seed)
+  x = (rng.standard_normal((N * 16, cols), np.float32) * 0.02).astype(BF16)
+  u = x.view(np.uint16)
+  u[0, :8] = [0x7FC1, 0xFFA3, 0x8000, 0x0000, 0x7F80, 0xFF80, 0x0001, 0x8003]  # bits, not values
+  for r in adversarial_rows:  # random bit patterns: these frames overflow the capacity
+    u[r] = rng.integers(0, 1 << 16, size=cols, dtype=np.uint16)
+  return x
+
+
+@pytest.mark.parametrize("op", list(CASES))
+def test_every_k_gives_the_same_bits(op):
+  """K = 1, 2, 3 (chunks of 2 x 101 / 16 x 101 elements: K does not divide them), compressed; data
+  movement also against jax.lax on the bit patterns."""
+  mesh = _mesh()
+  fn, twin, spec = CASES[op]
+  x = _data(101)
+  ref = _run(mesh, fn, x, spec, pieces=1, compress=True)
+  if twin is not None:
+    want = _run(mesh, lambda v: lax.bitcast_convert_type(
+        twin(lax.bitcast_convert_type(v, np.uint16)), BF16), x, spec)
+    assert np.array_equal(_bits(ref), _bits(want))
+  else:
+    assert np.array_equal(_bits(ref), _bits(_run(mesh, fn, x, spec, compress=False)))
+  for k in (2, 3):
+    got = _run(mesh, fn, x, spec, pieces=k, compress=True)
+    assert np.array_equal(_bits(got), _bits(ref)), (op, k)
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "all_gather"])
+def test_a_piece_that_overflows_falls_back_alone(op):
+  """Random bits in a few rows: their pieces take the raw fallback, the others decode; the bits are
+  jax.lax's either way."""
+  mesh = _mesh()
+  fn, twin, spec = CASES[op]
+  x = _data(96, seed=1, adversarial_rows=(3, 40))
+  x.view(np.uint16)[3, 48:] = 0  # row 3: its second half codes small
+  want = _run(mesh, lambda v: lax.bitcast_convert_type(
+      twin(lax.bitcast_convert_type(v, np.uint16)), BF16), x, spec)
+  for k in (1, 2, 3):
+    got = _run(mesh, fn, x, spec, pieces=k, compress=True)
+    assert np.array_equal(_bits(got), _bits(want)), (op, k)
+
+
+def test_piece_capacities_split_the_chunk():
+  cap = capacity.padded_capacity(1000, BF16)
+  assert capacity.piece_capacities(cap, 1000, 1, BF16) == [(0, 1000, cap)]
+  parts = capacity.piece_capacities(cap, 1000, 3, BF16)
+  assert [(lo, hi) for lo, hi, _ in parts] == [(0, 334), (334, 667), (667, 1000)]
+  assert all(c % 8 == 0 or c == capacity.fmt.max_encoded_bytes(hi - lo, BF16) for lo, hi, c in parts)
+  assert sum(c for *_, c in parts) <= cap + 3 * (32 + 64 + 8)
+  assert capacity.piece_bounds(2, 5) == [(0, 1), (1, 2)]  # at most one piece per element
+
+
+# --------------------------------------------------------------------------------------------------------- #
+# The CUDA lowering: K independent chains
+# --------------------------------------------------------------------------------------------------------- #
+
+def _walk(op):
+  yield op
+  for region in op.regions:
+    for block in region.blocks:
+      for inner in block.operations:
+        yield from _walk(inner.operation)
+
+
+def _body_ops(module):
+  """The operations of the shard_map body (inside @main's sdy.manual_computation)."""
+  main = next(op for op in module.body.operations
+              if op.operation.name == "func.func" and op.attributes["sym_name"].value == "main")
+  ops = [o for o in main.regions[0].blocks[0].operations if o.operation.name != "func.return"]
+  while len(ops) == 1 and ops[0].operation.regions:
+    ops = [o for o in ops[0].regions[0].blocks[0].operations
+           if o.operation.name not in ("sdy.return", "stablehlo.return")]
+  return [o.operation for o in ops]
+
+
+def _chains(module):
+  """Per zipccl op (a top-level op of the body holding a zipccl custom call or a collective, also
+  inside its regions): its label and the encode ops among its ancestors (values used inside regions
+  count, so a conditional reads what its branches capture)."""
+  ops = _body_ops(module)
+  producer = {}
+  for i, op in enumerate(ops):
+    for res in op.results:
+      producer[res.get_name()] = i
+  direct = []
+  for op in ops:
+    used = {v.get_name() for inner in _walk(op) for v in inner.operands}
+    direct.append({producer[u] for u in used if u in producer})
+  labels = []
+  for op in ops:
+    lab = []
+    for inner in _walk(op):
+      if inner.name == "stablehlo.custom_call":
+        lab.append(str(inner.attributes["call_target_name"]).strip('"'))
+      elif inner.name in COLLECTIVE_OPS:
+        lab.append(inner.name)
+    labels.append(lab)
+  ancestors = []
+  for i in range(len(ops)):  # ops are in program order: ancestors come first
+    anc = set(direct[i])
+    for j in direct[i]:
+      anc |= ancestors[j]
+    ancestors.append(anc)
+  encodes = [i for i, lab in enumerate(labels) if lab == ["zipccl_encode"]]
+  out = []
+  for i, lab in enumerate(labels):
+    if lab:
+      out.append((lab, {j for j in ancestors[i] | {i} if j in encodes}))
+  return out, encodes
+
+
+def _cuda_module(op, pieces, transport):
+  mesh = _mesh()
+  fn, _, spec = CASES[op]
+  x = _data(2048)
+
+  def body(v):
+    with zipccl_jax.use_algorithm(pieces=pieces):
+      return fn(v, compress=True, transport=transport)
+
+  prev = zipccl_jax.set_runtime_stats(False)
+  try:
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=spec))
+    lowered = f.trace(jax.device_put(x, NamedSharding(mesh, P("i")))).lower(
+        lowering_platforms=("cuda",))
+  finally:
+    zipccl_jax.set_runtime_stats(prev)
+  return lowered.compiler_ir("stablehlo")
+
+
+@pytest.mark.parametrize("op,transport", [("all_to_all", "padded"), ("all_to_all", "ragged"),
+                                          ("all_gather", "padded"), ("psum_scatter", "ragged")])
+def test_cuda_lowering_has_k_independent_chains(op, transport):
+  k = 3
+  chains, encodes = _chains(_cuda_module(op, k, transport))
+  assert len(encodes) == k, chains
+  decodes = [enc for lab, enc in chains if "zipccl_decode" in lab]
+  colls = [enc for lab, enc in chains if any(c in lab for c in COLLECTIVE_OPS)
+           and "zipccl_decode" not in lab]
+  assert len(decodes) == k and len(colls) >= k, chains
+  for lab, enc in chains:
+    assert len(enc) <= 1, (lab, enc)  # nothing reads two chains' values
+  # every chain: its own encode, collective(s) and decode
+  assert sorted(next(iter(e)) for e in decodes) == sorted(encodes)
+  assert {next(iter(e)) for e in colls} == set(encodes)
+
+
+def test_cuda_lowering_of_psum_chains_per_phase():
+  """psum (reduce-scatter + all-gather) in 2 pieces: each phase's chains are independent of each other;
+  a gather chain reads the sums, which depend on every reduce-scatter chain (the reduction itself)."""
+  chains, encodes = _chains(_cuda_module("psum", 2, "padded"))
+  assert len(encodes) == 4  # 2 reduce-scatter + 2 all-gather encodes
+  first = sorted(encodes)[:2]
+  decodes = [enc for lab, enc in chains if "zipccl_decode" in lab]
+  rs = [e for e in decodes if e <= set(first)]
+  assert len(rs) == 2 and all(len(e) == 1 for e in rs), decodes
+
+
+def test_k1_lowering_is_one_chain():
+  chains, encodes = _chains(_cuda_module("all_to_all", None, "padded"))
+  assert len(encodes) == 1
+
+
+# --------------------------------------------------------------------------------------------------------- #
+# The model's K
+# --------------------------------------------------------------------------------------------------------- #
+
+def test_model_k_is_one_on_cpu_and_grows_on_gpu_for_large_messages():
+  m = 8 << 20  # 8M bfloat16 per chunk
+  cpu = strategy.decide("all_to_all", BF16, m, axis_size=N, compress=True, platform="cpu",
+                        log=False)
+  assert cpu.pieces == 1
+  gpu = strategy.decide("all_to_all", BF16, m, axis_size=N, compress=True, platform="gpu",
+                        log=False)
+  assert gpu.pieces > 1 and f"K={gpu.pieces} (model:" in gpu.reason, gpu
+  assert gpu.est_compressed_s < strategy.decide(
+      "all_to_all", BF16, m, axis_size=N, compress=True, platform="gpu", pieces=1,
+      log=False).est_compressed_s
+  small = strategy.decide("all_to_all", BF16, 4096, axis_size=N, compress=True, platform="gpu",
+                          log=False)
+  assert small.pieces == 1  # below one 64K block per piece
+  ragged = strategy.decide("all_to_all", BF16, m, axis_size=N, compress=True, platform="gpu",
+                           transport="ragged", log=False)
+  assert ragged.pieces == 1  # XLA:GPU serializes the ragged transport's chains
+  auto = strategy.decide("all_to_all", BF16, m, axis_size=N, compress="auto", platform="gpu",
+                         log=False)
+  assert auto.compress and auto.transport == "padded" and auto.pieces == gpu.pieces
+
+
+def test_pipeline_time_model():
+  stages = [((4.0, 0.1), (6.0, 0.2), (2.0, 0.1))]  # encode, transfer, decode (total, per piece)
+  assert strategy.pipeline_time(stages, 1, True) == pytest.approx(12.4)
+  assert strategy.pipeline_time(stages, 1, False) == pytest.approx(12.4)
+  # K = 2: one piece through all stages (6.4), then the slowest stage once more (3.2)
+  assert strategy.pipeline_time(stages, 2, True) == pytest.approx(6.4 + 3.2)
+  assert strategy.pipeline_time(stages, 2, False) == pytest.approx(12.8)
+  k, t, cands = strategy.choose_pieces(stages, 1 << 20, "gpu", 0.02)
+  fastest = min(c[1] for c in cands)
+  assert k > 1 and t <= fastest * 1.02  # the fewest pieces within min_gain of the fastest
+  assert all(c[1] > fastest * 1.02 for c in cands if c[0] < k)
+  assert strategy.choose_pieces(stages, 1 << 20, "gpu", 0.02, transport="ragged")[0] == 1
+  assert strategy.choose_pieces(stages, 1 << 20, "cpu", 0.02)[0] == 1
+  assert strategy.choose_pieces(stages, 1 << 20, "cpu", 0.02, pinned=3)[0] == 3
+
+
+def test_explain_reports_k():
+  mesh = _mesh()
+  strategy.reset_decisions()
+  _run(mesh, CASES["all_gather"][0], _data(64), P("i"), pieces=2, compress=True, name="ag_k2")
+  d = strategy.decisions()["ag_k2"]
+  assert d.pieces == 2 and "K=2 (use_algorithm" in d.reason
+  assert "compressed K=2" in zipccl_jax.explain() and "pieces" in zipccl_jax.explain("ag_k2")
+  st = zipccl_jax.stats()["ag_k2"]
+  cap = capacity.padded_capacity(16 * 64, BF16)
+  parts = capacity.piece_capacities(cap, 16 * 64, 2, BF16)
+  assert st.wire_bytes == (N - 1) * sum(c for *_, c in parts)
