@@ -360,6 +360,15 @@ struct EmuLauncher {
   }
 };
 
+// Scratch of `bytes` bytes, kScratchAlign-aligned, in *storage and filled with garbage as device memory
+// starts; null when the launcher only records.
+inline uint8_t* GarbageScratch(EmuLauncher& l, uint64_t bytes, std::vector<uint8_t>* storage) {
+  if (!l.execute) return nullptr;
+  storage->resize(bytes + kScratchAlign);
+  FillGarbage(storage->data(), storage->size(), l.sched.rng());
+  return storage->data() + (kScratchAlign - reinterpret_cast<uintptr_t>(storage->data()) % kScratchAlign);
+}
+
 // Runs (or, unless `execute`, only records) the encoder's launch sequence on
 // host memory, with scratch of its own: what the Python bindings
 // (cuda_host_bindings.cc) and the sanitized driver (tests/cc/emulator_driver.cc) run.
@@ -369,12 +378,8 @@ inline std::vector<LaunchRecord> EmulateEncode(const uint8_t* x, uint64_t frames
                                                uint64_t seed) {
   const EncodeLayout L = MakeEncodeLayout(frames, n);
   EmuLauncher l(execute, seed);
-  std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
-  uint8_t* s = nullptr;
-  if (execute) {
-    FillGarbage(scratch.data(), scratch.size(), l.sched.rng());
-    s = scratch.data() + (kScratchAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kScratchAlign);
-  }
+  std::vector<uint8_t> scratch;
+  uint8_t* s = GarbageScratch(l, L.scratch_bytes, &scratch);
   EncodeParams p =
       MakeEncodeParams(L, x, uint8_t(dtype), checksum, out, cap, nbytes, /*nbytes64=*/true, skip, s);
   RunEncode(l, p);
@@ -387,12 +392,8 @@ inline std::vector<LaunchRecord> EmulateDecode(const uint8_t* payload, uint64_t 
                                                const uint8_t* skip, bool execute, uint64_t seed) {
   const DecodeLayout L = MakeDecodeLayout(frames, n);
   EmuLauncher l(execute, seed);
-  std::vector<uint8_t> scratch(execute ? L.scratch_bytes + kScratchAlign : 0);
-  uint8_t* s = nullptr;
-  if (execute) {
-    FillGarbage(scratch.data(), scratch.size(), l.sched.rng());
-    s = scratch.data() + (kScratchAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kScratchAlign);
-  }
+  std::vector<uint8_t> scratch;
+  uint8_t* s = GarbageScratch(l, L.scratch_bytes, &scratch);
   DecodeParams p = MakeDecodeParams(L, payload, cap, uint8_t(dtype), out, status, skip, s);
   RunDecode(l, p);
   return l.records;
