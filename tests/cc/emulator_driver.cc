@@ -41,44 +41,56 @@ void Expect(bool ok, const char* what) {
 
 uint64_t U64(const char* s) { return std::strtoull(s, nullptr, 10); }
 
+// FRAMES N DTYPE (argv[2..4]) and the optional SKIP file, argv[skip_arg] when argc says it is there.
+struct Call {
+  uint64_t frames, n, elem_bytes;
+  int dtype;
+  std::vector<uint8_t> skip_flags;
+  const uint8_t* skip = nullptr;
+
+  Call(int argc, char** argv, int skip_arg)
+      : frames(U64(argv[2])), n(U64(argv[3])), elem_bytes(zipccl::ElemBytes(uint8_t(U64(argv[4])))),
+        dtype(int(U64(argv[4]))) {
+    Expect(elem_bytes != 0, "unsupported dtype code");
+    if (argc == skip_arg + 1) {
+      skip_flags = Read(argv[skip_arg]);
+      Expect(skip_flags.size() == frames, "skip must hold one uint8 flag per frame");
+      skip = skip_flags.data();
+    }
+  }
+  // The per-frame row of `rows` bytes (frames * row), 0 without frames.
+  uint64_t Row(const std::vector<uint8_t>& rows, const char* what) const {
+    Expect(frames == 0 || rows.size() % frames == 0, what);
+    return frames ? rows.size() / frames : 0;
+  }
+};
+
 void Encode(int argc, char** argv) {
   Expect(argc == 10 || argc == 11, "encode FRAMES N DTYPE CHECKSUM SEED X OUT NBYTES [SKIP]");
-  const uint64_t frames = U64(argv[2]), n = U64(argv[3]);
-  const int dtype = int(U64(argv[4]));
-  const uint64_t w = uint64_t(zipccl::ElemBytes(uint8_t(dtype)));
-  Expect(w != 0, "unsupported dtype code");
+  const Call c(argc, argv, 10);
   const std::vector<uint8_t> x = Read(argv[7]);
   std::vector<uint8_t> out = Read(argv[8]), nbytes = Read(argv[9]);
-  Expect(x.size() == frames * n * w, "x must hold frames * n elements");
-  Expect(nbytes.size() == frames * sizeof(int64_t), "nbytes must hold one int64 per frame");
-  Expect(frames == 0 || out.size() % frames == 0, "out must hold frames * cap bytes");
-  std::vector<uint8_t> skip = argc == 11 ? Read(argv[10]) : std::vector<uint8_t>();
-  Expect(argc == 10 || skip.size() == frames, "skip must hold one uint8 flag per frame");
-  const uint64_t cap = frames ? out.size() / frames : 0;
-  zipccl::cuda::emu::EmulateEncode(x.data(), frames, n, dtype, U64(argv[5]) != 0, out.data(), cap,
-                                   reinterpret_cast<int64_t*>(nbytes.data()), argc == 11 ? skip.data() : nullptr,
-                                   /*execute=*/true, U64(argv[6]));
+  Expect(x.size() == c.frames * c.n * c.elem_bytes, "x must hold frames * n elements");
+  Expect(nbytes.size() == c.frames * sizeof(int64_t), "nbytes must hold one int64 per frame");
+  const uint64_t cap = c.Row(out, "out must hold frames * cap bytes");
+  zipccl::cuda::emu::EmulateEncode(x.data(), c.frames, c.n, c.dtype, U64(argv[5]) != 0, out.data(), cap,
+                                   reinterpret_cast<int64_t*>(nbytes.data()), c.skip, /*execute=*/true,
+                                   U64(argv[6]));
   Write(argv[8], out);
   Write(argv[9], nbytes);
 }
 
 void Decode(int argc, char** argv) {
   Expect(argc == 9 || argc == 10, "decode FRAMES N DTYPE SEED PAYLOAD OUT STATUS [SKIP]");
-  const uint64_t frames = U64(argv[2]), n = U64(argv[3]);
-  const int dtype = int(U64(argv[4]));
-  const uint64_t w = uint64_t(zipccl::ElemBytes(uint8_t(dtype)));
-  Expect(w != 0, "unsupported dtype code");
+  const Call c(argc, argv, 9);
   const std::vector<uint8_t> payload = Read(argv[6]);
   std::vector<uint8_t> out = Read(argv[7]), status = Read(argv[8]);
-  Expect(out.size() == frames * n * w, "out must hold frames * n elements");
-  Expect(status.size() == frames * sizeof(int32_t), "status must hold one int32 per frame");
-  Expect(frames == 0 || payload.size() % frames == 0, "payload must hold frames * cap bytes");
-  std::vector<uint8_t> skip = argc == 10 ? Read(argv[9]) : std::vector<uint8_t>();
-  Expect(argc == 9 || skip.size() == frames, "skip must hold one uint8 flag per frame");
-  const uint64_t cap = frames ? payload.size() / frames : 0;
-  zipccl::cuda::emu::EmulateDecode(payload.data(), frames, cap, dtype, n, out.data(),
-                                   reinterpret_cast<int32_t*>(status.data()),
-                                   argc == 10 ? skip.data() : nullptr, /*execute=*/true, U64(argv[5]));
+  Expect(out.size() == c.frames * c.n * c.elem_bytes, "out must hold frames * n elements");
+  Expect(status.size() == c.frames * sizeof(int32_t), "status must hold one int32 per frame");
+  const uint64_t cap = c.Row(payload, "payload must hold frames * cap bytes");
+  zipccl::cuda::emu::EmulateDecode(payload.data(), c.frames, cap, c.dtype, c.n, out.data(),
+                                   reinterpret_cast<int32_t*>(status.data()), c.skip, /*execute=*/true,
+                                   U64(argv[5]));
   Write(argv[7], out);
   Write(argv[8], status);
 }
