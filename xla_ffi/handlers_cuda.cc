@@ -140,7 +140,7 @@ ffi::Error CudaError(const char* what, int err) {
   return ffi::Error::Internal(std::string(what) + ": " + zipccl::cuda::ErrorString(err));
 }
 
-// The first call of a process checks that the driver can run the kernels.
+// The driver can run the kernels (the handlers check it before every launch).
 ffi::Error CheckDriver() {
   if (const char* why = zipccl::cuda::DriverError())
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition, why);

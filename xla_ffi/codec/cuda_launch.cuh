@@ -79,8 +79,8 @@ inline bool DriverSupports(int driver, int compiled) {
 }
 
 // Null when the driver can run the kernels, else a message naming both
-// versions and the minimum driver of the build (checked once per process;
-// the handlers call it before their first launch).
+// versions and the minimum driver of the build (the driver is loaded once per
+// process; the handlers call this before every launch, a version compare).
 const char* DriverError();
 
 // The message of DriverError for these versions ("12.2" style) and the build's

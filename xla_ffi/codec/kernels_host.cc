@@ -146,12 +146,15 @@ int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, 
 }
 
 const char* ErrorString(int cuda_error) {
+  // Ours before the driver's: ChooseImage finding no image is the usual source (a driver is there then, so
+  // after cuGetErrorString this message would never show).
+  if (cuda_error == kCudaErrorNoBinaryForGpu)
+    return "no kernel image for this GPU (zipccl_jax ships sm_80+)";
   const char* why = nullptr;
   int version = 0;
   const char* s = nullptr;
   if (const DriverApi* d = LoadDriver(&why, &version); d && d->cuGetErrorString(cuda_error, &s) == 0 && s)
     return s;
-  if (cuda_error == kCudaErrorNoBinaryForGpu) return "no kernel image for this GPU (zipccl_jax ships sm_80+)";
   return why ? why : "CUDA error";
 }
 
