@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "codec/cuda_launch.cuh"
 #include "codec/kernel_images.h"
@@ -71,19 +72,31 @@ CUresult GetErrorString(CUresult err, const char** s) {
   }
   return 0;
 }
-// One context per stream is enough: the launch layer only asks which device it is on.
+// Every stream is on "the" device, whose compute capability a test may change: as a GPU of another
+// compute capability is another device, each cc has its own (primary) context, device number cc.
+CUcontext ContextOf(int cc) { return reinterpret_cast<CUcontext>(uintptr_t(0x1000 + cc)); }
+thread_local CUcontext current = nullptr;
+
 CUresult StreamGetCtx(CUstream stream, CUcontext* ctx) {
   if (stream == nullptr) return kCudaErrorInvalidValue;  // XLA always passes its stream
   S().last = emulated::LastCall{};
-  *ctx = reinterpret_cast<CUcontext>(stream);
+  *ctx = ContextOf(S().cc);
   return 0;
 }
-CUresult CtxPushCurrent(CUcontext) { return 0; }
-CUresult CtxPopCurrent(CUcontext* ctx) { return *ctx = nullptr, 0; }
-CUresult CtxGetDevice(CUdevice* dev) { return *dev = 0, 0; }
-CUresult DeviceGetAttribute(int* v, int attr, CUdevice) {
-  if (attr == kAttrComputeCapabilityMajor) return *v = S().cc / 10, 0;
-  if (attr == kAttrComputeCapabilityMinor) return *v = S().cc % 10, 0;
+CUresult CtxPushCurrent(CUcontext ctx) {
+  if (ctx != ContextOf(S().cc)) return kCudaErrorInvalidValue;  // CUDA_ERROR_INVALID_CONTEXT
+  current = ctx;
+  return 0;
+}
+CUresult CtxPopCurrent(CUcontext* ctx) { return *ctx = std::exchange(current, nullptr), 0; }
+CUresult CtxGetDevice(CUdevice* dev) {
+  if (current == nullptr) return kCudaErrorInvalidValue;  // CUDA_ERROR_INVALID_CONTEXT: none is current
+  ++S().last.device_queries;
+  return *dev = CUdevice(reinterpret_cast<uintptr_t>(current) - 0x1000), 0;
+}
+CUresult DeviceGetAttribute(int* v, int attr, CUdevice dev) {
+  if (attr == kAttrComputeCapabilityMajor) return *v = dev / 10, 0;
+  if (attr == kAttrComputeCapabilityMinor) return *v = dev % 10, 0;
   return kCudaErrorInvalidValue;
 }
 CUresult LibraryLoadData(CUlibrary* lib, const void* code, void*, void**, unsigned, void*, void**, unsigned) {

@@ -30,6 +30,7 @@ struct LastCall {
   uint64_t launches = 0;
   int image_arch = 0;             // the image the call's library was loaded from (80, 90, ...)
   bool image_ptx = false;
+  int device_queries = 0;         // cuCtxGetDevice calls (the launch layer remembers a context's device)
 };
 const LastCall& Last();
 

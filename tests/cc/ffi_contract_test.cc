@@ -136,6 +136,8 @@ TEST(each_gpu_generation_gets_an_image_it_can_run) {
     int64_t size = 0;
     std::vector<uint8_t> want = CpuRow(x, 2, 0, cap, false, &size);
     CHECK(std::memcmp(e.payload.data(), want.data(), cap) == 0) << "sm_" << c.cc;
+    CHECK(EncodeCuda(ctx, x, 2, cap, false).outcome.ok) << "sm_" << c.cc;
+    CHECK_EQ(emulated::Last().device_queries, 0) << "the context's device is asked once, not per call";
     ExpectClean(ctx, "image choice");
   }
   emulated::SetComputeCapability(75);  // older than every image: an error, not a crash

@@ -34,20 +34,27 @@ struct Library {
   std::atomic<CUkernel> kernels[kNumKernels] = {};  // resolved at first launch
 };
 
+constexpr int kMaxContexts = 64;  // contexts whose library is remembered (XLA: one primary context per GPU)
+
 struct Loaded {
   std::mutex mu;
   Library libs[kMaxArchs];
   int n = 0;
+  // The library of each context seen, so that a call costs one cuStreamGetCtx instead of six driver calls
+  // (contexts live as long as the process under XLA; past kMaxContexts the device is asked every call).
+  struct {
+    CUcontext ctx;
+    Library* lib;
+  } by_ctx[kMaxContexts] = {};
+  int n_ctx = 0;
 };
 Loaded& Libraries() {
   static Loaded l;
   return l;
 }
 
-// Compute capability (e.g. 86) of the device that owns `stream`'s context.
-CUresult StreamArch(const DriverApi& d, CUstream stream, int* cc) {
-  CUcontext ctx = nullptr;
-  if (CUresult err = d.cuStreamGetCtx(stream, &ctx)) return err;
+// Compute capability (e.g. 86) of the device that owns `ctx`.
+CUresult ContextArch(const DriverApi& d, CUcontext ctx, int* cc) {
   if (CUresult err = d.cuCtxPushCurrent(ctx)) return err;
   CUdevice dev = 0;
   int major = 0, minor = 0;
@@ -60,10 +67,8 @@ CUresult StreamArch(const DriverApi& d, CUstream stream, int* cc) {
   return err ? err : pop;
 }
 
-// The library for compute capability cc, loaded at its first use.
-CUresult LibraryFor(const DriverApi& d, int cc, Library** out) {
-  Loaded& L = Libraries();
-  std::lock_guard<std::mutex> lock(L.mu);
+// The library for compute capability cc, loaded at its first use (L.mu held).
+CUresult LibraryFor(const DriverApi& d, Loaded& L, int cc, Library** out) {
   for (int i = 0; i < L.n; ++i)
     if (L.libs[i].cc == cc) return *out = &L.libs[i], kCudaSuccess;
   if (L.n == kMaxArchs) return kCudaErrorInvalidValue;
@@ -76,6 +81,21 @@ CUresult LibraryFor(const DriverApi& d, int cc, Library** out) {
     return err;
   lib.cc = cc;
   *out = &L.libs[L.n++];
+  return kCudaSuccess;
+}
+
+// The library for the device of `stream`'s context.
+CUresult StreamLibrary(const DriverApi& d, CUstream stream, Library** out) {
+  CUcontext ctx = nullptr;
+  if (CUresult err = d.cuStreamGetCtx(stream, &ctx)) return err;
+  Loaded& L = Libraries();
+  std::lock_guard<std::mutex> lock(L.mu);
+  for (int i = 0; i < L.n_ctx; ++i)
+    if (L.by_ctx[i].ctx == ctx) return *out = L.by_ctx[i].lib, kCudaSuccess;
+  int cc = 0;
+  if (CUresult err = ContextArch(d, ctx, &cc)) return err;
+  if (CUresult err = LibraryFor(d, L, cc, out)) return err;
+  if (L.n_ctx < kMaxContexts) L.by_ctx[L.n_ctx++] = {ctx, *out};
   return kCudaSuccess;
 }
 
@@ -121,9 +141,7 @@ int WithLauncher(CUstream_st* stream, Run run) {
   const DriverApi* d = LoadDriver(&why, &version);
   if (d == nullptr) return kCudaErrorNotFound;
   DriverLauncher l{*d, stream};
-  int cc = 0;
-  if ((l.err = StreamArch(*d, stream, &cc))) return l.err;
-  if ((l.err = LibraryFor(*d, cc, &l.lib))) return l.err;
+  if ((l.err = StreamLibrary(*d, stream, &l.lib))) return l.err;
   run(l);
   return l.err;
 }
