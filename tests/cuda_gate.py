@@ -21,8 +21,12 @@ import pytest
 
 MAX_STACK_BYTES = 256
 MAX_STATIC_SHARED_BYTES = 48 * 1024
-# The extern "C" entries of xla_ffi/codec/cuda_kernels.cuh: 19 per architecture.
-N_KERNELS = 19
+# The extern "C" entries, per architecture, as the X-macro list of xla_ffi/codec/cuda_kernels.cuh names them.
+KERNELS = tuple(re.findall(r"^\s*X\((zipccl_\w+),",
+                           (Path(__file__).resolve().parents[1] / "xla_ffi/codec/cuda_kernels.cuh").read_text(),
+                           re.M))
+N_KERNELS = len(KERNELS)
+assert KERNELS, "cuda_kernels.cuh: no X(zipccl_..., ...) entries (did the list change format?)"
 
 
 def cuobjdump() -> str:
