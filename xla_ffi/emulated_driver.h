@@ -24,7 +24,8 @@
 namespace zipccl::cuda::emulated {
 
 // The launches since the last cuStreamGetCtx (the launch layer asks for the
-// stream's device once per EncodeAsync / DecodeAsync call).
+// stream's context once per EncodeAsync / DecodeAsync call, and for the
+// context's device only the first time it sees the context).
 struct LastCall {
   CUstream_st* stream = nullptr;  // the stream of the last launch
   uint64_t launches = 0;
