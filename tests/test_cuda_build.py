@@ -120,3 +120,29 @@ def test_probe_reports_the_plugin_installed_here():
   installed = [d for d in ("jax-cuda12-plugin", "jax-cuda13-plugin")
                if any(x.metadata["Name"] == d for x in md.distributions())]
   assert (first == "PLUGIN=") == (not installed), (first, installed)
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("c++") is None, reason="needs cmake and c++")
+def test_build_info_strings_survive_semicolons_and_quotes(tmp_path):
+  """cmake/build_info.cmake: the note of a build that skips its kernels names the NVRTCs it tried, joined by
+  '; ', which as a -D value split into two flags and broke module.cc's compile. The generated header must
+  give back every byte of the strings, whatever they hold."""
+  note = ('jax-cuda12-plugin 0.10.2 needs CUDA 12 kernels and no NVRTC 12 was found (tried: /a/libnvrtc.so.13 '
+          '(13.5)); pip install nvidia-cuda-nvrtc-cu12 "quoted" back\\slash @ONLY@ ${VAR} $<SEMICOLON>')
+  plugin = "jax-cuda12-plugin 0.10.2"
+  (tmp_path / "main.cc").write_text(
+      '#include <cstdio>\n#include "zipccl_build_info.h"\n'
+      'int main() { std::printf("%s\\n%s\\n", ZIPCCL_CUDA_NOTE, ZIPCCL_BUILD_JAX_CUDA_PLUGIN); }\n')
+  (tmp_path / "CMakeLists.txt").write_text(
+      "cmake_minimum_required(VERSION 3.18)\nproject(t LANGUAGES CXX)\n"
+      f'include("{ROOT}/cmake/build_info.cmake")\n'
+      # the note arrives as a CMake variable, as from cmake/cuda_toolkit.cmake
+      'set(NOTE [==[' + note + ']==])\n'
+      f'zipccl_write_build_info("${{CMAKE_BINARY_DIR}}/gen/zipccl_build_info.h" "${{NOTE}}" "{plugin}")\n'
+      "add_executable(show main.cc)\ntarget_include_directories(show PRIVATE ${CMAKE_BINARY_DIR}/gen)\n")
+  build = tmp_path / "build"
+  for cmd in (["cmake", "-S", str(tmp_path), "-B", str(build)], ["cmake", "--build", str(build)]):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+  out = subprocess.run([str(build / "show")], capture_output=True, text=True, check=True).stdout
+  assert out.splitlines() == [note, plugin]

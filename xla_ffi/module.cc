@@ -22,7 +22,11 @@ void ZipcclRegisterCudaHost(nb::module_& parent);
 #include "codec/kernel_images.h"
 #endif
 
-// What the build system recorded (CMakeLists.txt / cmake/cuda_toolkit.cmake, third_party/cuda.bzl).
+// What the build system recorded (CMakeLists.txt / cmake/cuda_toolkit.cmake, xla_ffi/BUILD.bazel); CMake
+// writes the free-text strings into a header (cmake/build_info.cmake).
+#if defined(ZIPCCL_HAVE_BUILD_INFO_H)
+#include "zipccl_build_info.h"
+#endif
 #ifndef ZIPCCL_CUDA_TOOLKIT
 #define ZIPCCL_CUDA_TOOLKIT ""
 #endif
