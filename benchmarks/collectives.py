@@ -589,7 +589,9 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None, help="write the list of records here")
     p.add_argument("--plot", default=None, help="write a PNG of speedup vs link rate here")
     p.add_argument("--nproc", type=int, default=4, help="worker processes (one CPU device each)")
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions per variant (median reported)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="timed repetitions per variant (median reported); default 5, 21 with --mesh (its bar "
+                        "compares near-tied variants: a median of 5 noisy runs moves by several percent)")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per variant and rate")
     p.add_argument("--cases", default=None, help="comma-separated substrings of 'collective:payload' to run")
     p.add_argument("--max-elems", type=int, default=None, help="cap the elements per rank (smoke tests)")
@@ -618,7 +620,10 @@ def parse_args(argv=None):
     p.add_argument("--phase-timeout", type=float, default=900.0, help=argparse.SUPPRESS)
     p.add_argument("--coordinator", help=argparse.SUPPRESS)
     p.add_argument("--gloo-host", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.reps is None:
+        args.reps = 21 if args.mesh else 5
+    return args
 
 
 def main(argv=None) -> int:
