@@ -24,7 +24,8 @@
 // The format logic itself is not here: the bodies call the shared
 // __host__ __device__ functions of format.h, block.h, huffman.h and xxhash32.h
 // (PlanBlock, WriteBlockHeader, WriteTable, ParseHuffLayout, BuildEncodeTable,
-// BuildDecodeTable, Symbol16/32, Merge16/32, ValidateFrameHeader, FrameChecksum).
+// CanonicalCodeOf, SortByCode, DecodeEntryAt, Symbol16/32, Merge16/32,
+// ValidateFrameHeader, FrameChecksum).
 //
 // These headers compile with NVRTC (and nvcc) and with a plain C++17 host compiler.
 #pragma once

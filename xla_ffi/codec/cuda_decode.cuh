@@ -121,10 +121,15 @@ ZIPCCL_HD void StoreElems8(uint8_t* o, const uint32_t* v, int cnt) {
 
 // 4. Block decoder: one CTA of kDecodeThreads per block.
 //    - Thread 0 checks the block header, parses the table and stream directory
-//      (ParseHuffLayout) and the canonical codes (BuildEncodeTable); then the
-//      whole CTA zeroes and fills the single-symbol lookup table in shared
-//      memory (FillDecodeEntries, one symbol per thread). Two CTA scans turn
-//      the per-stream bit counts and nnz into stream bit offsets and raw offsets.
+//      (ParseHuffLayout), checks Kraft and derives the canonical code
+//      (CanonicalCodeOf: first code, count and sorted-order base per length)
+//      and the symbols in code order (SortByCode). Then every thread fills
+//      kTableSize / kDecodeThreads = 16 entries of the single-symbol lookup
+//      table in shared memory (DecodeEntryAt: entries tid, tid + 128, ...), so
+//      the fill is balanced whatever the code lengths (a symbol-per-thread fill
+//      left the thread of a 1-bit code 1024 entries) and every entry is written
+//      once, with no zeroing pass and one barrier. Two CTA scans turn the
+//      per-stream bit counts and nnz into stream bit offsets and raw offsets.
 //    - Rounds: thread k < n_streams decodes the next 64 symbols of stream k
 //      (a 64-bit bit buffer refilled with aligned 32-bit loads) into shared
 //      memory; then kMergeThreads threads per stream join kMergeElems symbols
@@ -136,7 +141,6 @@ struct DecodeBlockKernel {
   using Params = DecodeParams;
   struct Shared {
     DecodeEntry table[kTableSize];
-    uint32_t enc[kNumSymbols];
     // Rows padded by one 32-bit word: decoder lane t writes row t, so with 128-byte
     // rows all 32 lanes hit one bank; 132-byte rows put lane t in bank (t + i/2) % 32,
     // and the merge threads' reads (8 rows x 4 offsets 8 words apart per warp: bank
@@ -146,6 +150,12 @@ struct DecodeBlockKernel {
     uint32_t stream_raw[kMaxStreamsPerBlock]; // first raw byte of the stream
     uint32_t merge_nz[kDecodeThreads];
     uint8_t lens[kNumSymbols];
+    // Thread 0's canonical code and the used symbols in code order (SortByCode),
+    // read by every thread's DecodeEntryAt. Here, not next to `table`: with them
+    // there, NVRTC 13.5's ptxas gave <u16> 72 registers instead of 64, i.e. 7
+    // CTAs per SM instead of 8 (cuobjdump of sm_80 and sm_90).
+    CanonicalCode code;
+    uint16_t sorted[kNumSymbols];
     HuffLayout L;
     int status;
     uint32_t value;
@@ -192,7 +202,8 @@ struct DecodeBlockKernel {
           if (flags & kBlockFlagsReserved) st = kErrReserved;
           else if (value) st = kErrReserved;
           else st = ParseHuffLayout(blk, bb, m, w, flags, sm.lens, &sm.L);
-          if (st == kOk && !BuildEncodeTable(sm.lens, sm.enc)) st = kErrTable;
+          if (st == kOk && !CanonicalCodeOf(sm.lens, sm.code)) st = kErrTable;  // Kraft: the CPU's test
+          if (st == kOk) SortByCode(sm.lens, sm.code, sm.sorted);
         } else {
           st = kErrBlockMode;
         }
@@ -220,11 +231,11 @@ struct DecodeBlockKernel {
       for (uint64_t e = tid; e < m; e += kDecodeThreads) StoreElem<T>(out + e * w, sm.value);
       return;
     }
-    // HUFF: the whole CTA builds the lookup table (BuildDecodeTable's steps).
-    for (uint32_t i = tid; i < uint32_t(kTableSize); i += kDecodeThreads) sm.table[i] = DecodeEntry{0, 0, 0};
-    cta.sync();
-    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kDecodeThreads)
-      FillDecodeEntries(sm.enc, int(s), sm.table);
+    // HUFF: the whole CTA builds the lookup table, entry by entry (the table
+    // BuildDecodeTable builds symbol by symbol); every entry is written here,
+    // uncovered ones as {0, 0, 0}.
+    for (uint32_t i = tid; i < uint32_t(kTableSize); i += kDecodeThreads)
+      sm.table[i] = DecodeEntryAt(i, sm.code, sm.sorted);
     cta.sync();
     // Stream offsets from two CTA scans over the directory.
     const HuffLayout L = sm.L;

@@ -125,31 +125,69 @@ ZIPCCL_HD void BuildCodeLengths(const uint32_t* hist, uint8_t* lens, HuffmanWork
   CodeLengthsFromOrder(hist, SortUsedSymbols(hist, w.order), w, lens);
 }
 
+// The low n bits of v in reverse order (n in [1, 32]). On the device one
+// bit-reverse instruction (__brev); elsewhere (the CPU driver, the emulator,
+// which runs the kernel bodies as host code) a loop with the same result.
 ZIPCCL_HD uint32_t ReverseBits(uint32_t v, int n) {
+#if defined(__CUDA_ARCH__)
+  return __brev(v) >> (32 - n);
+#else
   uint32_t r = 0;
   for (int i = 0; i < n; ++i) r |= ((v >> i) & 1u) << (n - 1 - i);
   return r;
+#endif
 }
 
-// Canonical codes (DEFLATE's rule: by length, then symbol), stored bit
-// reversed because the bitstream is filled from the least significant bit.
-// enc[s] = reversed_code | (length << 16). Returns false if the lengths
-// over-subscribe the code space (Kraft sum > 1).
-ZIPCCL_HD bool BuildEncodeTable(const uint8_t* lens, uint32_t* enc) {
-  uint32_t count[kMaxCodeLen + 1] = {0};
-  for (int s = 0; s < kNumSymbols; ++s) ++count[lens[s]];
-  count[0] = 0;
-  uint32_t next[kMaxCodeLen + 2];
-  uint32_t code = 0, kraft = 0;
+// A canonical code (DEFLATE's rule: by length, then symbol) by code length l
+// in bits, 1..kMaxCodeLen (index 0 unused): the codes of one length are
+// consecutive in symbol order, and the first code of length l + 1 is
+// (first[l] + count[l]) << 1. Each field fits 16 bits when the Kraft sum is at
+// most 1 (first[l] + count[l] <= 2^l <= 2048, base[l] <= 257).
+struct CanonicalCode {
+  uint16_t first[kMaxCodeLen + 1];  // first (not reversed) code of length l
+  uint16_t count[kMaxCodeLen + 1];  // symbols of length l
+  uint16_t base[kMaxCodeLen + 1];   // position of the first of them in canonical order
+};
+
+// The canonical code of the code lengths lens[257] (0 = unused, at most
+// kMaxCodeLen). Returns false if the lengths over-subscribe the code space
+// (Kraft sum > 1); cc is then not a code.
+ZIPCCL_HD bool CanonicalCodeOf(const uint8_t* lens, CanonicalCode& cc) {
+  for (int l = 0; l <= kMaxCodeLen; ++l) cc.count[l] = 0;
+  for (int s = 0; s < kNumSymbols; ++s) ++cc.count[lens[s]];
+  cc.count[0] = 0;
+  uint32_t code = 0, base = 0, kraft = 0;  // kraft in units of 2^-kMaxCodeLen
   for (int l = 1; l <= kMaxCodeLen; ++l) {
-    code = (code + count[l - 1]) << 1;
-    next[l] = code;
-    kraft += count[l] << (kMaxCodeLen - l);
+    code = (code + cc.count[l - 1]) << 1;
+    cc.first[l] = uint16_t(code);
+    cc.base[l] = uint16_t(base);
+    base += cc.count[l];
+    kraft += uint32_t(cc.count[l]) << (kMaxCodeLen - l);
   }
-  if (kraft > (1u << kMaxCodeLen)) return false;
+  return kraft <= (1u << kMaxCodeLen);
+}
+
+// sorted[0, used) = the used symbols in canonical order, so that the symbol of
+// code cc.first[l] + k (k < cc.count[l]) is sorted[cc.base[l] + k].
+ZIPCCL_HD void SortByCode(const uint8_t* lens, CanonicalCode& cc, uint16_t* sorted) {
+  // cc.base[l] serves as the next free position of length l, so no cursor
+  // array is needed (a kernel's locals would be local memory); it is restored
+  // below, after the count[l] symbols of length l have been placed.
+  for (int s = 0; s < kNumSymbols; ++s)
+    if (lens[s]) sorted[cc.base[lens[s]]++] = uint16_t(s);
+  for (int l = 1; l <= kMaxCodeLen; ++l) cc.base[l] = uint16_t(cc.base[l] - cc.count[l]);
+}
+
+// Canonical codes, stored bit reversed because the bitstream is filled from
+// the least significant bit. enc[s] = reversed_code | (length << 16). Returns
+// false if the lengths over-subscribe the code space (Kraft sum > 1).
+ZIPCCL_HD bool BuildEncodeTable(const uint8_t* lens, uint32_t* enc) {
+  CanonicalCode cc;
+  if (!CanonicalCodeOf(lens, cc)) return false;
   for (int s = 0; s < kNumSymbols; ++s) {
-    int l = lens[s];
-    enc[s] = l ? (ReverseBits(next[l]++, l) | (uint32_t(l) << 16)) : 0;
+    const int l = lens[s];
+    // cc.first[l] counts up through the codes of length l, in symbol order.
+    enc[s] = l ? (ReverseBits(cc.first[l]++, l) | (uint32_t(l) << 16)) : 0;
   }
   return true;
 }
@@ -163,9 +201,29 @@ struct DecodeEntry {
 
 constexpr int kTableSize = 1 << kMaxCodeLen;
 
+// Table entry i (the next kMaxCodeLen stream bits, the first in bit 0) of a
+// valid canonical code, computed alone, so that the threads of a CTA can each
+// fill their own entries (every thread the same number, whatever the code
+// lengths). Reversed, i is a code prefix c; the codes of length l cover the
+// prefixes [first[l] << (kMaxCodeLen - l), (first[l] + count[l]) << (kMaxCodeLen - l)),
+// and these ranges follow each other from 0 as l grows (the lower end of l is
+// the upper end of l - 1), so the first length whose upper end exceeds c is
+// c's. Prefixes past the last range (an incomplete code) get {0, 0, 0}.
+ZIPCCL_HD DecodeEntry DecodeEntryAt(uint32_t i, const CanonicalCode& cc, const uint16_t* sorted) {
+  const uint32_t c = ReverseBits(i, kMaxCodeLen);
+  for (int l = 1; l <= kMaxCodeLen; ++l) {
+    const int shift = kMaxCodeLen - l;
+    const uint32_t first = cc.first[l];
+    if (c < ((first + cc.count[l]) << shift))
+      return DecodeEntry{sorted[cc.base[l] + (c >> shift) - first], uint8_t(l), 0};
+  }
+  return DecodeEntry{0, 0, 0};
+}
+
 // The entries of symbol s in a zeroed table: every index whose low l bits are
 // its (reversed) code. The codes are prefix-free, so symbols fill disjoint
-// entries and the threads of a CTA can fill them in parallel.
+// entries. The CPU driver's fill, and the reference that DecodeEntryAt is
+// tested against (tests/cc/decode_table_test.cc).
 ZIPCCL_HD void FillDecodeEntries(const uint32_t* enc, int s, DecodeEntry* table) {
   const int l = int(enc[s] >> 16);
   if (!l) return;
