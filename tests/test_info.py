@@ -16,7 +16,7 @@ import jaxlib
 import zipccl_jax
 from zipccl_jax import _zipccl as ext
 
-info_mod = importlib.import_module("zipccl_jax.info")  # the package's `info` is the function
+info_mod = importlib.import_module("zipccl_jax._info")  # what builds the dict (info.py is the command line)
 MIN_DRIVER = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
 
 
@@ -24,6 +24,7 @@ def _cli() -> dict:
   r = subprocess.run([sys.executable, "-m", "zipccl_jax.info"], capture_output=True, text=True, timeout=300,
                      cwd="/", env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert r.returncode == 0, r.stderr
+  assert "RuntimeWarning" not in r.stderr, r.stderr  # runpy's, when the package had imported the module
   return json.loads(r.stdout)
 
 

@@ -23,7 +23,7 @@ from zipccl_jax.collectives import (all_gather, all_gather_invariant, all_to_all
                                     psum, psum_scatter)
 from zipccl_jax.defaults import get_defaults, use_defaults
 from zipccl_jax.hierarchical import use_algorithm
-from zipccl_jax.info import info
+from zipccl_jax._info import info
 from zipccl_jax.observation import observe
 from zipccl_jax.profile import Profile, get_profile, load_profile, set_profile, use_profile
 from zipccl_jax.ragged import ragged_all_to_all

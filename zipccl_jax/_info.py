@@ -1,4 +1,5 @@
-"""What this zipccl_jax build is and what it sees: paste `python -m zipccl_jax.info` into bug reports.
+"""What this zipccl_jax build is and what it sees: `zipccl_jax.info()`; paste `python -m zipccl_jax.info` (info.py,
+the command line) into bug reports.
 
 >>> import zipccl_jax
 >>> sorted(zipccl_jax.info())[:3]
@@ -8,7 +9,6 @@
 from __future__ import annotations
 
 import importlib.metadata as _md
-import json
 import sys
 
 import jax
@@ -94,10 +94,3 @@ def info() -> dict:
       "python": sys.version.split()[0],
   }
 
-
-def main() -> None:
-  print(json.dumps(info(), indent=2))
-
-
-if __name__ == "__main__":
-  main()
