@@ -59,10 +59,12 @@ def test_calibrate_measures_each_level_of_a_tuple():
       note = fits[f"link[{ak}]/{coll}"]
       assert note == "fit" or note.startswith(("throughput bound", "unmeasurable")), note
       assert (coll in prof.links.get(ak, {})) == (not note.startswith("unmeasurable"))
-  for op in ("all_gather", "psum_scatter", "all_to_all"):  # each op's hierarchical raw program, over the tuple
-    note = fits[f"link[host,local]/hierarchical_{op}"]
+  # each op's hierarchical program over the tuple, raw and with the slow phase coded
+  for key in [f"hierarchical_{op}{c}" for op in ("all_gather", "psum_scatter", "all_to_all")
+              for c in ("", "_slow_coded")]:
+    note = fits[f"link[host,local]/{key}"]
     assert note == "fit" or note.startswith(("throughput bound", "unmeasurable")), note
-    assert (f"hierarchical_{op}" in prof.links["host,local"]) == (not note.startswith("unmeasurable"))
+    assert (key in prof.links["host,local"]) == (not note.startswith("unmeasurable"))
   tup = prof.links["host,local"]
   assert "*" not in tup or tup["*"] in [tup.get(c) for c in ("all_to_all", "all_gather")]  # "*": a flat link
   assert not any("zipccl.calibrate" in s for s in zipccl_jax.decisions())       # its programs leave no log

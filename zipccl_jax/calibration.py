@@ -184,37 +184,42 @@ def _link_job(h: _Harness, coll: str, size: int):
 _HIER_SITE = "zipccl.calibrate.hierarchical"
 
 
-def _hier_job(h: _Harness, op: str, size: int):
+def _hier_job(h: _Harness, op: str, size: int, slow_coded: bool = False):
   """(program, operand, bytes one device sends in the *flat* raw collective) of `op`'s hierarchical
-  program over the tuple, both phases raw (the first axis as the slow level, as use_algorithm
-  takes it), on bfloat16 zeros: what the phases, their copies and sums cost as they run."""
+  program over the tuple (the first axis as the slow level, as use_algorithm takes it): what the
+  phases, their copies and sums cost as they run. Both phases raw, on bfloat16 zeros; or
+  (`slow_coded`) the slow phase compressed at the default capacity, on near-Gaussian bfloat16
+  (codec speed depends on the data: zeros code in a fraction of the time)."""
   n, axes = h.n, h.axis_name
   per = max(1, -(-int(size) // (2 * max(1, n - 1))))   # bfloat16 elements per destination
   # the whole result, as a caller uses it: a slice of it would let XLA drop the phases' copies
-  body = {"all_gather": lambda v: zc.all_gather(v, axes, tiled=True, compress=False,
+  c = bool(slow_coded)
+  body = {"all_gather": lambda v: zc.all_gather(v, axes, tiled=True, compress=c, name=_HIER_SITE),
+          "all_to_all": lambda v: zc.all_to_all(v, axes, 0, 0, tiled=True, compress=c,
                                                  name=_HIER_SITE),
-          "all_to_all": lambda v: zc.all_to_all(v, axes, 0, 0, tiled=True, compress=False,
-                                                 name=_HIER_SITE),
-          "psum_scatter": lambda v: zc.psum_scatter(v, axes, tiled=True, compress=False,
+          "psum_scatter": lambda v: zc.psum_scatter(v, axes, tiled=True, compress=c,
                                                      name=_HIER_SITE)}[op]
-  raw = {str(a): False for a in axes}
+  levels = {str(a): c and i == 0 for i, a in enumerate(axes)}
 
   def f(v):
-    with hierarchical.use_algorithm("hierarchical", raw):
+    with hierarchical.use_algorithm("hierarchical", levels):
       return body(v)
 
   shape = {"all_gather": (per,), "all_to_all": (n, per), "psum_scatter": (n * per,)}[op]
   sent = float((n - 1) * per * 2)   # the flat raw collective's bytes (accounting.sent_bytes)
-  return h.smap(f), h.put(np.zeros(shape, jnp.bfloat16)), sent
+  x = (np.zeros(shape, jnp.bfloat16) if not c else
+       (np.random.default_rng(0).standard_normal(shape, np.float32) * 0.02).astype(jnp.bfloat16))
+  return h.smap(f), h.put(x), sent
 
 
 def _hier_jobs(h: _Harness, link_bytes, jobs: list, sizes: dict) -> None:
   for op in hierarchical.OPS:
-    for size in link_bytes:
-      f, x, sent = _hier_job(h, op, size)
-      name = f"link/{hierarchical_key(op)}/{size}"
-      jobs.append((name, f, (x,)))
-      sizes[name] = sent
+    for slow_coded in (False, True):
+      for size in link_bytes:
+        f, x, sent = _hier_job(h, op, size, slow_coded)
+        name = f"link/{hierarchical_key(op, slow_coded)}/{size}"
+        jobs.append((name, f, (x,)))
+        sizes[name] = sent
 
 
 def _forget_hier_sites(axes) -> None:
@@ -476,8 +481,8 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
       _fit_links(prof, lh.akey, collectives, link_bytes, sizes, net, noise, notes,
                  prefix=f"link[{lh.akey}]")
     if len(axes) == 2 and level_h:
-      _fit_links(prof, h.akey, [hierarchical_key(op) for op in hierarchical.OPS], link_bytes,
-                 sizes, net, noise, notes, star=False)
+      _fit_links(prof, h.akey, [hierarchical_key(op, c) for op in hierarchical.OPS for c in (False, True)],
+                 link_bytes, sizes, net, noise, notes, star=False)
   if codec:
     _fit_codec(prof, h.plat, dtypes, codec_bytes, sizes, net, noise, notes, role,
                allv if sample_np is not None else None)
