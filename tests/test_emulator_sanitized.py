@@ -106,3 +106,26 @@ def test_race_detector_catches_a_plain_or_in_the_real_write_kernel(tmp_path):
   with pytest.raises(RuntimeError, match=r"shared-memory race in zipccl_write \(CTA 0, barrier interval \d+\): "
                      r"byte \d+ of its Shared struct \(\d+ bytes\): thread \d+ .*, thread \d+ .* with no barrier"):
     host.emulate_encode(x.view(np.uint8), 1, x.size, test_cuda.BF16, False, out, nbytes, seed=1)
+
+
+# The seeded bug in the real decoder: DecodeBlockKernel with one symbol buffer instead of two, so the decode of
+# round r + 1 writes the rows (and slice_nz) that the merge of round r reads in the same barrier interval.
+SEEDED_ONE_BUFFER = ("static int SymBuffer(int round) { return round & 1; }",
+                     "static int SymBuffer(int round) { return round & 0; }")
+
+
+def test_race_detector_catches_one_symbol_buffer_in_the_real_decoder(tmp_path):
+  shutil.copytree(ROOT / "xla_ffi", tmp_path / "xla_ffi")
+  shutil.copytree(ROOT / "tests" / "cc", tmp_path / "tests" / "cc")
+  decoder = tmp_path / "xla_ffi" / "codec" / "cuda_decode.cuh"
+  text = decoder.read_text()
+  assert text.count(SEEDED_ONE_BUFFER[0]) == 1, "the seeded line moved: update SEEDED_ONE_BUFFER"
+  decoder.write_text(text.replace(*SEEDED_ONE_BUFFER))
+  host = SanitizedHost(test_cuda.HOST, binary("emulator_driver_seeded_one_buffer", DRIVER, root=tmp_path))
+  x = test_cuda._data("gauss", 5000, test_cuda.BF16)  # HUFF: 3 streams, 32 rounds
+  payload, need = test_cuda._cpu_encode(x, test_cuda.BF16, False, 8 * x.size)
+  assert 0 < need < 2 * x.size
+  out, status = np.zeros(2 * x.size, np.uint8), np.full(1, -1, np.int32)
+  with pytest.raises(RuntimeError, match=r"shared-memory race in zipccl_decode_block \(CTA 0, barrier interval \d+\): "
+                     r"byte \d+ of its Shared struct \(\d+ bytes\): thread \d+ .*, thread \d+ .* with no barrier"):
+    host.emulate_decode(payload, 1, test_cuda.BF16, x.size, out, status, seed=1)

@@ -132,23 +132,47 @@ ZIPCCL_HD void StoreElems8(uint8_t* o, const uint32_t* v, int cnt) {
 //      per-stream bit counts and nnz into stream bit offsets and raw offsets.
 //    - Rounds: thread k < n_streams decodes the next 64 symbols of stream k
 //      (a 64-bit bit buffer refilled with aligned 32-bit loads) into shared
-//      memory; then kMergeThreads threads per stream join kMergeElems symbols
-//      each with their raw bytes and store the elements (16-byte stores).
+//      memory; kMergeThreads threads per stream join kMergeElems symbols each
+//      with their raw bytes and store the elements (16-byte stores).
+//    - Decode and merge overlap (software pipeline over two symbol buffers):
+//      barrier interval r decodes round r into buffer r & 1 while all threads
+//      merge round r - 1 from buffer (r - 1) & 1, so warps 1-3 merge while warp
+//      0 (the decoders) looks up codes, then warp 0 merges its own share. The
+//      decoder records each merge slice's first raw index (slice_nz) as it goes,
+//      which replaces the merge threads' nnz prefix and its barrier: rounds + 2
+//      barriers per block (34 for a full block) where decode, prefix and merge
+//      took 3 x rounds + 1 (97). Each barrier is a sync_or of `bad`, so an
+//      element of round r is stored only after every stream decoded round r
+//      without error; a block rejected later (a merge, the final bit and nnz
+//      counts, the padding bits) has its elements overwritten by zipccl_poison,
+//      as before. The overlap's speed-up is unmeasured (no GPU here).
 template <typename T>
 struct DecodeBlockKernel {
   static constexpr const char* kName = "zipccl_decode_block";
   static constexpr int kBlockThreads = kDecodeThreads;
   using Params = DecodeParams;
+  // Round r's symbols live in buffer SymBuffer(r): rounds r and r + 1 share a
+  // barrier interval (decode of r + 1, merge of r), so they need different buffers;
+  // round r + 2 is decoded only after the barrier that ends round r's merge.
+  static constexpr int kSymBuffers = 2;
+  ZIPCCL_HD static int SymBuffer(int round) { return round & 1; }
   struct Shared {
     DecodeEntry table[kTableSize];
+    // Two symbol buffers (SymBuffer): in one barrier interval the decoding threads
+    // fill one round's buffer while the merge reads the previous round's.
     // Rows padded by one 32-bit word: decoder lane t writes row t, so with 128-byte
     // rows all 32 lanes hit one bank; 132-byte rows put lane t in bank (t + i/2) % 32,
     // and the merge threads' reads (8 rows x 4 offsets 8 words apart per warp: bank
-    // k + 8q) stay conflict-free.
-    uint16_t syms[kMaxStreamsPerBlock][kRoundSyms + 2];
-    uint32_t round_nz[kMaxStreamsPerBlock];   // nnz of the stream before this round
+    // k + 8q) stay conflict-free. A buffer is 1056 words (a multiple of 32), so
+    // both buffers have the same bank mapping.
+    uint16_t syms[kSymBuffers][kMaxStreamsPerBlock][kRoundSyms + 2];
+    // slice_nz[b][k][q]: nnz of stream k before slice q (symbols
+    // [q * kMergeElems, (q + 1) * kMergeElems) of the round in buffer b), i.e.
+    // merge thread (k, q)'s first raw element. The decoder writes it at each slice
+    // start, so the merge needs no prefix over its group (nor a barrier for one).
+    // uint16_t: nnz <= kStreamElems = 2048.
+    uint16_t slice_nz[kSymBuffers][kMaxStreamsPerBlock][kMergeThreads];
     uint32_t stream_raw[kMaxStreamsPerBlock]; // first raw byte of the stream
-    uint32_t merge_nz[kDecodeThreads];
     uint8_t lens[kNumSymbols];
     // Thread 0's canonical code and the used symbols in code order (SortByCode),
     // read by every thread's DecodeEntryAt. Here, not next to `table`: with them
@@ -273,80 +297,85 @@ struct DecodeBlockKernel {
       nbuf = 32 - uint32_t(q & 31);
       ++word;
     }
-    int bad = 0;
     const uint64_t span = m < uint64_t(kStreamElems) ? m : uint64_t(kStreamElems);
     const int rounds = int(CeilDiv(span, kRoundSyms));
-    for (int r = 0; r < rounds; ++r) {
-      if (decoder && !bad) {
+    // Merge mapping: thread -> stream k, slice q = elements [j0, j0 + kMergeElems)
+    // of each round of stream k.
+    const uint32_t k = tid / kMergeThreads, q = tid % kMergeThreads;
+    const uint32_t j0 = q * kMergeElems;
+    // Barrier interval r (r = 0 .. rounds) decodes round r (r < rounds) and merges
+    // round r - 1 (r > 0); the barrier ending it agrees on `bad` from both (see
+    // above). The decoder works first: its loop is the long one, and the other
+    // warps merge meanwhile. The final count check stays after the loop, behind
+    // its own barrier: inside the last round's decode it cost <u16> 72 registers
+    // instead of 64 (NVRTC 13.5, sm_80 and sm_90), i.e. 7 CTAs per SM instead of 8.
+    int bad = 0;
+    for (int r = 0; r <= rounds; ++r) {
+      if (decoder && r < rounds) {
         const uint64_t done = uint64_t(r) * kRoundSyms;
         const int cnt = done >= my_count ? 0
                         : (my_count - done < uint64_t(kRoundSyms) ? int(my_count - done)
                                                                   : kRoundSyms);
-        sm.round_nz[tid] = nz_seen;
-        for (int i = 0; i < cnt; ++i) {
-          if (nbuf < uint32_t(kMaxCodeLen)) {
-            buf |= uint64_t(LoadWordClipped(bits_base + 4 * word, bits, bits + bit_bytes)) << nbuf;
-            nbuf += 32;
-            ++word;
+        const int rb = SymBuffer(r);
+        for (int s0 = 0; s0 < cnt && !bad; s0 += kMergeElems) {
+          sm.slice_nz[rb][tid][s0 / kMergeElems] = uint16_t(nz_seen);
+          const int s1 = cnt - s0 < kMergeElems ? cnt : s0 + kMergeElems;
+          for (int i = s0; i < s1; ++i) {
+            if (nbuf < uint32_t(kMaxCodeLen)) {
+              buf |= uint64_t(LoadWordClipped(bits_base + 4 * word, bits, bits + bit_bytes)) << nbuf;
+              nbuf += 32;
+              ++word;
+            }
+            const DecodeEntry e = sm.table[buf & (kTableSize - 1)];
+            consumed += e.len;
+            if (e.len == 0 || consumed > my_sb) {
+              bad = 1;
+              break;
+            }
+            buf >>= e.len;
+            nbuf -= e.len;
+            sm.syms[rb][tid][i] = e.sym;
+            nz_seen += e.sym != kZeroSymbol;
           }
-          const DecodeEntry e = sm.table[buf & (kTableSize - 1)];
-          consumed += e.len;
-          if (e.len == 0 || consumed > my_sb) {
-            bad = 1;
-            break;
-          }
-          buf >>= e.len;
-          nbuf -= e.len;
-          sm.syms[tid][i] = e.sym;
-          nz_seen += e.sym != kZeroSymbol;
         }
       }
-      if (cta.sync_or(bad)) break;
-      // Merge: thread -> (stream k, elements [j0, j0 + kMergeElems) of this
-      // round), joined with their raw bytes and stored 8 at a time.
-      const uint32_t k = tid / kMergeThreads;
-      const uint32_t j0 = (tid % kMergeThreads) * kMergeElems;
-      const uint64_t first = uint64_t(k) * kStreamElems + uint64_t(r) * kRoundSyms + j0;
+      // Merge round r - 1: (stream k, slice q) joined with its raw bytes and
+      // stored 8 at a time. A thread whose decode just failed skips it (the block
+      // is rejected at this interval's barrier).
+      const uint64_t first = uint64_t(k) * kStreamElems + uint64_t(r - 1) * kRoundSyms + j0;
       int cnt = 0;
-      if (k < uint32_t(n_streams) && first < m) {
+      if (r > 0 && !bad && k < uint32_t(n_streams) && first < m) {
         const uint64_t stream_end = uint64_t(k) * kStreamElems + kStreamElems < m
                                         ? uint64_t(k) * kStreamElems + kStreamElems
                                         : m;
         cnt = stream_end - first < uint64_t(kMergeElems) ? int(stream_end - first) : kMergeElems;
       }
-      uint32_t nz = 0;
-      for (int j = 0; j < cnt; ++j) nz += sm.syms[k][j0 + j] != kZeroSymbol;
-      sm.merge_nz[tid] = nz;
-      cta.sync();
-      int merge_bad = 0;
       if (cnt > 0) {
-        uint32_t ri = sm.round_nz[k];
-        for (uint32_t t = tid & ~uint32_t(kMergeThreads - 1); t < tid; ++t) ri += sm.merge_nz[t];
+        const int mb = SymBuffer(r - 1);
+        uint32_t ri = sm.slice_nz[mb][k][q];
         const uint32_t stream_nnz = Load16(dir + k * kStreamDirEntryBytes + 2);
         const uint8_t* sraw = raw + uint64_t(sm.stream_raw[k]) * raw_w;
-        for (int g = 0; g < cnt && !merge_bad; g += kElemsPerThread) {
+        for (int g = 0; g < cnt && !bad; g += kElemsPerThread) {
           const int gc = cnt - g < kElemsPerThread ? cnt - g : kElemsPerThread;
           uint32_t v[kElemsPerThread];
           for (int j = 0; j < gc; ++j) {
-            const int s = sm.syms[k][j0 + g + j];
+            const int s = sm.syms[mb][k][j0 + g + j];
             v[j] = 0;
             if (s == kZeroSymbol) continue;
             if (ri >= stream_nnz) {
-              merge_bad = 1;
+              bad = 1;
               break;
             }
             v[j] = MergeElem<T>(s, sraw + uint64_t(ri) * raw_w, low16);
             ++ri;
           }
-          if (!merge_bad) StoreElems8<T>(out + (first + g) * sizeof(T), v, gc);
+          if (!bad) StoreElems8<T>(out + (first + g) * sizeof(T), v, gc);
         }
       }
-      if (cta.sync_or(merge_bad)) {
-        bad = 1;
-        break;
-      }
+      if (cta.sync_or(bad)) break;
     }
-    // Every stream must use exactly its bits and non-zero count.
+    // Every stream must use exactly its bits and non-zero count. (After a break,
+    // some thread's `bad` is set, so the barrier below agrees on it.)
     if (decoder && !bad && (consumed != my_sb || nz_seen != my_nnz)) bad = 1;
     int status = cta.sync_or(bad) ? kErrStream : kOk;
     if (status == kOk && (L.total_bits & 7) &&
