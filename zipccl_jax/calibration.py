@@ -426,7 +426,10 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   measured too, by the same collectives over that axis alone (every device at once, so a
   per-device rate under the load of its peers), interleaved with the rest; the profile then has
   a link model per level, which is what lets :mod:`zipccl_jax.hierarchical` decompose
-  collectives over the tuple.
+  collectives over the tuple. Each op's hierarchical program over the tuple is timed too, with
+  both phases raw and with the slow phase coded (``links["slow,fast"]["hierarchical_<op>"]`` and
+  ``["hierarchical_<op>_slow_coded"]``, against the flat raw bytes): the plan costs those variants
+  from what they measured.
 
   Robustness: every measurement is repeated ``reps`` times, interleaved, and the median is fitted
   (:func:`fit_bounded`); a size dependence within the repetitions' spread gives a throughput

@@ -42,8 +42,9 @@ axes ``(slow, fast)`` whose link models are both in the active profile (``Profil
 what :func:`zipccl_jax.calibrate` measures per level for a tuple) with ``slow`` the slower, a
 float dtype, and a ``capacity`` that is None, a ratio or ``"observed"``. Then :func:`plan` costs
 every candidate with :func:`zipccl_jax.strategy.decide`'s model (flat on the tuple's own link;
-each phase on its axis's link; the hierarchical raw program as :func:`zipccl_jax.calibrate`
-measured it over the tuple, when it did, see `_candidates`) and runs the cheapest:
+each phase on its axis's link; the hierarchical programs, raw and with the slow phase coded, as
+:func:`zipccl_jax.calibrate` measured them over the tuple, when it did, see `_candidates`) and runs
+the cheapest:
 
 * ``compress="auto"``: flat raw, flat compressed, and hierarchical with each phase raw or
   compressed (compressed candidates must win by the profile's ``min_gain``);
