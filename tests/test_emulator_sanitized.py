@@ -93,14 +93,20 @@ SEEDED_OR = ("if (uint32_t(lo >> 32)) AtomicOrShared(w + 1, uint32_t(lo >> 32));
              "if (uint32_t(lo >> 32)) w[1] |= uint32_t(lo >> 32);")
 
 
-def test_race_detector_catches_a_plain_or_in_the_real_write_kernel(tmp_path):
+def _seeded_host(tmp_path, header: str, seed: tuple, name: str):
+  """The sanitized emulator built from a copy of the sources whose `header` (under xla_ffi/codec) has the one
+  line seed[0] replaced by seed[1]."""
   shutil.copytree(ROOT / "xla_ffi", tmp_path / "xla_ffi")
   shutil.copytree(ROOT / "tests" / "cc", tmp_path / "tests" / "cc")
-  encoder = tmp_path / "xla_ffi" / "codec" / "cuda_encode.cuh"
-  text = encoder.read_text()
-  assert text.count(SEEDED_OR[0]) == 1, "the seeded line moved: update SEEDED_OR"
-  encoder.write_text(text.replace(*SEEDED_OR))
-  host = SanitizedHost(test_cuda.HOST, binary("emulator_driver_seeded_or", DRIVER, root=tmp_path))
+  path = tmp_path / "xla_ffi" / "codec" / header
+  text = path.read_text()
+  assert text.count(seed[0]) == 1, f"the seeded line moved in {header}: update the seed"
+  path.write_text(text.replace(*seed))
+  return SanitizedHost(test_cuda.HOST, binary(name, DRIVER, root=tmp_path))
+
+
+def test_race_detector_catches_a_plain_or_in_the_real_write_kernel(tmp_path):
+  host = _seeded_host(tmp_path, "cuda_encode.cuh", SEEDED_OR, "emulator_driver_seeded_or")
   x = test_cuda._data("gauss", 5000, test_cuda.BF16)
   out, nbytes = np.zeros(8 * x.size, np.uint8), np.zeros(1, np.int64)
   with pytest.raises(RuntimeError, match=r"shared-memory race in zipccl_write \(CTA 0, barrier interval \d+\): "
@@ -115,13 +121,7 @@ SEEDED_ONE_BUFFER = ("static int SymBuffer(int round) { return round & 1; }",
 
 
 def test_race_detector_catches_one_symbol_buffer_in_the_real_decoder(tmp_path):
-  shutil.copytree(ROOT / "xla_ffi", tmp_path / "xla_ffi")
-  shutil.copytree(ROOT / "tests" / "cc", tmp_path / "tests" / "cc")
-  decoder = tmp_path / "xla_ffi" / "codec" / "cuda_decode.cuh"
-  text = decoder.read_text()
-  assert text.count(SEEDED_ONE_BUFFER[0]) == 1, "the seeded line moved: update SEEDED_ONE_BUFFER"
-  decoder.write_text(text.replace(*SEEDED_ONE_BUFFER))
-  host = SanitizedHost(test_cuda.HOST, binary("emulator_driver_seeded_one_buffer", DRIVER, root=tmp_path))
+  host = _seeded_host(tmp_path, "cuda_decode.cuh", SEEDED_ONE_BUFFER, "emulator_driver_seeded_one_buffer")
   x = test_cuda._data("gauss", 5000, test_cuda.BF16)  # HUFF: 3 streams, 32 rounds
   payload, need = test_cuda._cpu_encode(x, test_cuda.BF16, False, 8 * x.size)
   assert 0 < need < 2 * x.size
