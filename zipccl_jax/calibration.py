@@ -26,7 +26,7 @@ from zipccl_jax.observation import allgather_json
 from zipccl_jax.profile import (CodecModel, LinkModel, Profile, axis_key, get_profile, np_dtype,
                                 platform_key, set_profile)
 
-__all__ = ["calibrate", "fit_bounded"]
+__all__ = ["calibrate", "fit_bounded", "monotone_points"]
 
 _MIN_FIT_TIME_S = 1e-6  # net times below this (after the null program's) are not resolved: floor them
 # What a fit may return (bytes/s and seconds): a 1 MB/s link or codec is broken, a 10 TB/s one is a
@@ -80,7 +80,25 @@ def fit_bounded(xs, ts, noise_s: float = 0.0) -> tuple[LinkModel | None, str]:
     return None, f"unmeasurable: bandwidth {bw:.3g} B/s outside {BANDWIDTH_BOUNDS_BPS} ({note})"
   if not (LATENCY_BOUNDS_S[0] <= lat <= LATENCY_BOUNDS_S[1]):
     return None, f"unmeasurable: latency {lat:.3g} s outside {LATENCY_BOUNDS_S} ({note})"
-  return LinkModel(lat, bw), note
+  return LinkModel(lat, bw, monotone_points(xs, ts)), note
+
+
+def monotone_points(xs, ts) -> tuple:
+  """The measured ``(size, time)`` medians as a LinkModel's points: sizes ascending (equal sizes
+  averaged), times made non-decreasing by pooling adjacent violators (a larger message never
+  costs less: a dip is noise, and the pooled value is the least-squares non-decreasing fit)."""
+  by_size: dict[float, list] = {}
+  for x, t in zip(np.asarray(xs, np.float64).tolist(), np.asarray(ts, np.float64).tolist()):
+    by_size.setdefault(x, []).append(t)
+  blocks = []                          # [sum of times, count, sizes], each block one pooled value
+  for x in sorted(by_size):
+    blocks.append([float(np.mean(by_size[x])), 1, [x]])
+    while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+      t, c, sz = blocks.pop()
+      blocks[-1][0] += t
+      blocks[-1][1] += c
+      blocks[-1][2] += sz
+  return tuple((x, t / c) for t, c, sz in blocks for x in sz)
 
 
 def _in_bounds(c: CodecModel) -> bool:
@@ -396,7 +414,9 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   ``link_bytes`` (two or more sizes). The median time over ``reps`` (all
   measurements interleaved), minus that of an empty ``shard_map``
   (dispatch), is fitted to ``latency + sent_bytes / bandwidth`` (least
-  squares). The first
+  squares), and the medians themselves are kept as the model's ``points``
+  (:class:`LinkModel`: interpolated between measured sizes, the fitted slope
+  past the largest; :func:`monotone_points`). The first
   collective's fit is also the axis's ``"*"`` entry and, if the profile has
   none, the ``"*"`` (any axis) entry.
 
@@ -419,8 +439,13 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   bounds: then the isolated models stay. ``meta["calibration"]["in_situ"]``
   keeps the figures (``applied``, ``note``).
 
-  Choose ``link_bytes`` to span the messages of the program: the fit is linear,
-  and small messages on shaped or congested links are not (bursts, windows).
+  Choose ``link_bytes`` to span the messages of the program, and include the
+  sizes of its large collectives (the bytes one device sends in the flat raw
+  collective, ``zipccl_jax.accounting.sent_bytes``): the model is exact at
+  measured sizes and linear between them, and time per byte is not constant
+  (small messages on shaped or congested links: bursts, windows; a message that
+  outgrows a cache or a socket buffer). Each size adds one timed program per
+  collective, level and hierarchical variant.
 
   Levels (``levels``, for a tuple of axes such as ``("host", "local")``): each axis's link is
   measured too, by the same collectives over that axis alone (every device at once, so a

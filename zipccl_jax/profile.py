@@ -57,16 +57,52 @@ _DTYPE_NAMES = tuple(dt.name for dt in fmt.SUPPORTED_DTYPES)
 
 @dataclasses.dataclass
 class LinkModel:
-  """``time(sent_bytes) = latency_s + sent_bytes / bandwidth_Bps`` for one collective.
+  """The time of one collective against ``sent_bytes``, the bytes one device sends (the model of
+  :func:`zipccl_jax.hlo_wire_bytes`, so ``bandwidth_Bps`` is a per-device rate).
 
-  ``sent_bytes`` counts the bytes one device sends (the model of
-  :func:`zipccl_jax.hlo_wire_bytes`), so ``bandwidth_Bps`` is a per-device rate.
+  Without ``points``: the line ``latency_s + sent_bytes / bandwidth_Bps``. With ``points``
+  (what :func:`zipccl_jax.calibrate` measured: ``((sent bytes, seconds), ...)``, sizes ascending,
+  times non-decreasing), the measurements themselves: linear interpolation between neighbouring
+  points, from ``(0, latency_s)`` to the first point, and past the last one its time plus the
+  fitted slope. A line through two sizes misses steps in between (a message that outgrows a cache
+  or a socket buffer costs more per byte); interpolation is exact at every measured size.
   """
   latency_s: float
   bandwidth_Bps: float
+  points: tuple = ()
+
+  def __post_init__(self):
+    self.points = tuple((float(x), float(t)) for x, t in self.points)  # JSON gives lists
 
   def time(self, sent_bytes: float) -> float:
-    return self.latency_s + float(sent_bytes) / self.bandwidth_Bps
+    b = float(sent_bytes)
+    pts = self.points
+    if not pts:
+      return self.latency_s + b / self.bandwidth_Bps
+    x1, t1 = pts[-1]
+    if b >= x1:
+      return t1 + (b - x1) / self.bandwidth_Bps
+    x0, t0 = 0.0, min(self.latency_s, pts[0][1])
+    for x1, t1 in pts:
+      if b <= x1:
+        return t0 + (t1 - t0) * (b - x0) / (x1 - x0)
+      x0, t0 = x1, t1
+    raise AssertionError("unreachable: b < the last point's size")
+
+  def check(self) -> str | None:
+    """Why the model is not sane, or None."""
+    if not (self.bandwidth_Bps > 0 and math.isfinite(self.bandwidth_Bps)
+            and math.isfinite(self.latency_s) and self.latency_s >= 0):
+      return "bandwidth must be finite and > 0, latency finite and >= 0"
+    xs = [x for x, _ in self.points]
+    ts = [t for _, t in self.points]
+    if not all(math.isfinite(v) for v in xs + ts):
+      return "points must be finite"
+    if xs and (xs[0] <= 0 or any(b <= a for a, b in zip(xs, xs[1:]))):
+      return "point sizes must be > 0 and strictly ascending"
+    if ts and (ts[0] < 0 or any(b < a for a, b in zip(ts, ts[1:]))):
+      return "point times must be >= 0 and non-decreasing"
+    return None
 
 
 @dataclasses.dataclass
@@ -164,8 +200,12 @@ _DEFAULT_EXPECTED_RATIO = {
 
 def _fields(model) -> dict:
   """A model's fields (plain dataclasses of scalars) as a dict: dataclasses.asdict without its deep
-  copies and field introspection (fingerprint() runs once per traced collective)."""
-  return dict(vars(model))
+  copies and field introspection (fingerprint() runs once per traced collective). A link model
+  without points serialises as before points existed (same JSON, same fingerprint)."""
+  d = dict(vars(model))
+  if d.get("points", None) == ():
+    del d["points"]
+  return d
 
 
 def np_dtype(name):
@@ -354,8 +394,9 @@ class Profile:
   def validate(self) -> None:
     for ak, tab in self.links.items():
       for ck, m in tab.items():
-        if not (m.bandwidth_Bps > 0 and m.latency_s >= 0 and math.isfinite(m.bandwidth_Bps)):
-          raise ValueError(f"zipccl_jax: profile link [{ak}][{ck}] is not sane: {m}")
+        why = m.check()
+        if why is not None:
+          raise ValueError(f"zipccl_jax: profile link [{ak}][{ck}] is not sane ({why}): {m}")
     for pl, tab in self.codec.items():
       for dt, m in tab.items():
         if not (m.encode_Bps > 0 and m.decode_Bps > 0 and m.encode_overhead_s >= 0

@@ -1,0 +1,155 @@
+"""LinkModel's measured points (zipccl_jax/profile.py): interpolation, validation, JSON, calibrate's pooled
+medians, and the plan that a line through two far sizes got wrong (issue 18: `auto` ran flat raw at 1.11-1.14x
+the best variant because the hierarchical all_gather's cost per byte steps up between calibrate's two sizes)."""
+from __future__ import annotations
+
+import itertools
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import zipccl_jax
+from zipccl_jax import hierarchical
+from zipccl_jax.calibration import fit_bounded, monotone_points
+from zipccl_jax.profile import CodecModel, LinkModel, Profile
+
+STEP = LinkModel(1e-3, 1e8, ((1e5, 3e-3), (1e6, 12e-3), (2e6, 30e-3)))
+
+
+@pytest.mark.parametrize("sent,want", [
+    (0.0, 1e-3),                      # zero bytes: the latency
+    (5e4, 2e-3),                      # halfway from (0, latency) to the first point
+    (1e5, 3e-3), (1e6, 12e-3), (2e6, 30e-3),   # every measured size: its time, exactly
+    (5.5e5, 7.5e-3), (1.5e6, 21e-3),  # between points: the chord, not the fitted line
+    (3e6, 40e-3),                     # past the last point: its time plus the fitted slope (1e6 B at 1e8 B/s)
+])
+def test_time_interpolates_the_measured_points(sent, want):
+  assert STEP.time(sent) == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+def test_without_points_time_is_the_line():
+  lk = LinkModel(1e-3, 1e8)
+  assert lk.time(0) == 1e-3 and lk.time(2e6) == pytest.approx(1e-3 + 2e-2)
+
+
+def test_a_first_point_below_the_latency_anchors_at_its_own_time():
+  """The fitted intercept may lie above the smallest measured time; the curve never dips below zero bytes'."""
+  lk = LinkModel(5e-3, 1e8, ((1e5, 2e-3), (1e6, 12e-3)))
+  assert lk.time(0) == 2e-3 and lk.time(5e4) == 2e-3
+  assert all(lk.time(a) <= lk.time(b) for a, b in itertools.pairwise(np.linspace(0, 3e6, 61)))
+
+
+@pytest.mark.parametrize("points,why", [
+    (((2e5, 1e-3), (1e5, 2e-3)), "strictly ascending"),
+    (((1e5, 1e-3), (1e5, 2e-3)), "strictly ascending"),
+    (((0.0, 1e-3), (1e5, 2e-3)), "strictly ascending"),
+    (((1e5, 3e-3), (2e5, 2e-3)), "non-decreasing"),
+    (((1e5, -1e-3), (2e5, 2e-3)), "non-decreasing"),
+    (((1e5, float("nan")), (2e5, 2e-3)), "finite"),
+])
+def test_validate_refuses_points_no_measurement_gives(points, why):
+  p = Profile()
+  p.links = {"i": {"all_gather": LinkModel(0.0, 1e8, points)}}
+  with pytest.raises(ValueError, match=rf"link \[i\]\[all_gather\] is not sane \(.*{why}"):
+    p.validate()
+
+
+def test_points_round_trip_and_leave_pointless_profiles_as_they_were():
+  p = Profile()
+  p.links = {"i": {"all_gather": STEP, "*": LinkModel(1e-4, 1e9)}}
+  q = Profile.from_json(p.to_json())
+  assert q.links == p.links and q.fingerprint() == p.fingerprint()
+  assert "points" not in p.to_dict()["links"]["i"]["*"]   # the JSON of a profile without points is unchanged
+  r = p.copy()
+  r.links["i"]["all_gather"] = LinkModel(STEP.latency_s, STEP.bandwidth_Bps, STEP.points[:-1] + ((2e6, 31e-3),))
+  assert r.fingerprint() != p.fingerprint()               # a point decides, so it is in the fingerprint
+
+
+def test_monotone_points_pools_a_dip_and_averages_equal_sizes():
+  assert monotone_points([4, 1, 2, 3], [5, 1, 3, 2]) == ((1, 1), (2, 2.5), (3, 2.5), (4, 5))
+  assert monotone_points([1, 1, 2], [1, 3, 2.5]) == ((1, 2), (2, 2.5))
+  xs, ts = [256 << 10, 3 << 20, 4 << 20], [3e-3, 20e-3, 30e-3]
+  assert monotone_points(xs, ts) == tuple(zip(map(float, xs), ts))   # already monotone: unchanged
+
+
+def test_fit_bounded_keeps_the_medians_as_points():
+  xs, ts = [256 << 10, 3670016, 4 << 20], [3.2e-3, 19.3e-3, 27.7e-3]
+  lk, note = fit_bounded(xs, ts, noise_s=1e-4)
+  assert note == "fit" and lk.points == tuple(zip(map(float, xs), ts))
+  assert [lk.time(x) for x in xs] == pytest.approx(ts, rel=1e-12)
+
+
+H, L = 2, 4
+AXES = ("host", "local")
+
+
+def _all_gather_estimates(prof, shard_elems):
+  allowed = hierarchical._allowed("auto", "auto", None, "host", "local")
+  with zipccl_jax.use_profile(prof):
+    est, _ = hierarchical._candidates("all_gather", np.dtype(ml_dtypes.bfloat16), shard_elems, AXES, "host",
+                                      "local", (H, L), "activation", allowed)
+  return {k: v[0] for k, v in est.items()}
+
+
+def test_plan_at_a_measured_size_sees_the_step_a_line_through_two_sizes_misses():
+  """The 2 x 4 testbed's all_gather in figures: the hierarchical program's time per byte steps up between the
+  benchmark's 512 KB shard (flat raw sends 3.5 MiB) and calibrate's largest size (4 MiB). Measured at both, the
+  plan costs the call at its own size and runs the hierarchical program; with only calibrate's default sizes
+  the line through them overestimates it and the plan runs flat raw."""
+  shard = 256 << 10                                  # bfloat16 elements: 512 KiB
+  sent = (H * L - 1) * shard * 2                     # 3.5 MiB
+  small, big = 256 << 10, 4 << 20
+  flat = LinkModel(2e-4, 1.2e8)                      # flat raw all_gather: ~30.8 ms at `sent`
+  codec = CodecModel(2e8, 3e8, 1e-4, 1e-4)           # eight devices coding on two shared cores
+  times = {"hierarchical_all_gather": {small: 2.2e-3, sent: 31.6e-3, big: 44.1e-3},
+           "hierarchical_all_gather_slow_coded": {small: 2.5e-3, sent: 28.9e-3, big: 41.5e-3}}
+
+  def profile(sizes):
+    p = Profile()
+    p.links = {"host": {"*": LinkModel(1e-4, 3e7)}, "local": {"*": LinkModel(1e-5, 2e8)},
+               "host,local": {"*": flat, "all_gather": flat}}
+    p.codec = {"cpu": {"bfloat16": codec}}
+    for key, t in times.items():
+      xs = sorted(sizes)
+      lk, _ = fit_bounded(xs, [t[x] for x in xs])
+      p.links["host,local"][key] = lk
+    return p
+
+  est = _all_gather_estimates(profile([small, sent, big]), shard)
+  assert est["hierarchical host:compressed local:raw"] == pytest.approx(28.9e-3, rel=1e-9)
+  assert est["hierarchical host:raw local:raw"] == pytest.approx(31.6e-3, rel=1e-9)
+  assert min(est, key=est.get) == "hierarchical host:compressed local:raw"
+  line = _all_gather_estimates(profile([small, big]), shard)
+  assert line["hierarchical host:compressed local:raw"] > 1.1 * 28.9e-3
+  assert min(line, key=line.get) == "flat raw"
+
+
+@pytest.mark.skipif(jax.device_count() < H * L, reason="needs 8 devices")
+def test_calibrate_keeps_every_size_it_measured():
+  """On virtual devices: each link model's points are the pooled medians at the sizes calibrate ran, in the
+  profile and in its saved JSON."""
+  mesh = Mesh(np.array(jax.devices()[:H * L]).reshape(H, L), AXES)
+  sizes = (16 << 10, 48 << 10, 128 << 10)
+  prof = zipccl_jax.calibrate(mesh, AXES, link_bytes=sizes, codec=False, reps=3, activate=False,
+                              profile=Profile())
+  cal = prof.meta["calibration"]
+  checked = 0
+  for akey, prefix in (("host,local", "link"), ("host", "link[host]"), ("local", "link[local]")):
+    for coll in ("all_to_all", "all_gather") + (
+        tuple(hierarchical.hierarchical_key(op, c) for op in hierarchical.OPS for c in (False, True))
+        if akey == "host,local" else ()):
+      lk = prof.links[akey].get(coll)
+      if lk is None:                                 # unmeasurable (named in the notes)
+        assert cal["fits"][f"link[{akey}]/{coll}"].startswith("unmeasurable"), (akey, coll)
+        continue
+      ks = [f"{prefix}/{coll}/{s}" for s in sizes]
+      xs = [cal["bytes"][k] for k in ks]
+      ts = [max(cal["net_s"][k], 1e-6) for k in ks]
+      assert lk.points == monotone_points(xs, ts), (akey, coll)
+      assert len(lk.points) == len(sizes) and lk.check() is None
+      checked += 1
+  assert checked >= 6
+  assert Profile.from_json(prof.to_json()).links == prof.links
