@@ -186,7 +186,8 @@ def worker_mesh(args) -> None:
         prepared.append((case, gx, vs))
         log(f"prepared {coll}:{case[1]} global {gx.shape} {gx.dtype} variants {sorted(vs)}")
 
-    link_bytes = calibration_sizes(prepared, h * l)
+    link_bytes = bench.calibration_sizes([(case[0], int(gx.size // (h * l)) * gx.dtype.itemsize)
+                                          for case, gx, _ in prepared], h * l)
     log(f"calibration sizes (bytes one device sends in the flat raw collective): {list(link_bytes)}")
 
     def phase(go) -> list[dict]:
@@ -198,21 +199,6 @@ def worker_mesh(args) -> None:
 
     _netns.worker_phases(ctl, rank, args.phase_timeout, barrier, phase)
     jax.distributed.shutdown()
-
-
-# calibrate()'s default sizes, kept in every run so the fitted slopes span small messages too
-_DEFAULT_LINK_BYTES = (256 << 10, 4 << 20)
-_KIND = {"all_to_all": "all-to-all", "all_gather": "all-gather", "psum_scatter": "reduce-scatter"}
-
-
-def calibration_sizes(prepared, n: int) -> tuple[int, ...]:
-    """calibrate()'s defaults plus the bytes one device sends in each case's flat raw collective: the
-    profile's link models interpolate between measured sizes, so measuring at the calls' own sizes makes
-    the estimates "auto" compares exact there (a line through two far sizes missed a per-byte step of the
-    hierarchical all_gather between them and chose flat raw, 1.11-1.14x the best variant)."""
-    from zipccl_jax.accounting import sent_bytes
-    case_bytes = {sent_bytes(_KIND[case[0]], int(gx.size // n) * gx.dtype.itemsize, n) for case, gx, _ in prepared}
-    return tuple(sorted(set(_DEFAULT_LINK_BYTES) | case_bytes))
 
 
 def _calibrate(zc, mesh, link_bytes, log):

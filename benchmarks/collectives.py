@@ -330,10 +330,28 @@ def _prepare_case(w: _Worker, case, impl, codec, zs, auto_prof):
     return case, x, gx, fns, codec_fn, info
 
 
+# calibrate()'s default sizes, kept in every run so the fitted slopes span small messages too
+CALIBRATE_LINK_BYTES = (256 << 10, 4 << 20)
+_SENT_KIND = {"all_to_all": "all-to-all", "all_gather": "all-gather", "psum_scatter": "reduce-scatter"}
+
+
+def calibration_sizes(operands, n: int) -> tuple[int, ...]:
+    """calibrate()'s `link_bytes` for a run: its defaults plus, per (collective, bytes of one device's operand)
+    in `operands`, the bytes one device sends in the flat raw collective over `n` devices. The profile's link
+    models interpolate between measured sizes, so measuring at the calls' own sizes makes the estimates "auto"
+    compares exact there (a line through two far sizes missed a per-byte step of the two-level all_gather
+    between them, and "auto" ran flat raw at 1.11-1.14x the best variant)."""
+    from zipccl_jax.accounting import sent_bytes
+    return tuple(sorted(set(CALIBRATE_LINK_BYTES)
+                        | {sent_bytes(_SENT_KIND[coll], int(nbytes), n) for coll, nbytes in operands}))
+
+
 def _retrace_auto(w: _Worker, prepared, auto_prof, zs):
-    """Measures the link at this rate (zipccl_jax.calibrate, all ranks at once, agreed), then traces each case's
-    compress="auto" again with that profile and the frame sizes observed at preparation; returns the profile."""
-    auto_prof = zs.calibrate(w.mesh, "x", profile=auto_prof, activate=False)
+    """Measures the link at this rate (zipccl_jax.calibrate, all ranks at once, agreed, at the defaults' and the
+    cases' sizes), then traces each case's compress="auto" again with that profile and the frame sizes observed
+    at preparation; returns the profile."""
+    sizes = calibration_sizes([(item[0][0], item[1].nbytes) for item in prepared], w.nproc)
+    auto_prof = zs.calibrate(w.mesh, "x", profile=auto_prof, link_bytes=sizes, activate=False)
     for case, x, gx, fns, codec_fn, info in prepared:
         if "auto_body" in info:
             auto_prof.sites = info["auto_sites"]

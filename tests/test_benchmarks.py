@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,17 +93,13 @@ def test_parse_mesh():
             _twolevel.parse_mesh(bad)
 
 
-def test_mesh_run_calibrates_at_each_cases_flat_raw_bytes():
+def test_runs_calibrate_at_each_cases_flat_raw_bytes():
     """calibrate() runs at its default sizes plus, per case, the bytes one device sends in the flat raw
     collective over all n devices: the sizes "auto" then costs exactly (the profile interpolates between them)."""
-    n = 8
-    prepared = [(("all_to_all", "x"), np.zeros((n * 8, 1280), np.uint16), None),        # 20 KiB a device
-                (("all_gather", "y"), np.zeros((n * 4096,), np.uint16), None),           # 8 KiB a device
-                (("psum_scatter", "z"), np.zeros((n * 4096,), np.uint16), None),
-                (("all_gather", "w"), np.zeros((n * 4096,), np.uint16), None)]           # same size: once
-    got = _twolevel.calibration_sizes(prepared, n)
+    import collectives as bench
+    operands = [("all_to_all", 20480), ("all_gather", 8192), ("psum_scatter", 8192), ("all_gather", 8192)]
     # reduce-scatter and all-to-all send (n - 1) / n of the operand, all-gather (n - 1) times the shard
-    assert got == (7 * 8192 // 8, 7 * 20480 // 8, 7 * 8192, 256 << 10, 4 << 20)
+    assert bench.calibration_sizes(operands, 8) == (7 * 8192 // 8, 7 * 20480 // 8, 7 * 8192, 256 << 10, 4 << 20)
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="network namespaces need root")
