@@ -1,6 +1,6 @@
 """The wire protocol, written once: exchange rows, gather a row, permute a row.
 
-Every compressed collective is one of four exchanges of coded rows, each followed by a
+Every compressed collective is one of five exchanges of coded rows, each followed by a
 uniform overflow test and a `lax.cond` between the coded result and the raw fallback:
 
 * `exchange_rows`: row j of each sender's `(n, m)` rows goes to rank j (all_to_all,
@@ -8,7 +8,10 @@ uniform overflow test and a `lax.cond` between the coded result and the raw fall
 * `gather_row`: each sender's row goes to every rank (all_gather, psum's second phase);
 * `permute_row`: each sender's row goes to its destination in `perm` (ppermute);
 * `exchange_rounds`: rows go out in rounds of collective-permutes, one row per round (the
-  two-level all_to_all's rows that cross the slow level, `zipccl_jax.hierarchical`).
+  two-level all_to_all's rows that cross the slow level, `zipccl_jax.hierarchical`, when the
+  fast level is coded too or the slow one raw);
+* `exchange_mixed`: row j to rank j over two axes ``(slow, fast)``, coded only for the ranks of
+  other `slow` groups (the two-level all_to_all with the slow level coded and the fast one raw).
 
 Padded transport (everywhere)
 -----------------------------
@@ -16,9 +19,22 @@ Each row of ``m`` elements is encoded into exactly ``C = capacity`` bytes, and t
 collective moves ``C`` bytes per row. What crosses the wire per sender, for an axis of size
 ``n``::
 
-  exchange_rows:  uint8[n, C]   (row j goes to rank j)
-  gather_row:     uint8[C]      (to every rank)
-  permute_row:    uint8[C]      (+ one int32 psum, see below)
+  exchange_rows:   uint8[n, C]   (row j goes to rank j)
+  gather_row:      uint8[C]      (to every rank)
+  permute_row:     uint8[C]      (+ one int32 psum, see below)
+  exchange_rounds: uint8[C] per round, (H - 1) L rounds   (+ one int32 psum over fast)
+  exchange_mixed:  uint8[n, C] over (slow, fast)          (+ one int32 psum over fast)
+                   + uint8[L, B - C] over fast, when B > C
+
+The mixed slot exchange (``n = H L`` ranks ``h' L + l'``, rows of ``B = m * itemsize`` bytes): the
+slot for a rank of another `slow` group (``h' != h``) holds the row's coded frame; the slot for a
+rank of the own group holds the first ``min(C, B)`` bytes of the row's bit pattern, raw, zero-padded
+to ``C``; what is left of those L rows (``B - C`` bytes each, only when ``B > C``) goes in one
+all_to_all over `fast`. So every row crosses one level once: the coded ones in the slot exchange,
+the own group's raw, split between the slot exchange and the tails. The self slot carries the
+rank's own head (a local copy inside the collective); the result takes the self row from the
+operand, as below. The ragged transport does not apply (a raw head fills its slot): this exchange
+is padded only.
 
 The row a rank keeps (row ``me`` of `exchange_rows`, its own row of `gather_row`) never crosses
 the network, so it is not coded: the codec skips that row (an all-zero row of ``C`` bytes goes
@@ -42,8 +58,11 @@ overflows, the sender also sets ``frame_bytes = 2**64 - 1`` in every other frame
 (`codec.poison_overflow`). In `exchange_rows` every receiver gets one frame from every sender,
 and in `gather_row` every frame, so every rank sees the same set of poisoned senders and
 computes the same predicate ``any(frame_bytes > C)`` (`codec.any_overflow`) without an extra
-collective; then every rank takes the same branch: the raw ``jax.lax`` collective on the bits of
-the original operand (the coded bytes already moved are wasted), inside the named scope
+collective (`exchange_rounds` and `exchange_mixed`, whose receivers get frames only from the
+other `slow` groups, add a 4-byte psum over `fast` of the own group's flags; `exchange_mixed`
+tests only the slots that hold frames: a raw head's bytes [16, 24) could read as anything); then
+every rank takes the same branch: the raw ``jax.lax`` collective on the bits of the original
+operand (the coded bytes already moved are wasted), inside the named scope
 `accounting.FALLBACK_SCOPE`. The predicate agrees within each group of the collective; XLA
 lowers these collectives to per-group operations, so groups may decide differently. A
 `permute_row` receiver sees one sender only, and XLA lowers a ppermute over one mesh axis to a
@@ -482,5 +501,75 @@ def exchange_rounds(rows, *, axes, perms, send, arrival, skip, flag_axis, capaci
 
   def raw():
     return raw_rounds(rows, axes=axes, perms=perms, send=send, arrival=arrival)
+
+  return cond_bits(fallback, lambda: in_fallback(raw), coded)
+
+
+def _byte_view(rows):
+  """rows (F, m) -> uint8 (F, m * itemsize): the bytes of their bit patterns (bitcasts, no float op)."""
+  b = lax.bitcast_convert_type(rows, jnp.uint8)        # (F, m, itemsize), or (F, m) for 1 byte
+  return b.reshape(rows.shape[0], -1)
+
+
+def _from_byte_view(b, m: int, dtype):
+  """uint8 (F, m * itemsize) -> (F, m) of `dtype`, the inverse of `_byte_view`."""
+  k = np.dtype(dtype).itemsize
+  return lax.bitcast_convert_type(b if k == 1 else b.reshape(b.shape[0], m, k), dtype)
+
+
+def exchange_mixed(rows, *, slow, fast, capacity: int, site: str, raw: Callable,
+                   finish: Callable = lambda out: out):
+  """rows (n, m), row j for rank j = h' L + l' of the axes ``(slow, fast)`` -> `finish(got)`, got
+  (n, m) with row s from rank s: the rows for other `slow` groups coded, the own group's raw.
+
+  The "mixed slot" exchange (padded transport only; wire layout in the module docstring): one
+  all_to_all over ``(slow, fast)`` of ``uint8[n, C]`` slots, where the slot of a rank of another
+  group holds the coded frame (own-group rows are skipped by the encoder) and the slot of a rank
+  of the own group holds the first ``min(C, B)`` bytes of the row's bit pattern (``B = m *
+  itemsize``); the remaining ``B - C`` bytes of the own group's rows (when ``B > C``) go in one
+  all_to_all over `fast` of ``uint8[L, B - C]``. The self row is taken from `rows`.
+
+  Uniform fallback: `raw()` (the flat `jax.lax` all_to_all on the operand's bits, returning what
+  `finish` returns) spans every device, so all must agree. A receiver gets a (poisoned if its
+  sender overflowed anywhere) frame from every sender of another group, and its own group's
+  senders report through a 4-byte psum over `fast`; the overflow test reads only the slots that
+  hold frames (the raw bytes of the own group's slots could look like any ``frame_bytes``).
+  """
+  n, m = rows.shape
+  dt = np.dtype(rows.dtype)
+  L = lax.axis_size(fast)
+  B = m * dt.itemsize
+  head = min(capacity, B)                               # raw bytes of an own-group row in its slot
+  # varying over both axes like the data: vmap's dynamic-slice rule combines them with the rows'
+  h, l = (vary(lax.axis_index(a).astype(jnp.int32), (slow, fast)) for a in (slow, fast))
+  own = jnp.arange(n, dtype=jnp.int32) // L == h        # (n,): rows for / from the own group
+  payload, _, over = encode_rows(rows, capacity, own)
+  own_bytes = lax.dynamic_slice_in_dim(_byte_view(rows), h * L, L, 0)       # (L, B)
+  heads = own_bytes[:, :head]
+  if head < capacity:
+    heads = jnp.pad(heads, ((0, 0), (0, capacity - head)))
+  slots = lax.dynamic_update_slice_in_dim(payload, heads, h * L, 0)
+  recv = lax.all_to_all(slots, (slow, fast), 0, 0, tiled=True)             # (n, C): row s from s
+  tails = None
+  if B > head:
+    tails = lax.all_to_all(own_bytes[:, head:], fast, 0, 0, tiled=True)   # (L, B - C): from (h, l')
+  group_over = lax.psum(vary(over.astype(jnp.int32), (fast,)), fast) > 0
+  frames = jnp.where(own[:, None], jnp.uint8(0), recv[:, :fmt.FRAME_HEADER_BYTES])
+  fallback = codec.any_overflow(frames, capacity) | group_over
+  accounting.count(site, fallback)
+
+  def coded():
+    dec = decode_guarded(recv, fallback, m, rows.dtype, own)                # own group's rows: 0
+    got = lax.dynamic_slice_in_dim(recv, h * L, L, 0)[:, :head]
+    if tails is not None:
+      got = jnp.concatenate([got, tails], axis=1)                           # (L, B)
+    # sliced as bits: under vmap XLA:CPU may slice a 16-bit float in float32 (NaN payloads)
+    mine = raw_bits(lambda u: lax.dynamic_slice_in_dim(u, h * L, L, 0), rows)
+    block = with_own_row(_from_byte_view(got, m, rows.dtype), mine,
+                         jnp.arange(L, dtype=jnp.int32) == l)              # the self row: local
+    H = n // L
+    out = with_own_row(dec.reshape(H, L * m), block.reshape(L * m),
+                       jnp.arange(H, dtype=jnp.int32) == h)
+    return finish(out.reshape(n, m))
 
   return cond_bits(fallback, lambda: in_fallback(raw), coded)
