@@ -29,9 +29,9 @@ slow / fast          algorithm (device ``(h, l)``)
 ===================  ===========================================================================
 coded / raw          *mixed slots* (`_all_to_all_mixed`, `_exchange.exchange_mixed`): ONE
                      all_to_all over ``(slow, fast)`` of ``n`` slots: the ``(H - 1) L`` rows for
-                     other hosts coded, the ``L`` own-host rows raw (their first ``C`` bytes),
-                     plus a raw all_to_all over ``fast`` of the own-host rows' tails (``B - C``
-                     bytes each, when ``B > C``) and a 4-byte flag psum over ``fast``
+                     other hosts coded, the ``L`` own-host rows raw (their first ``C - 8``
+                     bytes, then the sender's overflow flag), plus a raw all_to_all over
+                     ``fast`` of the own-host rows' tails (``B - C + 8`` bytes each)
 raw / raw,           *rounds* (`_all_to_all`, `_cross_hosts`): 1. all_to_all over ``fast`` of the
 raw / coded,         own host's rows (a zipccl collective, coded or not); 2. the rows for other
 coded / coded        hosts straight to their device in ``(H - 1) L`` collective-permute rounds
@@ -46,7 +46,10 @@ cross-host ones, while the rounds form paid a separate, sequential fast all_to_a
 raw rows (~9 ms) and per-round overheads, which ate most of the codec it saved (it codes ``(H - 1)
 L = 4`` rows per device instead of ``n - 1 = 7``). The mixed slots keep flat compressed's one
 exchange and codec only the rows that cross hosts; what is left over the fast level is the tails
-(``(1 - C / B)`` of ``L`` rows). The other patterns keep the rounds: one exchange over the tuple
+(about ``(1 - C / B)`` of ``L`` rows). Measured there (benchmarks/collectives.py ``--mesh 2x4``,
+MoE dispatch, ``C / B = 0.70``), it does not clearly beat flat compressed either: the raw own-host
+rows cost the CPU about what coding them saves (their extra bytes through loopback TCP, the byte
+shuffles of the heads and the second exchange of the tails), see the README. The other patterns keep the rounds: one exchange over the tuple
 with every row raw or every row coded is flat raw or flat compressed, which `plan` costs anyway,
 and raw / coded codes only rows that stay inside a host.
 
@@ -295,8 +298,8 @@ def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat):
 def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
   """Seconds of all_to_all host coded / local raw (`_all_to_all_mixed`): the flat coded exchange
   over the tuple (its link, its wire of n slots of C bytes, its fallback risk) with n - L rows
-  coded instead of n - 1, plus the 4-byte flag psum over `fast` and a raw all_to_all over `fast`
-  of the own host's row tails (B - C bytes per row, about (1 - ratio) of each)."""
+  coded instead of n - 1, plus a raw all_to_all over `fast` of the own host's row tails (the
+  bytes that do not fit in the slot: about (1 - ratio) of each row)."""
   H, L = sizes
   n = H * L
   d = strategy.decide("all_to_all", dt, chunk, axis_size=n, axis_name=axis_name, role=role,
@@ -304,8 +307,7 @@ def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
   cm = prof.codec_model(dt, plat)[0]
   B = chunk * np.dtype(dt).itemsize
   t = d.est_compressed_s - (L - 1) * (B / cm.encode_Bps + B / cm.decode_Bps)
-  t += prof.link(fast, "psum", plat)[0].latency_s
-  tail = -(-max(0, B - d.capacity) // np.dtype(dt).itemsize)   # elements
+  tail = chunk - _exchange.mixed_head_elems(d.capacity, chunk, dt)   # elements
   if tail:
     t += strategy.decide("all_to_all", dt, tail, axis_size=L, axis_name=fast, role=role,
                          compress=False, profile=prof, platform=plat, log=False).est_raw_s
@@ -449,12 +451,6 @@ def _uint(dt):
   return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[np.dtype(dt).itemsize]
 
 
-def _a2a_rows(x, split: int, n: int):
-  """x -> (n, m) bit patterns, row j for rank j (the chunk of x along `split`)."""
-  u = lax.bitcast_convert_type(x, _uint(x.dtype))
-  return jnp.moveaxis(u, split, 0).reshape(n, x.size // n)
-
-
 def _a2a_assemble(got, x, split: int, concat: int, tiled: bool):
   """got (n, m) bit patterns, row s from rank s -> jax.lax.all_to_all's result layout."""
   n = got.shape[0]
@@ -477,30 +473,36 @@ def _all_to_all_mixed(x, args, lp, capacity, site: str):
 
   Recorded at `site` with the bytes one device sends: ``n`` slots of ``C`` bytes over the tuple
   (the self slot counted as `_exchange.exchange_rows` counts it: ``(n - 1) C``) plus ``L`` tails of
-  ``B - C`` bytes over ``fast`` (``(L - 1)(B - C)``); the 4-byte flag psum is not counted. Raw:
-  the flat all_to_all's ``(n - 1) B``, what a fallback moves after the slots."""
+  ``T`` bytes over ``fast`` (``(L - 1) T``, ``T = B - C + 8`` rounded up to whole elements, or 0).
+  Raw: the flat all_to_all's ``(n - 1) B``, what a fallback moves after the slots."""
   split, concat, tiled = args
   H, L = lp.sizes
   n = H * L
   dt = np.dtype(x.dtype)
   m = x.size // n
-  rows_u = _a2a_rows(x, split, n)
-  rows = lax.bitcast_convert_type(rows_u, dt)
+  rows = jnp.moveaxis(x, split, 0).reshape(n, m)       # the encoder's operand, as flat's
   plan = strategy.plan("all_to_all", dt, m, axis_size=n, compress=True, capacity=capacity,
                        role=lp.role, site=site, axis_name=lp.slow)
   C, B = plan.capacity, m * dt.itemsize
+  tail = (m - _exchange.mixed_head_elems(C, m, dt)) * dt.itemsize   # bytes per own-host row
   sent = accounting.sent_bytes
   accounting.record(site, "all_to_all", rows, n, plan, sent("all-to-all", n * B, n),
-                    sent("all-to-all", n * C, n) + sent("all-to-all", L * max(0, B - C), L))
+                    sent("all-to-all", n * C, n) + sent("all-to-all", L * tail, L))
   record_frames(site, "all_to_all", lambda: rows)
   axes = (lp.slow, lp.fast)
+  xs_shape = (x.shape[split],) + x.shape[:split] + x.shape[split + 1:]
 
-  def raw():  # the flat jax.lax all_to_all of the rows' bits
-    return lax.bitcast_convert_type(lax.all_to_all(rows_u, axes, 0, 0, tiled=True), dt)
+  def raw():  # the flat jax.lax all_to_all on the bits of x rebuilt from `rows` (one operand buffer)
+    x_again = jnp.moveaxis(rows.reshape(xs_shape), 0, split)
+    return _exchange.raw_bits(lambda u: lax.all_to_all(u, axes, split, concat, tiled=tiled),
+                              x_again)
 
-  got = _exchange.exchange_mixed(rows, slow=lp.slow, fast=lp.fast, capacity=C, site=site, raw=raw)
-  out = _a2a_assemble(lax.bitcast_convert_type(got, _uint(dt)), x, split, concat, tiled)
-  return lax.bitcast_convert_type(out, dt)
+  def finish(got):  # the layout copies on bit patterns (under vmap XLA:CPU may copy via float32)
+    out = _a2a_assemble(lax.bitcast_convert_type(got, _uint(dt)), x, split, concat, tiled)
+    return lax.bitcast_convert_type(out, dt)
+
+  return _exchange.exchange_mixed(rows, slow=lp.slow, fast=lp.fast, capacity=C, site=site,
+                                  raw=raw, finish=finish)
 
 
 def _all_to_all(x, args, lp, phase, cross):
