@@ -454,10 +454,13 @@ def test_vmap_of_mixed_all_to_all_keeps_every_bit(dtype):
 
 
 def test_vmap_of_mixed_all_to_all_falls_back_per_example():
-  """Batch of 3 where only example 1 is incompressible at capacity 0.5: that example takes the raw all_to_all,
-  the others decode; every example is bit-identical to jax.lax."""
-  x = _payload((H * L, 3, H * L * 4, 32), np.float32, seed=23)
+  """Batch of 3 where only example 1 is incompressible at capacity 0.5 (random bits; the others sparse: zeros,
+  1% Gaussian, NaN payloads and the other specials): that example takes the raw all_to_all, the others decode;
+  every example is bit-identical to jax.lax."""
   rng = np.random.default_rng(23)
+  x = np.zeros((H * L, 3, H * L * 4, 32), np.float32)
+  dense = _payload((x.size // 100,), np.float32, seed=23)
+  x.reshape(-1)[rng.choice(x.size, dense.size, replace=False)] = dense
   x[:, 1] = rng.integers(0, 2**32, x[:, 1].shape, dtype=np.uint32).view(np.float32)
   x = x.reshape(H * L * 3, H * L * 4, 32)
 
