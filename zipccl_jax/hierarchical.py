@@ -31,7 +31,7 @@ coded / raw          *mixed slots* (`_all_to_all_mixed`, `_exchange.exchange_mix
                      all_to_all over ``(slow, fast)`` of ``n`` slots: the ``(H - 1) L`` rows for
                      other hosts coded, the ``L`` own-host rows raw (their first ``C - 8``
                      bytes, then the sender's overflow flag), plus a raw all_to_all over
-                     ``fast`` of the own-host rows' tails (``B - C + 8`` bytes each)
+                     ``fast`` of the own-host rows' tails (``B - C + 8`` bytes, if positive)
 raw / raw,           *rounds* (`_all_to_all`, `_cross_hosts`): 1. all_to_all over ``fast`` of the
 raw / coded,         own host's rows (a zipccl collective, coded or not); 2. the rows for other
 coded / coded        hosts straight to their device in ``(H - 1) L`` collective-permute rounds
@@ -47,9 +47,11 @@ raw rows (~9 ms) and per-round overheads, which ate most of the codec it saved (
 L = 4`` rows per device instead of ``n - 1 = 7``). The mixed slots keep flat compressed's one
 exchange and codec only the rows that cross hosts; what is left over the fast level is the tails
 (about ``(1 - C / B)`` of ``L`` rows). Measured there (benchmarks/collectives.py ``--mesh 2x4``,
-MoE dispatch, ``C / B = 0.70``), it does not clearly beat flat compressed either: the raw own-host
-rows cost the CPU about what coding them saves (their extra bytes through loopback TCP, the byte
-shuffles of the heads and the second exchange of the tails), see the README. The other patterns keep the rounds: one exchange over the tuple
+MoE dispatch, ``C / B = 0.70``, two runs) it ran at 0.97 of flat compressed where the rounds form
+ran at 1.04 in the runs alternating with it: better, not a clear win; the raw own-host rows cost
+the CPU about what coding them saves (their extra bytes through loopback TCP, the byte shuffles
+of the heads, the second exchange of the tails; a flag psum cost 5-9 ms more, so the flags ride
+in the slots), see the README. The other patterns keep the rounds: one exchange over the tuple
 with every row raw or every row coded is flat raw or flat compressed, which `plan` costs anyway,
 and raw / coded codes only rows that stay inside a host.
 
