@@ -15,18 +15,51 @@ all_gather      1. all_gather over ``slow`` of the device's     the device's own
 psum_scatter    1. psum_scatter over ``fast`` (the host's       ``(H - 1)`` chunks of the
                 partial sums of the chunks of every device      result size, against
                 ``(h', l)``); 2. psum_scatter over ``slow``     ``(H - 1) L`` flat
-all_to_all      1. all_to_all over ``fast`` of the rows for     the same bytes as flat, and
-                the own host; 2. the rows for other hosts       only those rows are coded
-                straight to their device, in ``(H - 1) L``      (flat codes ``n - 1`` rows);
-                collective-permute rounds ``(h, l) -> (h + t,   no row crosses the fast level
-                l + s)``                                        twice
+all_to_all      see below                                       the same bytes as flat (the
+                                                                coded ones: C per row), and
+                                                                only those rows are coded
+                                                                (flat codes ``n - 1`` rows)
 ==============  ==============================================  ===============================
 
+all_to_all runs one of two algorithms, by the compression of the levels (rows of ``B`` bytes, one
+per destination rank, coded into slots of ``C`` bytes):
+
+===================  ===========================================================================
+slow / fast          algorithm (device ``(h, l)``)
+===================  ===========================================================================
+coded / raw          *mixed slots* (`_all_to_all_mixed`, `_exchange.exchange_mixed`): ONE
+                     all_to_all over ``(slow, fast)`` of ``n`` slots: the ``(H - 1) L`` rows for
+                     other hosts coded, the ``L`` own-host rows raw (their first ``C - 8``
+                     bytes, then the sender's overflow flag), plus a raw all_to_all over
+                     ``fast`` of the own-host rows' tails (``B - C + 8`` bytes, if positive)
+raw / raw,           *rounds* (`_all_to_all`, `_cross_hosts`): 1. all_to_all over ``fast`` of the
+raw / coded,         own host's rows (a zipccl collective, coded or not); 2. the rows for other
+coded / coded        hosts straight to their device in ``(H - 1) L`` collective-permute rounds
+                     ``(h, l) -> (h + t, l + s)`` (coded or not)
+===================  ===========================================================================
+
+Why two. On the 2 x 4 CPU testbed (gloo; the fast level is loopback TCP on the same 2 cores, the
+slow one 1 Gbit/s shaped TCP; the codec on the CPU is the bottleneck, ~27 ms for 7 rows of MoE
+dispatch) the rounds form with the slow level coded only tied flat compressed (hier / flat 0.975
+to 1.06 over five runs): a flat all_to_all moves the own-host rows concurrently with the
+cross-host ones, while the rounds form paid a separate, sequential fast all_to_all of ``L`` full
+raw rows (~9 ms) and per-round overheads, which ate most of the codec it saved (it codes ``(H - 1)
+L = 4`` rows per device instead of ``n - 1 = 7``). The mixed slots keep flat compressed's one
+exchange and codec only the rows that cross hosts; what is left over the fast level is the tails
+(about ``(1 - C / B)`` of ``L`` rows). Measured there (benchmarks/collectives.py ``--mesh 2x4``,
+MoE dispatch, ``C / B = 0.70``, two runs) it ran at 0.97 of flat compressed where the rounds form
+ran at 1.04 in the runs alternating with it: better, not a clear win; the raw own-host rows cost
+the CPU about what coding them saves (their extra bytes through loopback TCP, the byte shuffles
+of the heads, the second exchange of the tails; a flag psum cost 5-9 ms more, so the flags ride
+in the slots), see the README. The other patterns keep the rounds: one exchange over the tuple
+with every row raw or every row coded is flat raw or flat compressed, which `plan` costs anyway,
+and raw / coded codes only rows that stay inside a host.
+
 all_to_all does not aggregate per remote host and forward inside it (a relay): that moved every
-remote row over the fast level a second time, which on the 2 x 4 CPU testbed (the fast level is
-loopback TCP on shared cores) cost more than the codec it saved: the relay's raw variant was
-40 ms slower than flat raw, the direct one is as fast. The price is ``(H - 1) L`` collectives
-instead of one over the slow link (latency, in the cost model).
+remote row over the fast level a second time, which on the 2 x 4 CPU testbed cost more than the
+codec it saved: the relay's raw variant was 40 ms slower than flat raw, the direct rounds one is
+as fast. The price of the rounds is ``(H - 1) L`` collectives instead of one over the slow link
+(latency, in the cost model).
 
 Exactness. Data movement (all_gather, all_to_all) is bit-identical to ``jax.lax`` in every
 variant. psum_scatter's hierarchical order: inside the host, the float32 sum of the ``L`` local
@@ -34,7 +67,8 @@ inputs in ascending ``fast`` rank, rounded once to the dtype; then the float32 s
 host partials in ascending ``slow`` rank, rounded once (the flat order is one float32 sum over all
 ``n`` ranks, rounded once, so the two algorithms may differ in the last bit). Within an algorithm,
 compression never changes a bit: every phase is a zipccl collective, or (all_to_all's cross-host
-rounds) coded frames with the uniform overflow fallback of :mod:`zipccl_jax._exchange`.
+rounds, its mixed slots) coded frames with the uniform overflow fallback of
+:mod:`zipccl_jax._exchange`.
 
 When it applies. Inside :func:`zipccl_jax.all_gather` (``to="varying"``),
 :func:`~zipccl_jax.psum_scatter` and :func:`~zipccl_jax.all_to_all`, for an ``axis_name`` of two
@@ -181,7 +215,7 @@ _PHASES = {
                      ("slow", "psum_scatter", lambda m, H, L: m // (H * L))),
     "all_to_all": (("fast", "all_to_all", lambda m, H, L: m // (H * L)),
                    ("slow", "ppermute", lambda m, H, L: m // (H * L))),  # x (H - 1) L rounds
-}
+}  # (all_to_all host coded / local raw is not these phases: `_mixed_model`)
 _FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n,
                "all_to_all": lambda m, n: m // n}
 
@@ -190,19 +224,56 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
   """{name: (estimate s, algorithm, {level: compress})} for the `allowed` compression patterns,
   and a note on where the hierarchical estimates come from.
 
-  Per phase the model of `strategy.decide` on its level's link. When the profile holds a
-  measurement of the op's hierarchical raw program over the tuple (`hierarchical_key`, what
-  `calibrate` fits beside the flat link), that is the raw variant's time, and a compressed
-  phase adds the model's difference (its codec time, less the link time its smaller wire saves):
-  the phases' copies, sums and the fast level's real cost are then measured, not assumed away.
-  A measurement of the program with the slow phase coded (``slow_coded``) replaces that sum for
-  the variants that code the slow phase: the modelled difference missed what the coded phase
-  costs around its codec and wire (all_to_all at 2 x 4 on a quiet machine: 12 ms of saving
-  modelled, 3.5 ms measured).
+  The model of each variant (`_models`): per phase the model of `strategy.decide` on its level's
+  link; all_to_all host coded / local raw is one coded exchange over the tuple plus the fast
+  level's tails (`_mixed_model`). Measurements anchor the model: when the profile holds the
+  op's hierarchical raw program over the tuple (`hierarchical_key`, what `calibrate` fits beside
+  the flat link), a variant costs that time plus the model's difference from the raw variant
+  (its codec time, less the link time its smaller wire saves): the phases' copies, sums and the
+  fast level's real cost are then measured, not assumed away. A measurement of the program with
+  the slow phase coded (``slow_coded``: slow coded, fast raw) is that variant's time, and the
+  variant that codes both levels costs it plus the model's fast-phase difference (coding the fast
+  level, against raw): the modelled difference from the raw program missed what the coded program
+  costs around its codec and wire (all_to_all at 2 x 4 on a quiet machine, rounds form: 12 ms of
+  saving modelled, 3.5 ms measured). For all_to_all the measured coded program is the mixed-slot
+  exchange, which the both-coded variant does not run; its slow level codes the same (H - 1) L rows.
   """
   H, L = sizes
   prof, plat = get_profile(), current_platform()
+  model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat)
+  tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
+  measured = tab.get(hierarchical_key(op))  # none when measured with the other axis as the slow level
+  coded = tab.get(hierarchical_key(op, slow_coded=True))
+  base = measured.time(flat_sent) - model[(False, False)] if measured is not None else 0.0
+
+  def estimate(cs, cf):
+    if cs and coded is not None:  # the measured program, plus the model's fast-phase difference
+      return coded.time(flat_sent) + model[(False, cf)] - model[(False, False)]
+    return model[(cs, cf)] + base
+
   est = {}
+  for c in (False, True):
+    if ("flat", c) in allowed:
+      est[f"flat {'compressed' if c else 'raw'}"] = (flat[c], "flat", {"flat": c})
+  mode = {False: "raw", True: "compressed"}
+  for cs in (False, True):
+    for cf in (False, True):
+      if ("hier", cs, cf) in allowed:
+        name = f"hierarchical {slow}:{mode[cs]} {fast}:{mode[cf]}"
+        est[name] = (estimate(cs, cf), "hierarchical", {slow: cs, fast: cf})
+  note = ("hierarchical raw measured" if measured is not None
+          else "hierarchical raw = sum of the phases' models")
+  if coded is not None:
+    note += ", slow phase coded measured"
+  return est, note
+
+
+def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat):
+  """({(slow coded, fast coded): modelled seconds}, {compress: flat estimate}, bytes one device
+  sends in the flat raw collective): each hierarchical variant as the sum of its phases'
+  `strategy.decide` models, all_to_all's slow phase as its (H - 1) L rounds, except all_to_all host
+  coded / local raw, which runs the mixed-slot exchange (`_mixed_model`)."""
+  H, L = sizes
 
   def both(o, chunk, axis, n):
     d = strategy.decide(o, dt, chunk, axis_size=n, axis_name=axis, role=role, compress=True,
@@ -218,29 +289,31 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
     once = cm.encode_overhead_s + cm.decode_overhead_s + prof.link(slow, "psum", plat)[0].latency_s
     lvl, p = phases[1]
     phases[1] = (lvl, {False: r * p[False], True: r * p[True] - (r - 1) * once})
-  tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
-  measured = tab.get(hierarchical_key(op))  # none when measured with the other axis as the slow level
-  coded = tab.get(hierarchical_key(op, slow_coded=True))
-  base = (measured.time(flat_sent) if measured is not None
-          else sum(p[False] for _, p in phases))
-  # what coding the slow phase adds to `base` (a measured difference when both programs were timed)
-  slow_delta = {False: 0.0, True: (coded.time(flat_sent) - base) if coded is not None else None}
-  for c in (False, True):
-    if ("flat", c) in allowed:
-      est[f"flat {'compressed' if c else 'raw'}"] = (flat[c], "flat", {"flat": c})
-  for cs in (False, True):
-    for cf in (False, True):
-      if ("hier", cs, cf) in allowed:
-        t = base + sum((slow_delta[cs] if lvl == "slow" and slow_delta[cs] is not None
-                        else p[cs if lvl == "slow" else cf] - p[False]) for lvl, p in phases)
-        mode = {False: "raw", True: "compressed"}
-        name = f"hierarchical {slow}:{mode[cs]} {fast}:{mode[cf]}"
-        est[name] = (t, "hierarchical", {slow: cs, fast: cf})
-  note = ("hierarchical raw measured" if measured is not None
-          else "hierarchical raw = sum of the phases' models")
-  if coded is not None:
-    note += ", slow phase coded measured"
-  return est, note
+  model = {(cs, cf): sum(p[cs if lvl == "slow" else cf] for lvl, p in phases)
+           for cs in (False, True) for cf in (False, True)}
+  if op == "all_to_all":
+    model[(True, False)] = _mixed_model(dt, m // (H * L), axis_name, slow, fast, sizes, role,
+                                        prof, plat)
+  return model, flat, flat_sent
+
+
+def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
+  """Seconds of all_to_all host coded / local raw (`_all_to_all_mixed`): the flat coded exchange
+  over the tuple (its link, its wire of n slots of C bytes, its fallback risk) with n - L rows
+  coded instead of n - 1, plus a raw all_to_all over `fast` of the own host's row tails (the
+  bytes that do not fit in the slot: about (1 - ratio) of each row)."""
+  H, L = sizes
+  n = H * L
+  d = strategy.decide("all_to_all", dt, chunk, axis_size=n, axis_name=axis_name, role=role,
+                      compress=True, profile=prof, platform=plat, log=False, pieces=1)
+  cm = prof.codec_model(dt, plat)[0]
+  B = chunk * np.dtype(dt).itemsize
+  t = d.est_compressed_s - (L - 1) * (B / cm.encode_Bps + B / cm.decode_Bps)
+  tail = chunk - _exchange.mixed_head_elems(d.capacity, chunk, dt)   # elements
+  if tail:
+    t += strategy.decide("all_to_all", dt, tail, axis_size=L, axis_name=fast, role=role,
+                         compress=False, profile=prof, platform=plat, log=False).est_raw_s
+  return t
 
 
 def _allowed(compress, forced_alg, forced_levels, slow, fast):
@@ -339,9 +412,13 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward
   if lp.op == "psum_scatter":
     return _psum_scatter(x, args, H, L, phase)
   c = lp.compress[lp.slow]
+  split, concat, tiled = args
+  if c and not lp.compress[lp.fast]:  # the mixed-slot exchange (see the module docstring)
+    mixed = functools.partial(_all_to_all_mixed, args=args, lp=lp, capacity=capacity,
+                              site=f"{lp.site}/{lp.slow}")
+    return linear(mixed, lambda ct: backward(ct, (concat, split, tiled)), x)
   cross = functools.partial(_cross_hosts, lp=lp, compress=c, capacity=capacity if c else None,
                             site=f"{lp.site}/{lp.slow}", role=lp.role)
-  split, concat, tiled = args
   return linear(functools.partial(_all_to_all, args=args, lp=lp, phase=phase, cross=cross),
                 lambda ct: backward(ct, (concat, split, tiled)), x)
 
@@ -372,14 +449,72 @@ def _psum_scatter(x, args, H, L, phase):
   return jnp.moveaxis(y, 0, dim)
 
 
+def _uint(dt):
+  return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[np.dtype(dt).itemsize]
+
+
+def _a2a_assemble(got, x, split: int, concat: int, tiled: bool):
+  """got (n, m) bit patterns, row s from rank s -> jax.lax.all_to_all's result layout."""
+  n = got.shape[0]
+  xs_shape = (x.shape[split],) + x.shape[:split] + x.shape[split + 1:]
+  chunk = (xs_shape[0] // n,) + xs_shape[1:] if tiled else xs_shape[1:]
+  got = got.reshape((n,) + chunk)                       # [src rank h * L + l]
+  if not tiled:
+    return jnp.moveaxis(got, 0, concat)
+  chunks = jnp.moveaxis(got, 1, split + 1)              # each source's chunk, in x's axis order
+  out = jnp.moveaxis(chunks, 0, concat)                 # (..., n, chunk[concat], ...)
+  return out.reshape(out.shape[:concat] + (n * out.shape[concat + 1],) + out.shape[concat + 2:])
+
+
+def _all_to_all_mixed(x, args, lp, capacity, site: str):
+  """Host coded, local raw: one `_exchange.exchange_mixed` over ``(slow, fast)``, whose slots carry
+  the coded frames of the ``(H - 1) L`` rows for other hosts and the raw heads of the own host's,
+  plus a raw all_to_all over ``fast`` of the own host's row tails; raw fallback: the flat
+  ``jax.lax.all_to_all``. Padded transport, whatever the call's ``transport``. Layout copies run
+  on bit patterns (NaN payloads under vmap).
+
+  Recorded at `site` with the bytes one device sends: ``n`` slots of ``C`` bytes over the tuple
+  (the self slot counted as `_exchange.exchange_rows` counts it: ``(n - 1) C``) plus ``L`` tails of
+  ``T`` bytes over ``fast`` (``(L - 1) T``, ``T = B - C + 8`` rounded up to whole elements, or 0).
+  Raw: the flat all_to_all's ``(n - 1) B``, what a fallback moves after the slots."""
+  split, concat, tiled = args
+  H, L = lp.sizes
+  n = H * L
+  dt = np.dtype(x.dtype)
+  m = x.size // n
+  rows = jnp.moveaxis(x, split, 0).reshape(n, m)       # the encoder's operand, as flat's
+  plan = strategy.plan("all_to_all", dt, m, axis_size=n, compress=True, capacity=capacity,
+                       role=lp.role, site=site, axis_name=lp.slow)
+  C, B = plan.capacity, m * dt.itemsize
+  tail = (m - _exchange.mixed_head_elems(C, m, dt)) * dt.itemsize   # bytes per own-host row
+  sent = accounting.sent_bytes
+  accounting.record(site, "all_to_all", rows, n, plan, sent("all-to-all", n * B, n),
+                    sent("all-to-all", n * C, n) + sent("all-to-all", L * tail, L))
+  record_frames(site, "all_to_all", lambda: rows)
+  axes = (lp.slow, lp.fast)
+  xs_shape = (x.shape[split],) + x.shape[:split] + x.shape[split + 1:]
+
+  def raw():  # the flat jax.lax all_to_all on the bits of x rebuilt from `rows` (one operand buffer)
+    x_again = jnp.moveaxis(rows.reshape(xs_shape), 0, split)
+    return _exchange.raw_bits(lambda u: lax.all_to_all(u, axes, split, concat, tiled=tiled),
+                              x_again)
+
+  def finish(got):  # the layout copies on bit patterns (under vmap XLA:CPU may copy via float32)
+    out = _a2a_assemble(lax.bitcast_convert_type(got, _uint(dt)), x, split, concat, tiled)
+    return lax.bitcast_convert_type(out, dt)
+
+  return _exchange.exchange_mixed(rows, slow=lp.slow, fast=lp.fast, capacity=C, site=site,
+                                  raw=raw, finish=finish)
+
+
 def _all_to_all(x, args, lp, phase, cross):
-  """The direct two-level exchange: own-host rows over ``fast``, the others straight to their
-  device over the slow link (`_cross_hosts`), so no row crosses a level twice."""
+  """The rounds form (every compression pattern but host coded / local raw): own-host rows over
+  ``fast``, the others straight to their device over the slow link (`_cross_hosts`), so no row
+  crosses a level twice."""
   split, concat, tiled = args
   H, L = lp.sizes
   n = H * L
   xs = jnp.moveaxis(x, split, 0)
-  chunk = (xs.shape[0] // n,) + xs.shape[1:] if tiled else xs.shape[1:]
   m = x.size // n
   rows = xs.reshape(H, L * m)                           # [dest h'], row for (h', l') at l' * m
   h = lax.axis_index(lp.slow)
@@ -390,12 +525,9 @@ def _all_to_all(x, args, lp, phase, cross):
   got = cross(rows.reshape(n, m))                       # [src h * L + l], own host's rows unset
   got = _exchange.with_own_row(got.reshape(H, L * m), got_own.reshape(L * m),
                                jnp.arange(H, dtype=jnp.int32) == h.astype(jnp.int32))
-  got = got.reshape((n,) + chunk)                       # [src rank h * L + l]
-  if not tiled:
-    return jnp.moveaxis(got, 0, concat)
-  chunks = jnp.moveaxis(got, 1, split + 1)              # each source's chunk, in x's axis order
-  out = jnp.moveaxis(chunks, 0, concat)                 # (..., n, chunk[concat], ...)
-  return out.reshape(out.shape[:concat] + (n * out.shape[concat + 1],) + out.shape[concat + 2:])
+  u = _uint(x.dtype)
+  out = _a2a_assemble(lax.bitcast_convert_type(got.reshape(n, m), u), x, split, concat, tiled)
+  return lax.bitcast_convert_type(out, x.dtype)
 
 
 def _rounds(H: int, L: int):
@@ -412,6 +544,11 @@ def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
   the slow link, and only those (H - 1) L rows are coded (flat compressed codes n - 1). Coded
   frames are padded to `capacity` (`_exchange.exchange_rounds`, whose fallback every device
   takes together).
+
+  Runs for the raw slow level, and for the coded one when the fast level is coded too. With the
+  slow level coded and the fast one raw, `_all_to_all_mixed` runs instead: on the 2 x 4 testbed
+  these rounds plus the separate raw fast all_to_all of the own host's rows only tied flat
+  compressed (see the module docstring).
   """
   H, L = lp.sizes
   n, m = rows.shape
