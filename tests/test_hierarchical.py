@@ -329,30 +329,40 @@ def test_both_levels_coded_all_to_all_sends_cross_host_rows_directly_in_rounds()
   assert {c["group_size"] for c in a2a} == {L} and all("u8" in c["shape"] for c in a2a), a2a
 
 
-@pytest.mark.parametrize("hot", [None, 5])
-def test_all_to_all_cross_host_overflow_falls_back_everywhere_bit_identical(hot):
-  """Frames that do not fit the capacity: everywhere (hot=None), or only device 5's (its data incompressible,
-  the others' zeros). Every device must take the raw rounds together (they span both hosts): results are
-  jax.lax's bits, and the runtime counter sees a fallback on all n devices."""
-  mesh = _mesh()
-  rng = np.random.default_rng(11)
+def _overflow_operand(hot):
+  """float32 zeros (every frame fits capacity 0.5), except: hot=None every row Gaussian (every sender
+  overflows); hot=(s, d) sender s's row for rank d random bits (only that one frame overflows)."""
   if hot is None:
-    x = _payload((H * L * H * L * 8, 96), np.float32, seed=11)
-  else:
-    x = np.zeros((H * L, H * L * 8, 96), np.float32)
-    x[hot] = rng.integers(0, 2**32, x[hot].shape, dtype=np.uint32).view(np.float32)
-    x = x.reshape(-1, 96)
-  ref = _bits(_run(mesh, _lax_a2a_bits, x))
+    return _payload((H * L * H * L * 8, 96), np.float32, seed=11)
+  s, d = hot
+  x = np.zeros((H * L, H * L, 8, 96), np.float32)
+  x[s, d] = np.random.default_rng(11).integers(0, 2**32, (8, 96), dtype=np.uint32).view(np.float32)
+  return x.reshape(-1, 96)
+
+
+def _assert_falls_back_everywhere(levels, hot, name):
+  """The two-level all_to_all with `levels` at capacity 0.5 on `_overflow_operand(hot)`: its results are
+  jax.lax's bits and the runtime counter of its slow phase sees a fallback on all n devices."""
+  x = _overflow_operand(hot)
+  ref = _bits(_run(_mesh(), _lax_a2a_bits, x))
   zipccl_jax.reset_stats()
   prev = zipccl_jax.set_runtime_stats(True)
   try:
-    got = _bits(_run(mesh, _hier_a2a({"host": True, "local": False}, capacity=0.5, name="xh"), x))
+    got = _bits(_run(_mesh(), _hier_a2a(levels, capacity=0.5, name=name), x))
     jax.effects_barrier()
-    st = zipccl_jax.stats()["xh/host"]
+    st = zipccl_jax.stats()[f"{name}/host"]
   finally:
     zipccl_jax.set_runtime_stats(prev)
   assert np.array_equal(got, ref)
   assert st.calls == H * L and st.fallbacks == H * L, st
+
+
+@pytest.mark.parametrize("hot", [None, (5, 1)], ids=["every_sender", "dev5_row_for_dev1"])
+def test_all_to_all_cross_host_rounds_overflow_falls_back_everywhere_bit_identical(hot):
+  """Both levels coded (the cross-host rows go in collective-permute rounds): frames that do not fit the
+  capacity, everywhere or in one frame of device 5. Every device must take the raw rounds together (they span
+  both hosts); the senders that send a device nothing report through the flag psum over the fast level."""
+  _assert_falls_back_everywhere({"host": True, "local": True}, hot, "xh")
 
 
 def test_vmap_of_hierarchical_all_to_all_is_bit_identical():
@@ -497,35 +507,13 @@ def test_mixed_all_to_all_autodiff_bit_identical(mode):
   assert np.array_equal(_bits(got), _bits(ref))
 
 
-def _overflow_operand(hot):
-  """float32 zeros (every frame fits capacity 0.5), except: hot=None every row Gaussian (every sender
-  overflows); hot=(s, d) sender s's row for rank d random bits (only that one frame overflows)."""
-  if hot is None:
-    return _payload((H * L * H * L * 8, 96), np.float32, seed=11)
-  s, d = hot
-  x = np.zeros((H * L, H * L, 8, 96), np.float32)
-  x[s, d] = np.random.default_rng(11).integers(0, 2**32, (8, 96), dtype=np.uint32).view(np.float32)
-  return x.reshape(-1, 96)
-
-
 @pytest.mark.parametrize("hot", [None, (0, 5), (5, 1)], ids=["every_sender", "dev0_row_for_dev5",
                                                              "dev5_row_for_dev1"])
 def test_mixed_all_to_all_forced_overflow_falls_back_everywhere(hot):
   """Frames that do not fit capacity 0.5: every device takes the raw flat all_to_all (its results are jax.lax's
   bits) and the runtime counter sees a fallback on all n devices, also when one frame of one sender overflows
   (the rest of that sender's host learns it from the flag in its slot, the other host from poisoned frames)."""
-  x = _overflow_operand(hot)
-  ref = _bits(_run(_mesh(), _lax_a2a_bits, x))
-  zipccl_jax.reset_stats()
-  prev = zipccl_jax.set_runtime_stats(True)
-  try:
-    got = _bits(_run(_mesh(), _hier_a2a(MIXED, capacity=0.5, name="mixed_over"), x))
-    jax.effects_barrier()
-    st = zipccl_jax.stats()["mixed_over/host"]
-  finally:
-    zipccl_jax.set_runtime_stats(prev)
-  assert np.array_equal(got, ref)
-  assert st.calls == H * L and st.fallbacks == H * L, st
+  _assert_falls_back_everywhere(MIXED, hot, "mixed_over")
 
 
 @pytest.mark.parametrize("hot,falls_back", [((0, 5), True), ((1, 6), True), ((5, 1), True), ((6, 2), True),
