@@ -113,6 +113,11 @@ _UNROLL_MAX = 64
 _UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
+def uint_of(dtype):
+  """The unsigned integer type of `dtype`'s width (its bit patterns)."""
+  return _UINT_OF_SIZE[np.dtype(dtype).itemsize]
+
+
 # --------------------------------------------------------------------------- #
 # Bits, branches and the own row
 # --------------------------------------------------------------------------- #

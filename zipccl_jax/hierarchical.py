@@ -449,10 +449,6 @@ def _psum_scatter(x, args, H, L, phase):
   return jnp.moveaxis(y, 0, dim)
 
 
-def _uint(dt):
-  return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[np.dtype(dt).itemsize]
-
-
 def _a2a_assemble(got, x, split: int, concat: int, tiled: bool):
   """got (n, m) bit patterns, row s from rank s -> jax.lax.all_to_all's result layout."""
   n = got.shape[0]
@@ -500,7 +496,8 @@ def _all_to_all_mixed(x, args, lp, capacity, site: str):
                               x_again)
 
   def finish(got):  # the layout copies on bit patterns (under vmap XLA:CPU may copy via float32)
-    out = _a2a_assemble(lax.bitcast_convert_type(got, _uint(dt)), x, split, concat, tiled)
+    bits = lax.bitcast_convert_type(got, _exchange.uint_of(dt))
+    out = _a2a_assemble(bits, x, split, concat, tiled)
     return lax.bitcast_convert_type(out, dt)
 
   return _exchange.exchange_mixed(rows, slow=lp.slow, fast=lp.fast, capacity=C, site=site,
@@ -525,7 +522,7 @@ def _all_to_all(x, args, lp, phase, cross):
   got = cross(rows.reshape(n, m))                       # [src h * L + l], own host's rows unset
   got = _exchange.with_own_row(got.reshape(H, L * m), got_own.reshape(L * m),
                                jnp.arange(H, dtype=jnp.int32) == h.astype(jnp.int32))
-  u = _uint(x.dtype)
+  u = _exchange.uint_of(x.dtype)
   out = _a2a_assemble(lax.bitcast_convert_type(got.reshape(n, m), u), x, split, concat, tiled)
   return lax.bitcast_convert_type(out, x.dtype)
 
