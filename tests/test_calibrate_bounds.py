@@ -85,7 +85,7 @@ def test_in_situ_scales_the_codec_only_when_measured(monkeypatch, times, applied
   prof.links["x"] = {"*": LinkModel(0.0, 1e13)}  # the link's share: nanoseconds
   iso = CodecModel(1e9, 1.5e9, 30e-6, 30e-6)
   prof.codec["cpu"] = {"bfloat16": iso}
-  monkeypatch.setattr(calibration, "_time_all", lambda jobs, reps, warmup, barrier=None: {"c": list(times)})
+  monkeypatch.setattr(calibration, "_time_all", lambda jobs, reps, warmup, barrier=None, group=None: {"c": list(times)})
   info = calibration._in_situ(prof, calibration._Harness(mesh, "x"), "bfloat16", 64 << 10, "activation", None,
                               reps=5, warmup=1, barrier=None, base=0.0)
   assert info["applied"] is applied, info
@@ -94,3 +94,19 @@ def test_in_situ_scales_the_codec_only_when_measured(monkeypatch, times, applied
     assert info["factor"] > 1 and got.encode_Bps == iso.encode_Bps / info["factor"]
   else:
     assert info["factor"] == 1.0 and got == iso, info
+
+
+def test_time_all_times_each_group_side_by_side():
+  """The programs plan compares at one size (flat and hierarchical over the tuple) are warmed up and timed
+  together, interleaved; each level's links and the codec are groups of their own, one group after another."""
+  order = []
+  jobs = [(name, (lambda name=name: order.append(name)), ()) for name in
+          ("link/all_gather/1024", "link[host]/all_gather/1024", "link/hierarchical_all_gather/1024",
+           "link/all_gather/4096", "enc/bfloat16/64", "link/hierarchical_all_gather_slow_coded/4096")]
+  ts = calibration._time_all(jobs, reps=2, warmup=1, group=calibration._job_group)
+  assert all(len(v) == 2 for v in ts.values())
+  a, b = "link/all_gather/1024", "link/hierarchical_all_gather/1024"
+  c, d = "link/all_gather/4096", "link/hierarchical_all_gather_slow_coded/4096"
+  host, enc = "link[host]/all_gather/1024", "enc/bfloat16/64"
+  # per group in order of first appearance: one warm-up call each, then two interleaved repetitions
+  assert order == [a, b, a, b, a, b] + [host] * 3 + [c, d, c, d, c, d] + [enc] * 3

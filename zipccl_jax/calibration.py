@@ -118,24 +118,37 @@ def out_of_bounds(prof: Profile) -> list[str]:
                 for d, c in tab.items() if not _in_bounds(c)]
 
 
-def _time_all(jobs: list, reps: int, warmup: int, barrier=None) -> dict[str, list]:
+def _time_all(jobs: list, reps: int, warmup: int, barrier=None, group=None) -> dict[str, list]:
   """Seconds of every repetition per job ``(name, fn, args)``; jobs are interleaved rep by rep.
 
   ``barrier()`` (untimed) runs before every timed call, so that processes start
-  together, as they do inside a real collective step.
+  together, as they do inside a real collective step. ``group(name)``: jobs of one group are
+  warmed up and timed together, interleaved, one group after another (the programs a decision
+  compares, measured side by side among few others, as a step runs them).
   """
-  for _, f, args in jobs:
-    for _ in range(max(1, warmup)):
-      jax.block_until_ready(f(*args))
+  groups: dict = {}
+  for job in jobs:
+    groups.setdefault(group(job[0]) if group else None, []).append(job)
   ts: dict[str, list] = {name: [] for name, _, _ in jobs}
-  for _ in range(reps):
-    for name, f, args in jobs:
-      if barrier is not None:
-        barrier()
-      t0 = time.perf_counter()
-      jax.block_until_ready(f(*args))
-      ts[name].append(time.perf_counter() - t0)
+  for members in groups.values():
+    for _, f, args in members:
+      for _ in range(max(1, warmup)):
+        jax.block_until_ready(f(*args))
+    for _ in range(reps):
+      for name, f, args in members:
+        if barrier is not None:
+          barrier()
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts[name].append(time.perf_counter() - t0)
   return ts
+
+
+def _job_group(name: str) -> str:
+  """The flat and hierarchical programs over the tuple at one size form a group (what `plan`
+  compares for a call of that size); each level's links, and the codec, are groups of their own."""
+  parts = name.split("/")
+  return f"link@{parts[-1]}" if parts[0] == "link" else parts[0]
 
 
 class _Harness:
@@ -495,7 +508,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
       _hier_jobs(h, link_bytes, jobs, sizes)
   ratio_obs = _codec_jobs(h, dtypes, codec_bytes, sample_np, jobs, sizes) if codec else {}
   barrier = h.barrier()
-  t, noise, allv = _agree(_time_all(jobs, reps, warmup, barrier), ratio_obs)
+  t, noise, allv = _agree(_time_all(jobs, reps, warmup, barrier, _job_group), ratio_obs)
   _forget_hier_sites(axes)
   base = t["null"]
 
