@@ -424,8 +424,10 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   Link: for each collective in ``collectives`` ("all_to_all", "all_gather",
   "ppermute", "psum"), a jitted ``shard_map`` over ``mesh`` runs the
   ``jax.lax`` collective on uint8 messages of which each device sends about
-  ``link_bytes`` (two or more sizes). The median time over ``reps`` (all
-  measurements interleaved), minus that of an empty ``shard_map``
+  ``link_bytes`` (two or more sizes). The median time over ``reps`` (the
+  measurements interleaved within groups: the flat and hierarchical programs
+  over the tuple at one size, each level's links, the codec; see
+  `_job_group`), minus that of an empty ``shard_map``
   (dispatch), is fitted to ``latency + sent_bytes / bandwidth`` (least
   squares), and the medians themselves are kept as the model's ``points``
   (:class:`LinkModel`: interpolated between measured sizes, the fitted slope
