@@ -59,9 +59,9 @@ def test_calibrate_measures_each_level_of_a_tuple():
       note = fits[f"link[{ak}]/{coll}"]
       assert note == "fit" or note.startswith(("throughput bound", "unmeasurable")), note
       assert (coll in prof.links.get(ak, {})) == (not note.startswith("unmeasurable"))
-  # each op's hierarchical program over the tuple, raw and with the slow phase coded
-  for key in [f"hierarchical_{op}{c}" for op in ("all_gather", "psum_scatter", "all_to_all")
-              for c in ("", "_slow_coded")]:
+  # each op's hierarchical program over the tuple, raw and with the slow phase coded, and its flat compressed one
+  ops = ("all_gather", "psum_scatter", "all_to_all")
+  for key in [f"hierarchical_{op}{c}" for op in ops for c in ("", "_slow_coded")] + [f"flat_{op}_coded" for op in ops]:
     note = fits[f"link[host,local]/{key}"]
     assert note == "fit" or note.startswith(("throughput bound", "unmeasurable")), note
     assert (key in prof.links["host,local"]) == (not note.startswith("unmeasurable"))
@@ -97,16 +97,40 @@ def test_in_situ_scales_the_codec_only_when_measured(monkeypatch, times, applied
 
 
 def test_time_all_times_each_group_side_by_side():
-  """The programs plan compares at one size (flat and hierarchical over the tuple) are warmed up and timed
-  together, interleaved; each level's links and the codec are groups of their own, one group after another."""
+  """The programs plan compares for one op at one size (its flat and hierarchical programs over the tuple)
+  are warmed up and timed together, interleaved, in an order that rotates every repetition; other ops at
+  that size, each level's links and the codec are groups of their own, one group after another."""
   order = []
   jobs = [(name, (lambda name=name: order.append(name)), ()) for name in
           ("link/all_gather/1024", "link[host]/all_gather/1024", "link/hierarchical_all_gather/1024",
-           "link/all_gather/4096", "enc/bfloat16/64", "link/hierarchical_all_gather_slow_coded/4096")]
-  ts = calibration._time_all(jobs, reps=2, warmup=1, group=calibration._job_group)
-  assert all(len(v) == 2 for v in ts.values())
-  a, b = "link/all_gather/1024", "link/hierarchical_all_gather/1024"
-  c, d = "link/all_gather/4096", "link/hierarchical_all_gather_slow_coded/4096"
-  host, enc = "link[host]/all_gather/1024", "enc/bfloat16/64"
-  # per group in order of first appearance: one warm-up call each, then two interleaved repetitions
-  assert order == [a, b, a, b, a, b] + [host] * 3 + [c, d, c, d, c, d] + [enc] * 3
+           "link/all_to_all/1024", "link/hierarchical_all_gather_slow_coded/1024", "enc/bfloat16/64",
+           "link/hierarchical_all_to_all_slow_coded/1024")]
+  ts = calibration._time_all(jobs, reps=3, warmup=1, group=calibration._job_group)
+  assert all(len(v) == 3 for v in ts.values())
+  a, b, c = ("link/all_gather/1024", "link/hierarchical_all_gather/1024",
+             "link/hierarchical_all_gather_slow_coded/1024")
+  host, d, e = "link[host]/all_gather/1024", "link/all_to_all/1024", "link/hierarchical_all_to_all_slow_coded/1024"
+  enc = "enc/bfloat16/64"
+  # per group in order of first appearance: one warm-up call each, then three rotated repetitions
+  assert order == ([a, b, c] + [a, b, c, b, c, a, c, a, b] + [host] * 4 + [d, e] + [d, e, e, d, d, e]
+                   + [enc] * 4)
+
+
+def test_paired_keeps_the_ratio_measured_side_by_side():
+  """A hierarchical program's repetitions become the flat median times each repetition's ratio to the flat
+  program timed beside it, so its median is the flat median times the median paired ratio: here load that
+  slowed both programs in the last three repetitions, and the hierarchical one alone in two others, left the
+  independent medians ranking the hierarchical program 33% slower; side by side it was 5% faster in five of
+  seven repetitions."""
+  flat = [10.0, 10.0, 10.0, 10.0, 14.0, 14.0, 14.0]
+  hier = [9.5, 9.5, 13.3, 13.3, 13.3, 13.3, 13.3]
+  ts = {"link/all_gather/4096": flat, "link/hierarchical_all_gather_slow_coded/4096": hier,
+        "link/hierarchical_psum_scatter/4096": [3.0, 1.0, 2.0], "link[host]/all_gather/4096": [5.0]}
+  assert np.median(hier) > 1.3 * np.median(flat)
+  out = calibration._paired(ts)
+  got = out["link/hierarchical_all_gather_slow_coded/4096"]
+  assert got == pytest.approx([np.median(flat) * h / f for h, f in zip(hier, flat)])
+  assert np.median(got) == pytest.approx(0.95 * np.median(flat))
+  # no flat program of the op beside it, or not a hierarchical job: as measured
+  for k in ("link/hierarchical_psum_scatter/4096", "link[host]/all_gather/4096", "link/all_gather/4096"):
+    assert out[k] == ts[k]

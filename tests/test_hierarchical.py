@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import zipccl_jax
 from zipccl_jax import _exchange, hierarchical, strategy
-from zipccl_jax.profile import LinkModel, Profile
+from zipccl_jax.profile import CodecModel, LinkModel, Profile
 
 H, L = 2, 4
 AXES = ("host", "local")
@@ -601,6 +601,31 @@ def test_plan_costs_hierarchical_variants_from_the_measured_raw_program():
         assert est[k] == model[k]
     d = _level_choice(prof)
     assert "hierarchical raw measured" in d.reason and d.algorithm.startswith(want), (bw, d.algorithm, d.reason)
+
+
+def test_measured_flat_compressed_program_replaces_its_model():
+  """calibrate also times the flat compressed program over the tuple (flat_<op>_coded): the plan then costs
+  flat compressed at that time, beside the measured hierarchical programs. The 2 x 4 testbed's MoE dispatch
+  all_to_all in figures: its model put flat compressed at 84.6 ms, behind the measured mixed-slot program
+  (77.7 ms; the run measured 77 and 86 ms). With flat compressed measured (70 ms), auto runs it."""
+  prof = _two_level_profile(host_Bps=5e7)                 # flat raw ~92 ms
+  prof.codec = {"cpu": {"bfloat16": CodecModel(4.6e8, 4.6e8, 1e-4, 1e-4)}}
+  m = 8 * 1280 * 256                                      # bfloat16 elements per device
+  sent = (H * L - 1) * (m // (H * L)) * 2                 # 4.6 MB: the flat raw all_to_all's bytes
+  prof.links["host,local"]["hierarchical_all_to_all"] = LinkModel(0.0, sent / 99.8e-3)
+  prof.links["host,local"]["hierarchical_all_to_all_slow_coded"] = LinkModel(0.0, sent / 77.7e-3)
+  model, _ = _estimates(prof, m)
+  assert model["flat compressed"] == pytest.approx(84.6e-3, rel=0.01)
+  p = prof.copy()
+  p.links["host,local"][hierarchical.flat_coded_key("all_to_all")] = LinkModel(0.0, sent / 70e-3)
+  est, note = _estimates(p, m)
+  assert note.endswith(", flat compressed measured")
+  assert est["flat compressed"] == pytest.approx(70e-3)
+  for k in est:
+    if k != "flat compressed":
+      assert est[k] == pytest.approx(model[k], rel=1e-12), k
+  assert _level_choice(prof, m).algorithm == "hierarchical(host:c,local:r)"
+  assert _level_choice(p, m).algorithm == "flat"
 
 
 def test_measured_coded_program_replaces_the_modelled_slow_phase_difference():

@@ -140,6 +140,7 @@ def test_calibrate_keeps_every_size_it_measured():
   for akey, prefix in (("host,local", "link"), ("host", "link[host]"), ("local", "link[local]")):
     for coll in ("all_to_all", "all_gather") + (
         tuple(hierarchical.hierarchical_key(op, c) for op in hierarchical.OPS for c in (False, True))
+        + tuple(hierarchical.flat_coded_key(op) for op in hierarchical.OPS)
         if akey == "host,local" else ()):
       lk = prof.links[akey].get(coll)
       if lk is None:                                 # unmeasurable (named in the notes)

@@ -124,7 +124,8 @@ def _time_all(jobs: list, reps: int, warmup: int, barrier=None, group=None) -> d
   ``barrier()`` (untimed) runs before every timed call, so that processes start
   together, as they do inside a real collective step. ``group(name)``: jobs of one group are
   warmed up and timed together, interleaved, one group after another (the programs a decision
-  compares, measured side by side among few others, as a step runs them).
+  compares, measured side by side among few others, as a step runs them). Within a group the
+  order rotates by one every repetition, so that no job always runs after the same one.
   """
   groups: dict = {}
   for job in jobs:
@@ -134,8 +135,9 @@ def _time_all(jobs: list, reps: int, warmup: int, barrier=None, group=None) -> d
     for _, f, args in members:
       for _ in range(max(1, warmup)):
         jax.block_until_ready(f(*args))
-    for _ in range(reps):
-      for name, f, args in members:
+    for rep in range(reps):
+      k = rep % len(members)
+      for name, f, args in members[k:] + members[:k]:
         if barrier is not None:
           barrier()
         t0 = time.perf_counter()
@@ -144,11 +146,58 @@ def _time_all(jobs: list, reps: int, warmup: int, barrier=None, group=None) -> d
   return ts
 
 
+def _link_parts(name: str):
+  """("link", collective or program key, size) of a tuple's link job, else None."""
+  parts = name.split("/")
+  return tuple(parts) if len(parts) == 3 and parts[0] == "link" else None
+
+
+def _op_of(key: str) -> str:
+  """The collective a link job's key measures: ``hierarchical_all_gather_slow_coded`` and
+  ``flat_all_gather_coded`` -> ``all_gather``."""
+  if key.startswith("hierarchical_"):
+    key = key[len("hierarchical_"):]
+    return key[:-len("_slow_coded")] if key.endswith("_slow_coded") else key
+  if key.startswith("flat_") and key.endswith("_coded"):
+    return key[len("flat_"):-len("_coded")]
+  return key
+
+
 def _job_group(name: str) -> str:
-  """The flat and hierarchical programs over the tuple at one size form a group (what `plan`
-  compares for a call of that size); each level's links, and the codec, are groups of their own."""
+  """The flat and hierarchical programs of one op over the tuple at one size form a group (what
+  `plan` compares for a call of that op and size); each level's links, and the codec, are groups
+  of their own."""
+  parts = _link_parts(name)
+  if parts is not None:
+    return f"link@{parts[2]}/{_op_of(parts[1])}"
   parts = name.split("/")
   return f"link@{parts[-1]}" if parts[0] == "link" else parts[0]
+
+
+def _paired(ts: dict) -> dict:
+  """The hierarchical programs' repetitions as ratios to the flat collective timed beside them.
+
+  A program's job (``link/hierarchical_<op>[_slow_coded]/<size>``, ``link/flat_<op>_coded/<size>``)
+  whose flat raw ``link/<op>/<size>`` was timed in the same group, repetition by repetition, gets
+  ``median(flat) * t_r / flat_r``:
+  its median is the flat median times the median paired ratio. Drift over the group (load, the
+  link's state) moves both programs of a repetition alike; the paired ratio cancels it, where
+  two independent medians can each land several percent apart (2 x 4 testbed, all_gather at
+  3.5 MiB: the run put hierarchical compressed 0-15% ahead of flat raw, calibrate's independent
+  medians -14% to +11%). `plan` ranks the flat and hierarchical estimates of a call; this keeps
+  their ratio as measured side by side. Other jobs are unchanged.
+  """
+  out = dict(ts)
+  for name, v in ts.items():
+    parts = _link_parts(name)
+    if parts is None or _op_of(parts[1]) == parts[1]:
+      continue
+    ref = ts.get(f"link/{_op_of(parts[1])}/{parts[2]}")
+    if not ref or len(ref) != len(v) or min(ref) <= 0:
+      continue
+    med = statistics.median(ref)
+    out[name] = [med * t / r for t, r in zip(v, ref)]
+  return out
 
 
 class _Harness:
@@ -215,12 +264,13 @@ def _link_job(h: _Harness, coll: str, size: int):
 _HIER_SITE = "zipccl.calibrate.hierarchical"
 
 
-def _hier_job(h: _Harness, op: str, size: int, slow_coded: bool = False):
+def _hier_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algorithm="hierarchical"):
   """(program, operand, bytes one device sends in the *flat* raw collective) of `op`'s hierarchical
   program over the tuple (the first axis as the slow level, as use_algorithm takes it): what the
   phases, their copies and sums cost as they run. Both phases raw, on bfloat16 zeros; or
   (`slow_coded`) the slow phase compressed at the default capacity, on near-Gaussian bfloat16
-  (codec speed depends on the data: zeros code in a fraction of the time)."""
+  (codec speed depends on the data: zeros code in a fraction of the time). With `algorithm`
+  "flat" (and `slow_coded`): the flat compressed program over the tuple, on the same data."""
   n, axes = h.n, h.axis_name
   per = max(1, -(-int(size) // (2 * max(1, n - 1))))   # bfloat16 elements per destination
   # the whole result, as a caller uses it: a slice of it would let XLA drop the phases' copies
@@ -230,10 +280,10 @@ def _hier_job(h: _Harness, op: str, size: int, slow_coded: bool = False):
                                                  name=_HIER_SITE),
           "psum_scatter": lambda v: zc.psum_scatter(v, axes, tiled=True, compress=c,
                                                      name=_HIER_SITE)}[op]
-  levels = {str(a): c and i == 0 for i, a in enumerate(axes)}
+  levels = {str(a): c and i == 0 for i, a in enumerate(axes)} if algorithm != "flat" else None
 
   def f(v):
-    with hierarchical.use_algorithm("hierarchical", levels):
+    with hierarchical.use_algorithm(algorithm, levels):
       return body(v)
 
   shape = {"all_gather": (per,), "all_to_all": (n, per), "psum_scatter": (n * per,)}[op]
@@ -243,12 +293,19 @@ def _hier_job(h: _Harness, op: str, size: int, slow_coded: bool = False):
   return h.smap(f), h.put(x), sent
 
 
+# The programs over a tuple of axes calibrate times per op and size: key -> (slow_coded, algorithm).
+def _tuple_programs(op: str) -> dict:
+  return {hierarchical_key(op): (False, "hierarchical"),
+          hierarchical_key(op, slow_coded=True): (True, "hierarchical"),
+          hierarchical.flat_coded_key(op): (True, "flat")}
+
+
 def _hier_jobs(h: _Harness, link_bytes, jobs: list, sizes: dict) -> None:
   for op in hierarchical.OPS:
-    for slow_coded in (False, True):
+    for key, (coded, algorithm) in _tuple_programs(op).items():
       for size in link_bytes:
-        f, x, sent = _hier_job(h, op, size, slow_coded)
-        name = f"link/{hierarchical_key(op, slow_coded)}/{size}"
+        f, x, sent = _hier_job(h, op, size, coded, algorithm)
+        name = f"link/{key}/{size}"
         jobs.append((name, f, (x,)))
         sizes[name] = sent
 
@@ -425,9 +482,9 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   "ppermute", "psum"), a jitted ``shard_map`` over ``mesh`` runs the
   ``jax.lax`` collective on uint8 messages of which each device sends about
   ``link_bytes`` (two or more sizes). The median time over ``reps`` (the
-  measurements interleaved within groups: the flat and hierarchical programs
-  over the tuple at one size, each level's links, the codec; see
-  `_job_group`), minus that of an empty ``shard_map``
+  measurements interleaved within groups, in rotating order: the flat and
+  hierarchical programs of one op over the tuple at one size, each level's
+  links, the codec; see `_job_group`), minus that of an empty ``shard_map``
   (dispatch), is fitted to ``latency + sent_bytes / bandwidth`` (least
   squares), and the medians themselves are kept as the model's ``points``
   (:class:`LinkModel`: interpolated between measured sizes, the fitted slope
@@ -468,8 +525,10 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   a link model per level, which is what lets :mod:`zipccl_jax.hierarchical` decompose
   collectives over the tuple. Each op's hierarchical program over the tuple is timed too, with
   both phases raw and with the slow phase coded (``links["slow,fast"]["hierarchical_<op>"]`` and
-  ``["hierarchical_<op>_slow_coded"]``, against the flat raw bytes): the plan costs those variants
-  from what they measured.
+  ``["hierarchical_<op>_slow_coded"]``, against the flat raw bytes), and so is its flat compressed
+  program (``["flat_<op>_coded"]``): the plan costs those variants from what they measured. Where the op's flat collective is measured too (``collectives``), a
+  hierarchical program's median is the flat median times their median paired ratio, repetition by
+  repetition (`_paired`): the plan ranks the two, and drift cancels in the ratio.
 
   Robustness: every measurement is repeated ``reps`` times, interleaved, and the median is fitted
   (:func:`fit_bounded`); a size dependence within the repetitions' spread gives a throughput
@@ -510,7 +569,8 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
       _hier_jobs(h, link_bytes, jobs, sizes)
   ratio_obs = _codec_jobs(h, dtypes, codec_bytes, sample_np, jobs, sizes) if codec else {}
   barrier = h.barrier()
-  t, noise, allv = _agree(_time_all(jobs, reps, warmup, barrier, _job_group), ratio_obs)
+  t, noise, allv = _agree(_paired(_time_all(jobs, reps, warmup, barrier, _job_group)),
+                          ratio_obs)
   _forget_hier_sites(axes)
   base = t["null"]
 
@@ -524,7 +584,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
       _fit_links(prof, lh.akey, collectives, link_bytes, sizes, net, noise, notes,
                  prefix=f"link[{lh.akey}]")
     if len(axes) == 2 and level_h:
-      _fit_links(prof, h.akey, [hierarchical_key(op, c) for op in hierarchical.OPS for c in (False, True)],
+      _fit_links(prof, h.akey, [k for op in hierarchical.OPS for k in _tuple_programs(op)],
                  link_bytes, sizes, net, noise, notes, star=False)
   if codec:
     _fit_codec(prof, h.plat, dtypes, codec_bytes, sizes, net, noise, notes, role,

@@ -120,6 +120,15 @@ def hierarchical_key(op: str, slow_coded: bool = False) -> str:
   (`slow_coded`) the slow phase compressed: a model of its time against the bytes one device
   sends in the *flat* raw collective."""
   return f"hierarchical_{op}" + ("_slow_coded" if slow_coded else "")
+
+
+def flat_coded_key(op: str) -> str:
+  """The key, in the link table of a tuple of axes, of `op`'s *flat compressed* program over the
+  tuple as :func:`zipccl_jax.calibrate` measures it (against the flat raw bytes, like
+  `hierarchical_key`): the plan ranks it against the measured hierarchical programs, where the
+  model of its codec and wire (`strategy.decide`) and a measured program can each be off by ~10%
+  in opposite directions (2 x 4 testbed, all_to_all: model 84 ms, run 77 ms)."""
+  return f"flat_{op}_coded"
 _FORCED = threading.local()
 
 
@@ -237,6 +246,7 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
   costs around its codec and wire (all_to_all at 2 x 4 on a quiet machine, rounds form: 12 ms of
   saving modelled, 3.5 ms measured). For all_to_all the measured coded program is the mixed-slot
   exchange, which the both-coded variant does not run; its slow level codes the same (H - 1) L rows.
+  Flat compressed, when measured over the tuple (`flat_coded_key`), costs its measurement too.
   """
   H, L = sizes
   prof, plat = get_profile(), current_platform()
@@ -244,6 +254,9 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
   tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
   measured = tab.get(hierarchical_key(op))  # none when measured with the other axis as the slow level
   coded = tab.get(hierarchical_key(op, slow_coded=True))
+  flat_coded = tab.get(flat_coded_key(op))
+  if flat_coded is not None:
+    flat = {**flat, True: flat_coded.time(flat_sent)}
   base = measured.time(flat_sent) - model[(False, False)] if measured is not None else 0.0
 
   def estimate(cs, cf):
@@ -265,6 +278,8 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
           else "hierarchical raw = sum of the phases' models")
   if coded is not None:
     note += ", slow phase coded measured"
+  if flat_coded is not None:
+    note += ", flat compressed measured"
   return est, note
 
 
