@@ -6,7 +6,7 @@ between processes crosses the tbf-shaped link. The mesh is ``("host", "local") =
 
 Per case (collective x payload) and rate, every variant of the collective over ``("host", "local")`` is timed
 ``--reps`` times after ``--warmup``, interleaved (one repetition of every variant, then the next, the order
-rotated by one each repetition), with a barrier before each; a repetition counts its slowest process. One JSON record per (case, rate, variant):
+in a shuffled order, the same on every process), with a barrier before each; a repetition counts its slowest process. One JSON record per (case, rate, variant):
 ``mesh``, ``axes``, ``collective``, ``algorithm`` ("flat" or "hierarchical"), ``compress`` (True, False,
 "auto"), ``plan`` (what "auto" chose, per call site), ``median_s``, ``spread_s`` (interquartile range),
 ``rep_times_s``, ``bit_identical`` (against ``reference``: jax.lax on the bit patterns for data movement; for
@@ -228,6 +228,7 @@ def _profile_summary(prof) -> dict | None:
 
 
 def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log) -> list[dict]:
+    import collectives as bench
     import numpy as np
     from jax.experimental import multihost_utils
 
@@ -254,8 +255,8 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
     times = {name: [] for name in vs}
     order = list(vs)
     for rep in range(args.warmup + args.reps):
-        # interleaved (drift hits every variant alike), and rotated: no variant always runs after the same one
-        for name in order[rep % len(order):] + order[:rep % len(order)]:
+        # interleaved (drift hits every variant alike), shuffled: no variant always runs after the same one
+        for name in bench.rep_order(order, rep):
             v = vs[name]
             barrier()
             t0 = time.perf_counter()

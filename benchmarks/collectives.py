@@ -366,13 +366,25 @@ def _retrace_auto(w: _Worker, prepared, auto_prof, zs):
     return auto_prof
 
 
+def rep_order(names: list, rep: int) -> list:
+    """The variants' order in repetition `rep`: a permutation drawn from a generator seeded with `rep`, the same
+    on every process (they run the same collectives in the same order). Shuffled, so that no variant always
+    runs after the same one: a rotation keeps every variant's predecessor but at the wrap, and on the 2 x 4
+    testbed `auto`, always after the both-levels-coded variant, measured 1.035-1.091 of the variant running
+    its very program (psum_scatter, three of four runs)."""
+    import numpy as np
+    return [names[i] for i in np.random.default_rng(rep).permutation(len(names))]
+
+
 def _time_variants(w: _Worker, runs: dict, gx) -> tuple[list, object]:
-    """Every variant's time per repetition after warm-up, interleaved (drift hits every variant alike), with a
-    barrier before each: (variant names, (nproc, variants, reps) seconds of every rank)."""
+    """Every variant's time per repetition after warm-up, interleaved (drift hits every variant alike) in a
+    shuffled order (`rep_order`), with a barrier before each: (variant names, (nproc, variants, reps) seconds of
+    every rank)."""
     args = w.args
     times = {n: [] for n in runs}
     for rep in range(args.warmup + args.reps):
-        for name, f in runs.items():
+        for name in rep_order(list(runs), rep):
+            f = runs[name]
             w.barrier()
             t0 = time.perf_counter()
             f(gx).block_until_ready()
@@ -608,8 +620,9 @@ def parse_args(argv=None):
     p.add_argument("--plot", default=None, help="write a PNG of speedup vs link rate here")
     p.add_argument("--nproc", type=int, default=4, help="worker processes (one CPU device each)")
     p.add_argument("--reps", type=int, default=None,
-                   help="timed repetitions per variant (median reported); default 5, 21 with --mesh (its bar "
-                        "compares near-tied variants: a median of 5 noisy runs moves by several percent)")
+                   help="timed repetitions per variant (median reported); default 5, 31 with --mesh (its bar "
+                        "compares near-tied variants and `auto` with the variant running its program: at 21 "
+                        "the medians of one program differed by up to 9%%, psum_scatter at IQR 15%%)")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per variant and rate")
     p.add_argument("--cases", default=None, help="comma-separated substrings of 'collective:payload' to run")
     p.add_argument("--max-elems", type=int, default=None, help="cap the elements per rank (smoke tests)")
@@ -640,7 +653,7 @@ def parse_args(argv=None):
     p.add_argument("--gloo-host", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.reps is None:
-        args.reps = 21 if args.mesh else 5
+        args.reps = 31 if args.mesh else 5
     return args
 
 

@@ -102,6 +102,20 @@ def test_runs_calibrate_at_each_cases_flat_raw_bytes():
     assert bench.calibration_sizes(operands, 8) == (7 * 8192 // 8, 7 * 20480 // 8, 7 * 8192, 256 << 10, 4 << 20)
 
 
+def test_rep_order_shuffles_the_variants_alike_on_every_process():
+    """Every repetition runs each variant once, in an order that depends only on the repetition (processes
+    must run the same collectives in the same order), and no variant keeps one predecessor: a rotation kept
+    `auto` right after the both-levels-coded variant in every repetition but those where it came first."""
+    import collectives as bench
+    names = ["lax_bits", "flat_raw", "flat_compressed", "flat_auto", "hierarchical_raw",
+             "hierarchical_compressed", "hierarchical_all_compressed", "auto"]
+    orders = [bench.rep_order(names, rep) for rep in range(31)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert orders == [bench.rep_order(list(names), rep) for rep in range(31)]      # deterministic
+    before_auto = {o[o.index("auto") - 1] for o in orders if o.index("auto") > 0}
+    assert len(before_auto) >= 5, before_auto
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="network namespaces need root")
 def test_fabric_shapes_only_traffic_between_hosts():
     """Host-to-host TCP follows the tbf rate; a host talking to itself (its loopback) is not shaped."""

@@ -98,22 +98,32 @@ def test_in_situ_scales_the_codec_only_when_measured(monkeypatch, times, applied
 
 def test_time_all_times_each_group_side_by_side():
   """The programs plan compares for one op at one size (its flat and hierarchical programs over the tuple)
-  are warmed up and timed together, interleaved, in an order that rotates every repetition; other ops at
-  that size, each level's links and the codec are groups of their own, one group after another."""
+  are warmed up and timed together, interleaved, in an order shuffled every repetition (the same on every
+  process: seeded with the repetition); other ops at that size, each level's links and the codec are groups of
+  their own, one group after another."""
   order = []
   jobs = [(name, (lambda name=name: order.append(name)), ()) for name in
           ("link/all_gather/1024", "link[host]/all_gather/1024", "link/hierarchical_all_gather/1024",
            "link/all_to_all/1024", "link/hierarchical_all_gather_slow_coded/1024", "enc/bfloat16/64",
-           "link/hierarchical_all_to_all_slow_coded/1024")]
-  ts = calibration._time_all(jobs, reps=3, warmup=1, group=calibration._job_group)
-  assert all(len(v) == 3 for v in ts.values())
-  a, b, c = ("link/all_gather/1024", "link/hierarchical_all_gather/1024",
-             "link/hierarchical_all_gather_slow_coded/1024")
-  host, d, e = "link[host]/all_gather/1024", "link/all_to_all/1024", "link/hierarchical_all_to_all_slow_coded/1024"
-  enc = "enc/bfloat16/64"
-  # per group in order of first appearance: one warm-up call each, then three rotated repetitions
-  assert order == ([a, b, c] + [a, b, c, b, c, a, c, a, b] + [host] * 4 + [d, e] + [d, e, e, d, d, e]
-                   + [enc] * 4)
+           "link/flat_all_gather_coded/1024", "link/hierarchical_all_to_all_slow_coded/1024")]
+  reps = 6
+  ts = calibration._time_all(jobs, reps=reps, warmup=1, group=calibration._job_group)
+  assert all(len(v) == reps for v in ts.values())
+  ag = ["link/all_gather/1024", "link/hierarchical_all_gather/1024", "link/hierarchical_all_gather_slow_coded/1024",
+        "link/flat_all_gather_coded/1024"]
+  a2a = ["link/all_to_all/1024", "link/hierarchical_all_to_all_slow_coded/1024"]
+  host, enc = "link[host]/all_gather/1024", "enc/bfloat16/64"
+  timed = order[len(ag):len(ag) + reps * len(ag)]
+  assert order[:len(ag)] == ag                                          # warm-up, in order
+  reps_ag = [timed[i * len(ag):(i + 1) * len(ag)] for i in range(reps)]
+  assert all(sorted(r) == sorted(ag) for r in reps_ag)                  # every repetition runs each once
+  assert len({tuple(r) for r in reps_ag}) > 1                           # ... not always in the same order
+  after = {r[r.index(ag[2]) - 1] for r in reps_ag if r.index(ag[2]) > 0}
+  assert len(after) > 1                                                 # no fixed predecessor
+  rest = order[len(ag) * (reps + 1):]
+  assert rest[:reps + 1] == [host] * (reps + 1)
+  assert sorted(rest[reps + 1:reps + 1 + len(a2a) * (reps + 1)]) == sorted(a2a * (reps + 1))
+  assert rest[-(reps + 1):] == [enc] * (reps + 1)
 
 
 def test_paired_keeps_the_ratio_measured_side_by_side():

@@ -125,7 +125,8 @@ def _time_all(jobs: list, reps: int, warmup: int, barrier=None, group=None) -> d
   together, as they do inside a real collective step. ``group(name)``: jobs of one group are
   warmed up and timed together, interleaved, one group after another (the programs a decision
   compares, measured side by side among few others, as a step runs them). Within a group the
-  order rotates by one every repetition, so that no job always runs after the same one.
+  order is shuffled every repetition (a permutation seeded with the repetition's index, the same on
+  every process), so that no job always runs after the same one.
   """
   groups: dict = {}
   for job in jobs:
@@ -136,8 +137,8 @@ def _time_all(jobs: list, reps: int, warmup: int, barrier=None, group=None) -> d
       for _ in range(max(1, warmup)):
         jax.block_until_ready(f(*args))
     for rep in range(reps):
-      k = rep % len(members)
-      for name, f, args in members[k:] + members[:k]:
+      for i in np.random.default_rng(rep).permutation(len(members)):
+        name, f, args = members[i]
         if barrier is not None:
           barrier()
         t0 = time.perf_counter()
@@ -482,7 +483,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   "ppermute", "psum"), a jitted ``shard_map`` over ``mesh`` runs the
   ``jax.lax`` collective on uint8 messages of which each device sends about
   ``link_bytes`` (two or more sizes). The median time over ``reps`` (the
-  measurements interleaved within groups, in rotating order: the flat and
+  measurements interleaved within groups, in shuffled order: the flat and
   hierarchical programs of one op over the tuple at one size, each level's
   links, the codec; see `_job_group`), minus that of an empty ``shard_map``
   (dispatch), is fitted to ``latency + sent_bytes / bandwidth`` (least
