@@ -103,6 +103,7 @@ from jax import lax
 
 from zipccl_jax import _ragged, accounting, codec
 from zipccl_jax import format as fmt
+from zipccl_jax._bits import uint_of
 from zipccl_jax._shard import manual_axes, vary, vary_like, axes_of
 from zipccl_jax.capacity import piece_capacities
 
@@ -110,12 +111,6 @@ from zipccl_jax.capacity import piece_capacities
 MIXED_FLAG_BYTES = 8
 # Fixed-order sums are unrolled up to this many ranks, then use a sequential loop.
 _UNROLL_MAX = 64
-_UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
-
-
-def uint_of(dtype):
-  """The unsigned integer type of `dtype`'s width (its bit patterns)."""
-  return _UINT_OF_SIZE[np.dtype(dtype).itemsize]
 
 
 # --------------------------------------------------------------------------- #
@@ -129,7 +124,7 @@ def raw_bits(fn, x):
   from widening 16-bit float collectives to float32.
   """
   dt = x.dtype
-  u = lax.bitcast_convert_type(x, _UINT_OF_SIZE[np.dtype(dt).itemsize])
+  u = lax.bitcast_convert_type(x, uint_of(dt))
   return lax.bitcast_convert_type(fn(u), dt)
 
 
@@ -152,7 +147,7 @@ def cond_bits(pred, raw_fn: Callable, coded_fn: Callable):
     def g():
       y = fn()
       box["dtype"] = y.dtype
-      return lax.bitcast_convert_type(y, _UINT_OF_SIZE[np.dtype(y.dtype).itemsize])
+      return lax.bitcast_convert_type(y, uint_of(y.dtype))
     return g
 
   out = lax.cond(pred, as_bits(raw_fn), as_bits(coded_fn))
@@ -171,7 +166,7 @@ def with_own_row(decoded, rows, skip):
   (dynamic_update_slice on the bit view) cost three passes over it on XLA:CPU (bitcast, copy,
   update), as a 16-bit float array cannot be bitcast in place.
   """
-  u = _UINT_OF_SIZE[np.dtype(rows.dtype).itemsize]
+  u = uint_of(rows.dtype)
   own = lax.bitcast_convert_type(rows, u)
   bits = jnp.where(skip[:, None], own if own.ndim == 2 else own[None, :],
                    lax.bitcast_convert_type(decoded, u))
@@ -232,7 +227,7 @@ def decode_guarded(recv, fallback, m: int, dtype, skip=None):
     if not sb:
       skip = jnp.broadcast_to(skip, (axis_size,) + skip.shape)
 
-    u = _UINT_OF_SIZE[np.dtype(dtype).itemsize]
+    u = uint_of(dtype)
 
     def one(args):  # bit patterns: XLA:CPU updates the map's float carry through float32,
       r, f, k = args  # which rewrites NaN payloads (0x7fc1 -> 0x7fc0 in bfloat16)
@@ -435,7 +430,7 @@ def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
   transfer of piece k. The call is counted once (a fallback if any piece fell back).
   """
   dt = rows.dtype
-  u = _UINT_OF_SIZE[np.dtype(dt).itemsize]
+  u = uint_of(dt)
   bits = lax.bitcast_convert_type(rows, u)  # slices and the concatenation move bit patterns:
   outs, flags = [], []                      # XLA:CPU may widen 16-bit float copies (NaN payloads)
   for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt):
@@ -559,7 +554,7 @@ def exchange_mixed(rows, *, slow, fast, capacity: int, site: str, raw: Callable,
   """
   n, m = rows.shape
   dt = np.dtype(rows.dtype)
-  u = _UINT_OF_SIZE[dt.itemsize]
+  u = uint_of(dt)
   L = lax.axis_size(fast)
   flag_at = capacity - MIXED_FLAG_BYTES                 # C >= 32 (a frame header)
   hw = mixed_head_elems(capacity, m, dt)                # elements of an own-group row in its slot

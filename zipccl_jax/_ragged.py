@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from zipccl_jax._bits import uint_of
 from zipccl_jax._shard import axes_of, vary_together
 
 __all__ = ["exchange", "check_operands", "axis_size", "transposed_offsets",
@@ -44,7 +45,6 @@ __all__ = ["exchange", "check_operands", "axis_size", "transposed_offsets",
            "pack_bits", "place_bits", "to_bits", "from_bits"]
 
 _INT32_LIMIT = 2**31 - 1
-_UINT_OF_SIZE = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 _OFFSET_ARGS = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
 
 
@@ -233,7 +233,7 @@ def to_bits(x):
   if jnp.issubdtype(x.dtype, jnp.complexfloating):
     x = jnp.stack([lax.real(x), lax.imag(x)], axis=-1)
   if jnp.issubdtype(x.dtype, jnp.floating):
-    return lax.bitcast_convert_type(x, _UINT_OF_SIZE[np.dtype(x.dtype).itemsize])
+    return lax.bitcast_convert_type(x, uint_of(x.dtype))
   return x
 
 

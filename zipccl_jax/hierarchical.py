@@ -109,6 +109,7 @@ import numpy as np
 from jax import lax
 
 from zipccl_jax import _exchange, accounting, strategy
+from zipccl_jax._bits import uint_of
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axis_size
 from zipccl_jax.observation import record_frames
@@ -517,7 +518,7 @@ def _all_to_all_mixed(x, args, lp, capacity, site: str):
                               x_again)
 
   def finish(got):  # the layout copies on bit patterns (under vmap XLA:CPU may copy via float32)
-    bits = lax.bitcast_convert_type(got, _exchange.uint_of(dt))
+    bits = lax.bitcast_convert_type(got, uint_of(dt))
     out = _a2a_assemble(bits, x, split, concat, tiled)
     return lax.bitcast_convert_type(out, dt)
 
@@ -543,7 +544,7 @@ def _all_to_all(x, args, lp, phase, cross):
   got = cross(rows.reshape(n, m))                       # [src h * L + l], own host's rows unset
   got = _exchange.with_own_row(got.reshape(H, L * m), got_own.reshape(L * m),
                                jnp.arange(H, dtype=jnp.int32) == h.astype(jnp.int32))
-  u = _exchange.uint_of(x.dtype)
+  u = uint_of(x.dtype)
   out = _a2a_assemble(lax.bitcast_convert_type(got.reshape(n, m), u), x, split, concat, tiled)
   return lax.bitcast_convert_type(out, x.dtype)
 
