@@ -172,8 +172,8 @@ def worker_mesh(args) -> None:
     def barrier():
         bar_fn(bar_in).block_until_ready()
 
-    if args.cases:  # substrings, as in the flat run
-        cases = [c for c in bench.CASES if any(s in f"{c[0]}:{c[1]}" for s in args.cases.split(","))]
+    if args.cases:  # names or substrings, as in the flat run
+        cases = bench.select_cases(bench.CASES, args.cases)
     else:
         cases = [c for c in bench.CASES if f"{c[0]}:{c[1]}" in DEFAULT_CASES]
     prepared = []

@@ -442,6 +442,18 @@ def _time_case(w: _Worker, item, go: dict, impl, impl_error) -> dict:
     }
 
 
+def select_cases(cases, spec: str | None) -> list:
+    """The cases `--cases` names: each comma-separated item is a whole 'collective:payload' (exactly that case:
+    'all_to_all:moe_dispatch' is not also 'all_to_all:moe_dispatch_grad') or else a substring of it; None or
+    '' is every case."""
+    if not spec:
+        return list(cases)
+    names = [f"{c[0]}:{c[1]}" for c in cases]
+    items = spec.split(",")
+    return [c for c, name in zip(cases, names)
+            if any(item == name or (item not in names and item in name) for item in items)]
+
+
 def worker_main(args) -> None:
     w = _Worker(args)
     impl, impl_error, codec = _load_impls(w)
@@ -450,7 +462,7 @@ def worker_main(args) -> None:
     # and codec at every rate, and each case's "auto" is traced again with that profile and its observed frames.
     zs = importlib.import_module("zipccl_jax") if impl is not None else None
     auto_prof = zs.Profile() if zs is not None else None
-    cases = [c for c in CASES if not args.cases or any(s in f"{c[0]}:{c[1]}" for s in args.cases.split(","))]
+    cases = select_cases(CASES, args.cases)
     prepared = [_prepare_case(w, case, impl, codec, zs, auto_prof) for case in cases]
 
     def phase(go) -> list[dict]:
@@ -624,7 +636,7 @@ def parse_args(argv=None):
                         "compares near-tied variants and `auto` with the variant running its program: at 21 "
                         "the medians of one program differed by up to 9%%, psum_scatter at IQR 15%%)")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per variant and rate")
-    p.add_argument("--cases", default=None, help="comma-separated substrings of 'collective:payload' to run")
+    p.add_argument("--cases", default=None, help="comma-separated 'collective:payload' names (exact) or substrings of them to run")
     p.add_argument("--max-elems", type=int, default=None, help="cap the elements per rank (smoke tests)")
     p.add_argument("--compressed-impl", default="zipccl_jax",
                    help="module with all_to_all/all_gather/psum_scatter(..., compress=...) (default zipccl_jax)")

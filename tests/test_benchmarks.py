@@ -102,6 +102,18 @@ def test_runs_calibrate_at_each_cases_flat_raw_bytes():
     assert bench.calibration_sizes(operands, 8) == (7 * 8192 // 8, 7 * 20480 // 8, 7 * 8192, 256 << 10, 4 << 20)
 
 
+def test_cases_by_exact_name_or_substring():
+    """--cases 'all_to_all:moe_dispatch' runs that case alone (it also ran moe_dispatch_grad, whose default
+    capacity overflows); an item that names no case whole is a substring, as before."""
+    import collectives as bench
+    names = lambda spec: [f"{c[0]}:{c[1]}" for c in bench.select_cases(bench.CASES, spec)]  # noqa: E731
+    assert names("all_to_all:moe_dispatch") == ["all_to_all:moe_dispatch"]
+    assert names("moe_dispatch") == ["all_to_all:moe_dispatch", "all_to_all:moe_dispatch_grad"]
+    assert names("all_gather,psum_scatter:grads_attn") == ["all_gather:params_moe_experts",
+                                                            "psum_scatter:grads_attn"]
+    assert len(names(None)) == len(bench.CASES) and names("nothing") == []
+
+
 def test_rep_order_shuffles_the_variants_alike_on_every_process():
     """Every repetition runs each variant once, in an order that depends only on the repetition (processes
     must run the same collectives in the same order), and no variant keeps one predecessor: a rotation kept
