@@ -176,17 +176,17 @@ def _job_group(name: str) -> str:
 
 
 def _paired(ts: dict) -> dict:
-  """The hierarchical programs' repetitions as ratios to the flat collective timed beside them.
+  """The repetitions of the programs over a tuple as ratios to the flat raw collective beside them.
 
   A program's job (``link/hierarchical_<op>[_slow_coded]/<size>``, ``link/flat_<op>_coded/<size>``)
   whose flat raw ``link/<op>/<size>`` was timed in the same group, repetition by repetition, gets
-  ``median(flat) * t_r / flat_r``:
-  its median is the flat median times the median paired ratio. Drift over the group (load, the
-  link's state) moves both programs of a repetition alike; the paired ratio cancels it, where
-  two independent medians can each land several percent apart (2 x 4 testbed, all_gather at
-  3.5 MiB: the run put hierarchical compressed 0-15% ahead of flat raw, calibrate's independent
-  medians -14% to +11%). `plan` ranks the flat and hierarchical estimates of a call; this keeps
-  their ratio as measured side by side. Other jobs are unchanged.
+  ``median(flat) * t_r / flat_r``: its median is the flat median times the median paired ratio.
+  Drift over the group (load, the link's state) moves both programs of a repetition alike; the
+  paired ratio cancels it, where two independent medians can each land several percent off (2 x 4
+  testbed, all_gather at 3.5 MiB: the runs put hierarchical compressed 0-15% ahead of flat raw,
+  calibrate's independent medians anywhere from 14% ahead to 4% behind). `plan` ranks the flat
+  and hierarchical estimates of a call; this keeps their ratio as measured side by side. Other
+  jobs are unchanged.
   """
   out = dict(ts)
   for name, v in ts.items():
@@ -527,9 +527,10 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   collectives over the tuple. Each op's hierarchical program over the tuple is timed too, with
   both phases raw and with the slow phase coded (``links["slow,fast"]["hierarchical_<op>"]`` and
   ``["hierarchical_<op>_slow_coded"]``, against the flat raw bytes), and so is its flat compressed
-  program (``["flat_<op>_coded"]``): the plan costs those variants from what they measured. Where the op's flat collective is measured too (``collectives``), a
-  hierarchical program's median is the flat median times their median paired ratio, repetition by
-  repetition (`_paired`): the plan ranks the two, and drift cancels in the ratio.
+  program (``["flat_<op>_coded"]``): the plan costs those variants from what they measured. Where
+  the op's flat raw collective is measured too (``collectives``), each of those programs' median
+  is the flat median times their median paired ratio, repetition by repetition (`_paired`): the
+  plan ranks them against each other, and drift cancels in the ratio.
 
   Robustness: every measurement is repeated ``reps`` times, interleaved, and the median is fitted
   (:func:`fit_bounded`); a size dependence within the repetitions' spread gives a throughput

@@ -52,12 +52,14 @@ ran at 1.04 in the runs alternating with it: better, not a clear win; the raw ow
 the CPU about what coding them saves (their extra bytes through loopback TCP, the byte shuffles
 of the heads, the second exchange of the tails; a flag psum cost 5-9 ms more, so the flags ride
 in the slots), see the README. On a machine whose codec is cheaper against the link (session 7:
-flat compressed 76-79 ms, flat raw 95-98) it ran at 1.05-1.08 of flat compressed: in one process
+flat compressed 76-79 ms, flat raw 95-98) it ran at 1.03-1.08 of flat compressed: in one process
 (8 virtual devices, XLA's profiler, milliseconds summed over the devices' threads per call) the
 codec it saves (encode + decode, 43.5 -> 27.8) is less than what it adds: the heads' byte
 shuffles (u16 <-> u8 in XLA loops, 24), the tails' second all_to_all (39, mostly waiting for the
-slowest device) and their concatenations. `plan` costs it from calibrate's measurement, beside the
-measured flat compressed program, so `auto` runs flat compressed there. The other patterns keep the rounds: one exchange over the tuple
+slowest device) and their concatenations. `plan` costs it from calibrate's measurement, beside
+the measured flat compressed program, so `auto` runs flat compressed there.
+
+The other patterns keep the rounds: one exchange over the tuple
 with every row raw or every row coded is flat raw or flat compressed, which `plan` costs anyway,
 and raw / coded codes only rows that stay inside a host.
 
