@@ -632,9 +632,10 @@ def parse_args(argv=None):
     p.add_argument("--plot", default=None, help="write a PNG of speedup vs link rate here")
     p.add_argument("--nproc", type=int, default=4, help="worker processes (one CPU device each)")
     p.add_argument("--reps", type=int, default=None,
-                   help="timed repetitions per variant (median reported); default 5, 31 with --mesh (its bar "
-                        "compares near-tied variants and `auto` with the variant running its program: at 21 "
-                        "the medians of one program differed by up to 9%%, psum_scatter at IQR 15%%)")
+                   help="timed repetitions per variant (median reported); default 11, 31 with --mesh (their "
+                        "bars compare near-tied variants and `auto` with the variant running its program: "
+                        "with 5, one program's medians at 5-12 ms differed by up to 10%%; with 21 at --mesh, "
+                        "by up to 9%%, psum_scatter at IQR 15%%)")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per variant and rate")
     p.add_argument("--cases", default=None, help="comma-separated 'collective:payload' names (exact) or substrings of them to run")
     p.add_argument("--max-elems", type=int, default=None, help="cap the elements per rank (smoke tests)")
@@ -665,7 +666,7 @@ def parse_args(argv=None):
     p.add_argument("--gloo-host", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.reps is None:
-        args.reps = 31 if args.mesh else 5
+        args.reps = 31 if args.mesh else 11
     return args
 
 
