@@ -5,8 +5,9 @@ process (XLA:CPU moves it through gloo over TCP too) stays on that host's unshap
 between processes crosses the tbf-shaped link. The mesh is ``("host", "local") = (H, L)``, host = process.
 
 Per case (collective x payload) and rate, every variant of the collective over ``("host", "local")`` is timed
-``--reps`` times after ``--warmup``, interleaved (one repetition of every variant, then the next, the order
-in a shuffled order, the same on every process), with a barrier before each; a repetition counts its slowest process. One JSON record per (case, rate, variant):
+``--reps`` times after ``--warmup``, interleaved (one repetition of every variant, then the next, in an order
+shuffled every repetition and the same on every process: `collectives.rep_order`), with a barrier before each;
+a repetition counts its slowest process. One JSON record per (case, rate, variant):
 ``mesh``, ``axes``, ``collective``, ``algorithm`` ("flat" or "hierarchical"), ``compress`` (True, False,
 "auto"), ``plan`` (what "auto" chose, per call site), ``median_s``, ``spread_s`` (interquartile range),
 ``rep_times_s``, ``bit_identical`` (against ``reference``: jax.lax on the bit patterns for data movement; for

@@ -637,7 +637,8 @@ def parse_args(argv=None):
                         "with 5, one program's medians at 5-12 ms differed by up to 10%%; with 21 at --mesh, "
                         "by up to 9%%, psum_scatter at IQR 15%%)")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per variant and rate")
-    p.add_argument("--cases", default=None, help="comma-separated 'collective:payload' names (exact) or substrings of them to run")
+    p.add_argument("--cases", default=None,
+                   help="comma-separated 'collective:payload' names (exact) or substrings of them to run")
     p.add_argument("--max-elems", type=int, default=None, help="cap the elements per rank (smoke tests)")
     p.add_argument("--compressed-impl", default="zipccl_jax",
                    help="module with all_to_all/all_gather/psum_scatter(..., compress=...) (default zipccl_jax)")

@@ -265,10 +265,11 @@ def _link_job(h: _Harness, coll: str, size: int):
 _HIER_SITE = "zipccl.calibrate.hierarchical"
 
 
-def _hier_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algorithm="hierarchical"):
-  """(program, operand, bytes one device sends in the *flat* raw collective) of `op`'s hierarchical
-  program over the tuple (the first axis as the slow level, as use_algorithm takes it): what the
-  phases, their copies and sums cost as they run. Both phases raw, on bfloat16 zeros; or
+def _tuple_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algorithm="hierarchical"):
+  """(program, operand, bytes one device sends in the *flat* raw collective) of one of `op`'s
+  programs over the tuple (`_tuple_programs`): by default its hierarchical program (the first axis
+  as the slow level, as use_algorithm takes it), what the phases, their copies and sums cost as
+  they run. Both phases raw, on bfloat16 zeros; or
   (`slow_coded`) the slow phase compressed at the default capacity, on near-Gaussian bfloat16
   (codec speed depends on the data: zeros code in a fraction of the time). With `algorithm`
   "flat" (and `slow_coded`): the flat compressed program over the tuple, on the same data."""
@@ -301,11 +302,11 @@ def _tuple_programs(op: str) -> dict:
           hierarchical.flat_coded_key(op): (True, "flat")}
 
 
-def _hier_jobs(h: _Harness, link_bytes, jobs: list, sizes: dict) -> None:
+def _tuple_jobs(h: _Harness, link_bytes, jobs: list, sizes: dict) -> None:
   for op in hierarchical.OPS:
     for key, (coded, algorithm) in _tuple_programs(op).items():
       for size in link_bytes:
-        f, x, sent = _hier_job(h, op, size, coded, algorithm)
+        f, x, sent = _tuple_job(h, op, size, coded, algorithm)
         name = f"link/{key}/{size}"
         jobs.append((name, f, (x,)))
         sizes[name] = sent
@@ -568,7 +569,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
     for lh in level_h:
       _link_jobs(lh, collectives, link_bytes, jobs, sizes, prefix=f"link[{lh.akey}]")
     if len(axes) == 2 and level_h:
-      _hier_jobs(h, link_bytes, jobs, sizes)
+      _tuple_jobs(h, link_bytes, jobs, sizes)
   ratio_obs = _codec_jobs(h, dtypes, codec_bytes, sample_np, jobs, sizes) if codec else {}
   barrier = h.barrier()
   t, noise, allv = _agree(_paired(_time_all(jobs, reps, warmup, barrier, _job_group)),
