@@ -118,6 +118,13 @@ def out_of_bounds(prof: Profile) -> list[str]:
                 for d, c in tab.items() if not _in_bounds(c)]
 
 
+def rep_order(items: list, rep: int) -> list:
+  """`items` in repetition `rep`'s order: a permutation drawn from a generator seeded with `rep`,
+  the same on every process (they must run the same collectives in the same order). Shuffled,
+  so that no item always runs after the same one (a rotation keeps every predecessor but one)."""
+  return [items[i] for i in np.random.default_rng(rep).permutation(len(items))]
+
+
 def _time_all(jobs: list, reps: int, warmup: int, barrier=None, group=None) -> dict[str, list]:
   """Seconds of every repetition per job ``(name, fn, args)``; jobs are interleaved rep by rep.
 
@@ -125,8 +132,7 @@ def _time_all(jobs: list, reps: int, warmup: int, barrier=None, group=None) -> d
   together, as they do inside a real collective step. ``group(name)``: jobs of one group are
   warmed up and timed together, interleaved, one group after another (the programs a decision
   compares, measured side by side among few others, as a step runs them). Within a group the
-  order is shuffled every repetition (a permutation seeded with the repetition's index, the same on
-  every process), so that no job always runs after the same one.
+  order is shuffled every repetition (`rep_order`).
   """
   groups: dict = {}
   for job in jobs:
@@ -137,8 +143,7 @@ def _time_all(jobs: list, reps: int, warmup: int, barrier=None, group=None) -> d
       for _ in range(max(1, warmup)):
         jax.block_until_ready(f(*args))
     for rep in range(reps):
-      for i in np.random.default_rng(rep).permutation(len(members)):
-        name, f, args = members[i]
+      for name, f, args in rep_order(members, rep):
         if barrier is not None:
           barrier()
         t0 = time.perf_counter()
