@@ -56,8 +56,12 @@ flat compressed 76-79 ms, flat raw 95-98) it ran at 1.03-1.08 of flat compressed
 (8 virtual devices, XLA's profiler, milliseconds summed over the devices' threads per call) the
 codec it saves (encode + decode, 43.5 -> 27.8) is less than what it adds: the heads' byte
 shuffles (u16 <-> u8 in XLA loops, 24), the tails' second all_to_all (39, mostly waiting for the
-slowest device) and their concatenations. `plan` costs it from calibrate's measurement, beside
-the measured flat compressed program, so `auto` runs flat compressed there.
+slowest device) and their concatenations. With both removed (a bound, not a program: session 8,
+benchmarks/patches/mixed_slots_bound.diff) it measured 0.976-0.990 of flat compressed, within the
+noise between two runs of one program: the slow link carries the same coded bytes either way (~61
+of ~77 ms), so on that testbed no layout of the own host's rows beats flat compressed. `plan` costs
+it from calibrate's measurement, beside the measured flat compressed program, so `auto` runs flat
+compressed there.
 
 The other patterns keep the rounds: one exchange over the tuple
 with every row raw or every row coded is flat raw or flat compressed, which `plan` costs anyway,
