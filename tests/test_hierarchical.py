@@ -653,3 +653,32 @@ def test_measured_coded_program_replaces_the_modelled_slow_phase_difference():
     d = _level_choice(p)
     assert "slow phase coded measured" in d.reason
     assert ("host:c" in d.algorithm) == (coded_bw > 1e9), (coded_bw, d.algorithm, d.reason)
+
+
+def test_coded_programs_measured_on_bfloat16_do_not_cost_float32_calls():
+  """calibrate times the coded programs over the tuple on bfloat16 (hierarchical.PROGRAM_DTYPE). A float32
+  call codes at another capacity (0.85 of raw against 0.70) and codec speed, so its coded variants keep the
+  model (anchored on the measured raw program, which moves bytes whatever their dtype), and the note says so;
+  a bfloat16 call costs the measurements."""
+  prof = _two_level_profile()
+  prof.links["host,local"]["hierarchical_all_to_all"] = LinkModel(0.0, 1e9)
+  allowed = hierarchical._allowed("auto", "auto", None, "host", "local")
+
+  def estimates(p, dt, m=H * L * 4096):
+    with zipccl_jax.use_profile(p):
+      est, note = hierarchical._candidates("all_to_all", np.dtype(dt), m, AXES, "host", "local", (H, L),
+                                           "activation", allowed)
+    return {k: v[0] for k, v in est.items()}, note
+
+  p = prof.copy()
+  p.links["host,local"]["hierarchical_all_to_all_slow_coded"] = LinkModel(0.0, 7e9)
+  p.links["host,local"][hierarchical.flat_coded_key("all_to_all")] = LinkModel(0.0, 9e9)
+  for dt in (np.float32, ml_dtypes.bfloat16):
+    model, _ = estimates(prof, dt)
+    est, note = estimates(p, dt)
+    if np.dtype(dt) == hierarchical.PROGRAM_DTYPE:
+      assert note.endswith("slow phase coded measured, flat compressed measured"), note
+      assert est["flat compressed"] != pytest.approx(model["flat compressed"])
+    else:
+      assert note == "hierarchical raw measured, coded programs modelled (float32: measured on bfloat16)"
+      assert est == model

@@ -274,12 +274,13 @@ def _tuple_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algori
   """(program, operand, bytes one device sends in the *flat* raw collective) of one of `op`'s
   programs over the tuple (`_tuple_programs`): by default its hierarchical program (the first axis
   as the slow level, as use_algorithm takes it), what the phases, their copies and sums cost as
-  they run. Both phases raw, on bfloat16 zeros; or
-  (`slow_coded`) the slow phase compressed at the default capacity, on near-Gaussian bfloat16
+  they run. Both phases raw, on zeros of `hierarchical.PROGRAM_DTYPE` (bfloat16); or
+  (`slow_coded`) the slow phase compressed at the default capacity, on near-Gaussian values of it
   (codec speed depends on the data: zeros code in a fraction of the time). With `algorithm`
   "flat" (and `slow_coded`): the flat compressed program over the tuple, on the same data."""
   n, axes = h.n, h.axis_name
-  per = max(1, -(-int(size) // (2 * max(1, n - 1))))   # bfloat16 elements per destination
+  dt = hierarchical.PROGRAM_DTYPE
+  per = max(1, -(-int(size) // (dt.itemsize * max(1, n - 1))))   # elements per destination
   # the whole result, as a caller uses it: a slice of it would let XLA drop the phases' copies
   c = bool(slow_coded)
   body = {"all_gather": lambda v: zc.all_gather(v, axes, tiled=True, compress=c, name=_HIER_SITE),
@@ -294,9 +295,9 @@ def _tuple_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algori
       return body(v)
 
   shape = {"all_gather": (per,), "all_to_all": (n, per), "psum_scatter": (n * per,)}[op]
-  sent = float((n - 1) * per * 2)   # the flat raw collective's bytes (accounting.sent_bytes)
-  x = (np.zeros(shape, jnp.bfloat16) if not c else
-       (np.random.default_rng(0).standard_normal(shape, np.float32) * 0.02).astype(jnp.bfloat16))
+  sent = float((n - 1) * per * dt.itemsize)   # the flat raw collective's bytes (sent_bytes)
+  x = (np.zeros(shape, dt) if not c else
+       (np.random.default_rng(0).standard_normal(shape, np.float32) * 0.02).astype(dt))
   return h.smap(f), h.put(x), sent
 
 

@@ -135,6 +135,12 @@ def hierarchical_key(op: str, slow_coded: bool = False) -> str:
   return f"hierarchical_{op}" + ("_slow_coded" if slow_coded else "")
 
 
+# The dtype calibrate times the coded programs over a tuple on (`hierarchical_key(op, True)`,
+# `flat_coded_key`): their measurements cost calls of this dtype only, since the codec's speed and
+# the default capacity depend on the dtype (float32 codes at 0.85 of raw, bfloat16 at 0.70).
+PROGRAM_DTYPE = np.dtype(jnp.bfloat16)
+
+
 def flat_coded_key(op: str) -> str:
   """The key, in the link table of a tuple of axes, of `op`'s *flat compressed* program over the
   tuple as :func:`zipccl_jax.calibrate` measures it (against the flat raw bytes, like
@@ -260,14 +266,17 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
   saving modelled, 3.5 ms measured). For all_to_all the measured coded program is the mixed-slot
   exchange, which the both-coded variant does not run; its slow level codes the same (H - 1) L rows.
   Flat compressed, when measured over the tuple (`flat_coded_key`), costs its measurement too.
+  Coded programs are measured on `PROGRAM_DTYPE`; a call of another dtype models its coded
+  variants (from the raw measurement, as above).
   """
   H, L = sizes
   prof, plat = get_profile(), current_platform()
   model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat)
   tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
   measured = tab.get(hierarchical_key(op))  # none when measured with the other axis as the slow level
-  coded = tab.get(hierarchical_key(op, slow_coded=True))
-  flat_coded = tab.get(flat_coded_key(op))
+  same_dtype = dt == PROGRAM_DTYPE
+  coded = tab.get(hierarchical_key(op, slow_coded=True)) if same_dtype else None
+  flat_coded = tab.get(flat_coded_key(op)) if same_dtype else None
   if flat_coded is not None:
     flat = {**flat, True: flat_coded.time(flat_sent)}
   base = measured.time(flat_sent) - model[(False, False)] if measured is not None else 0.0
@@ -293,6 +302,8 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
     note += ", slow phase coded measured"
   if flat_coded is not None:
     note += ", flat compressed measured"
+  if not same_dtype and (hierarchical_key(op, slow_coded=True) in tab or flat_coded_key(op) in tab):
+    note += f", coded programs modelled ({dt.name}: measured on {PROGRAM_DTYPE.name})"
   return est, note
 
 
