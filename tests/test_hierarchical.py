@@ -682,3 +682,28 @@ def test_coded_programs_measured_on_bfloat16_do_not_cost_float32_calls():
     else:
       assert note == "hierarchical raw measured, coded programs modelled (float32: measured on bfloat16)"
       assert est == model
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "all_gather"])
+def test_every_variant_over_a_tuple_in_the_order_opposite_to_the_mesh(op):
+  """("local", "host") on a ("host", "local") mesh: the first axis (local, 4 ranks) is the slow level and
+  the tuple's ranks are local * 2 + host. jax.lax.ppermute numbers a tuple's ranks in the *mesh's* order
+  (axis_index, all_to_all and all_gather in the tuple's), so the all_to_all rounds' permutations go through
+  _shard.ppermute_rank: built from tuple coordinates they misrouted rows (and, coded, the receivers
+  disagreed on the fallback and the devices hung in different branches)."""
+  mesh, axes = _mesh(), ("local", "host")
+  n = H * L
+  x = _payload((n * n * 130,), ml_dtypes.bfloat16, seed=3)
+  lax_op, zc_op = {
+      "all_to_all": (lambda u: jax.lax.all_to_all(u.reshape(n, -1), axes, 0, 0, tiled=True),
+                     lambda v, c: zipccl_jax.all_to_all(v.reshape(n, -1), axes, 0, 0, tiled=True, compress=c)),
+      "all_gather": (lambda u: jax.lax.all_gather(u, axes, tiled=True),
+                     lambda v, c: zipccl_jax.all_gather(v, axes, tiled=True, compress=c))}[op]
+
+  def lax_bits(v):
+    return jax.lax.bitcast_convert_type(lax_op(jax.lax.bitcast_convert_type(v, jnp.uint16)), v.dtype)
+
+  ref = _bits(_run(mesh, lax_bits, x, P(axes)))
+  for slow_c, fast_c in itertools.product((False, True), repeat=2):
+    body = _variant_body(zc_op, "hierarchical", {"local": slow_c, "host": fast_c}, None)
+    assert np.array_equal(_bits(_run(mesh, body, x, P(axes))), ref), (op, slow_c, fast_c)

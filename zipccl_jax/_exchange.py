@@ -104,7 +104,8 @@ from jax import lax
 from zipccl_jax import _ragged, accounting, codec
 from zipccl_jax import format as fmt
 from zipccl_jax._bits import uint_of
-from zipccl_jax._shard import manual_axes, vary, vary_like, axes_of
+from zipccl_jax._shard import (axes_of, manual_axes, perm_in_tuple_order, ppermute_index, vary,
+                               vary_like)
 from zipccl_jax.capacity import piece_capacities
 
 # The last bytes of an own-group slot of `exchange_mixed`: its sender's overflow flag.
@@ -322,8 +323,10 @@ def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, t
     return lax.ppermute(p, axis_name, perm)
 
   def ragged(p, s):
+    # the ragged exchange numbers ranks as all_to_all does (a tuple's order), `perm` as ppermute
+    tperm = perm_in_tuple_order(axis_name, perm)
     dest = np.full((n,), -1, np.int32)
-    for src, dst in perm:
+    for src, dst in tperm:
       dest[src] = dst
     me = lax.axis_index(axis_name).astype(jnp.int32)
     send1 = _send_sizes(s[None], capacity)[0]
@@ -331,7 +334,7 @@ def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, t
     send = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_dest, send1, 0).astype(jnp.int32)
     got = lax.ppermute(send1, axis_name, perm)  # size my source sends me (0 if none)
     src_of = np.full((n,), -1, np.int32)
-    for src, dst in perm:
+    for src, dst in tperm:
       src_of[dst] = src
     my_src = jnp.asarray(src_of)[me]
     recv_sizes = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_src, got, 0).astype(jnp.int32)
@@ -463,7 +466,7 @@ def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, si
       return decode_guarded(recv[None], any_over, m, x.dtype).reshape(x.shape)
     if receivers.all():
       return dec()
-    is_recv = jnp.asarray(receivers)[lax.axis_index(axis_name)]
+    is_recv = jnp.asarray(receivers)[ppermute_index(axis_name)]
     return cond_bits(is_recv, dec, lambda: vary(jnp.zeros(x.shape, x.dtype), axes_of(axis_name)))
 
   return cond_bits(any_over, lambda: in_fallback(raw), coded)

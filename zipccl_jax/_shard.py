@@ -10,6 +10,7 @@ import os
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -45,6 +46,58 @@ def axis_size(axis_name, api: str) -> int:
     return int(math.prod(lax.axis_size(a) for a in axes))
   except NameError as e:
     raise NameError(f"zipccl_jax.{api}: {e}; call it inside jax.shard_map") from None
+
+
+def ppermute_rank(axes):
+  """coords (one index per axis of the tuple `axes`, in its order) -> the rank `jax.lax.ppermute`
+  over `axes` means by that device.
+
+  Unlike `axis_index`, all_to_all and all_gather, which number a tuple's ranks in the tuple's
+  order, ppermute numbers them in the *mesh's* order of those axes (its lowering sorts each
+  group's device ids): over ``("local", "host")`` of a ``("host", "local")`` mesh, ppermute's
+  rank 1 is ``local=0, host=1`` where ``axis_index`` says 1 for ``local=0, host=1`` only if the
+  tuple is mesh-ordered. A permutation a caller builds from tuple coordinates goes through this.
+  """
+  axes, order, sizes = _ppermute_order(axes)
+
+  def rank(coords) -> int:
+    r = 0
+    for i in order:
+      r = r * sizes[i] + int(coords[i])
+    return r
+
+  return rank
+
+
+def ppermute_index(axis_name):
+  """This device's rank as `jax.lax.ppermute` over `axis_name` numbers it (`ppermute_rank`), as a
+  traced int32: what indexes a table built from a ppermute's ``(source, destination)`` pairs."""
+  axes, order, sizes = _ppermute_order(axis_name)
+  r = jnp.int32(0)
+  for i in order:
+    r = r * sizes[i] + lax.axis_index(axes[i]).astype(jnp.int32)
+  return r
+
+
+def perm_in_tuple_order(axis_name, perm) -> list:
+  """`perm`'s ``(source, destination)`` pairs, numbered by ppermute (`ppermute_rank`), renumbered
+  as `axis_index`, all_to_all and ragged_all_to_all number the ranks of `axis_name`."""
+  axes, _, sizes = _ppermute_order(axis_name)
+  rank = ppermute_rank(axes)
+  to_tuple = {rank(np.unravel_index(t, sizes)): t for t in range(int(np.prod(sizes)))}
+  return [(to_tuple[int(a)], to_tuple[int(b)]) for a, b in perm]
+
+
+def _ppermute_order(axis_name):
+  """(axes, their positions in the mesh's order, their sizes)."""
+  axes = axes_of(axis_name)
+  try:
+    from jax._src import core as _core
+    bound = tuple(_core.get_axis_env().axis_names())   # the bound (manual) axes, in mesh order
+  except Exception:  # pragma: no cover - internal API moved
+    bound = ()
+  order = sorted(range(len(axes)), key=lambda i: bound.index(axes[i]) if axes[i] in bound else i)
+  return axes, order, [int(lax.axis_size(a)) for a in axes]
 
 
 def manual_axes(axis_name) -> tuple:

@@ -117,7 +117,7 @@ from jax import lax
 from zipccl_jax import _exchange, accounting, strategy
 from zipccl_jax._bits import uint_of
 from zipccl_jax._linear import linear
-from zipccl_jax._shard import axis_size
+from zipccl_jax._shard import axis_size, ppermute_rank
 from zipccl_jax.observation import record_frames
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.profile import axis_key, current_platform, get_profile
@@ -598,7 +598,8 @@ def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
   src = np.arange(n, dtype=np.int32)
   own = jnp.asarray(src // L) == h                             # (n,): rows of the own host
   arrival = jnp.where(own, 0, ((h - src // L) % H - 1) * L + (l - src % L) % L)  # round of row j
-  perms = [[(a * L + b, ((a + ti) % H) * L + (b + si) % L) for a in range(H) for b in range(L)]
+  rank = ppermute_rank(axes)                                   # ppermute's numbering (mesh order)
+  perms = [[(rank((a, b)), rank(((a + ti) % H, (b + si) % L))) for a in range(H) for b in range(L)]
            for ti, si in rounds]
 
   route = dict(axes=axes, perms=perms, send=dest, arrival=arrival)
