@@ -53,10 +53,11 @@ def ppermute_rank(axes):
   over `axes` means by that device.
 
   Unlike `axis_index`, all_to_all and all_gather, which number a tuple's ranks in the tuple's
-  order, ppermute numbers them in the *mesh's* order of those axes (its lowering sorts each
-  group's device ids): over ``("local", "host")`` of a ``("host", "local")`` mesh, ppermute's
-  rank 1 is ``local=0, host=1`` where ``axis_index`` says 1 for ``local=0, host=1`` only if the
-  tuple is mesh-ordered. A permutation a caller builds from tuple coordinates goes through this.
+  order, ppermute numbers them in the *mesh's* order of those axes (its lowering,
+  ``_pcollectives_lowering_common`` in jax/_src/lax/parallel.py, sorts each replica group before
+  it indexes the group with the pairs). Over ``("local", "host")`` of a 2 x 4 ``("host",
+  "local")`` mesh, ppermute's rank 1 is the device ``host=0, local=1``; axis_index's rank 1 is
+  ``local=0, host=1``. A permutation built from tuple coordinates goes through this.
   """
   axes, order, sizes = _ppermute_order(axes)
 
