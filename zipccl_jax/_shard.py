@@ -74,6 +74,8 @@ def ppermute_index(axis_name):
   """This device's rank as `jax.lax.ppermute` over `axis_name` numbers it (`ppermute_rank`), as a
   traced int32: what indexes a table built from a ppermute's ``(source, destination)`` pairs."""
   axes, order, sizes = _ppermute_order(axis_name)
+  if order == sorted(order):          # the tuple in the mesh's order: axis_index's numbering
+    return lax.axis_index(axis_name)
   r = jnp.int32(0)
   for i in order:
     r = r * sizes[i] + lax.axis_index(axes[i]).astype(jnp.int32)
