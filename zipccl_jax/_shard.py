@@ -94,11 +94,16 @@ def perm_in_tuple_order(axis_name, perm) -> list:
 def _ppermute_order(axis_name):
   """(axes, their positions in the mesh's order, their sizes)."""
   axes = axes_of(axis_name)
-  try:
-    from jax._src import core as _core
-    bound = tuple(_core.get_axis_env().axis_names())   # the bound (manual) axes, in mesh order
-  except Exception:  # pragma: no cover - internal API moved
+  try:  # the enclosing shard_map's mesh, whose device ids ppermute's lowering sorts
+    bound = tuple(jax.sharding.get_abstract_mesh().axis_names)
+  except Exception:  # pragma: no cover - no such API
     bound = ()
+  if not all(a in bound for a in axes):
+    try:
+      from jax._src import core as _core
+      bound = tuple(_core.get_axis_env().axis_names())   # the bound axes, in binding order
+    except Exception:  # pragma: no cover - internal API moved
+      bound = ()
   order = sorted(range(len(axes)), key=lambda i: bound.index(axes[i]) if axes[i] in bound else i)
   return axes, order, [int(lax.axis_size(a)) for a in axes]
 
