@@ -585,11 +585,8 @@ def ppermute(x, axis_name, perm, *, compress=None, capacity=None, transport="aut
   Args:
     x: array(s) with a mapped axis named ``axis_name``.
     axis_name: a mesh axis name, or a tuple of them.
-    perm: ``(source_index, destination_index)`` pairs; no repeated source or
-      destination. Ranks that are no destination receive zeros. Over a tuple of
-      axes the indices number the ranks as ``jax.lax.ppermute`` does: in the
-      mesh's order of those axes, which is not ``axis_index``'s when the tuple
-      lists them in another order.
+    perm: ``(source_index, destination_index)`` pairs, no repeated source or destination,
+      numbered as ``jax.lax.ppermute`` does (over a tuple: in the mesh's order of its axes).
     compress, capacity, transport, name: see the module docstring.
 
   Returns:
