@@ -307,3 +307,37 @@ def test_spreads_reproduce_the_stored_ratios():
     assert len(rows) == len(res["summary"]) == 4
     for summ, row in zip(res["summary"], rows):
         assert abs(ratio(row, "uncompressed / compressed") - summ["speedup_vs_uncompressed"]) <= 1e-3, (row, summ)
+
+
+def _hunks(diff: str):
+    """(path, the hunk's old text, its new text) for every hunk of a unified diff."""
+    path, old, new, out = None, None, None, []
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].split("/", 1)[1]
+        elif line.startswith("@@"):
+            if old is not None:
+                out.append((path, "\n".join(old), "\n".join(new)))
+            old, new = [], []
+        elif old is not None and not line.startswith(("--- ", "diff ", "index ")):
+            tag, text = (line[:1], line[1:]) if line else (" ", "")
+            if tag in " -":
+                old.append(text)
+            if tag in " +":
+                new.append(text)
+    if old is not None:
+        out.append((path, "\n".join(old), "\n".join(new)))
+    return out
+
+
+def test_the_bound_patch_still_applies_to_the_code():
+    """benchmarks/patches/mixed_slots_bound.diff is how the README's all_to_all ceiling is reproduced: every
+    hunk's old text must still be in the file it patches (else `git apply` refuses and the figure cannot be
+    reproduced), once, and the patched text must not be there already."""
+    diff = (BENCH / "patches" / "mixed_slots_bound.diff").read_text()
+    hunks = _hunks(diff)
+    assert [p for p, _, _ in hunks] == ["zipccl_jax/_exchange.py"] * 2
+    for path, old, new in hunks:
+        text = (REPO / path).read_text()
+        assert text.count(old) == 1, (path, old[:200])
+        assert new not in text, (path, new[:200])
