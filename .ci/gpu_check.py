@@ -13,6 +13,8 @@ the later ones: a first GPU run should bring back everything it can.
              (XLA_PYTHON_CLIENT_ALLOCATOR=platform) so an out-of-bounds access leaves its buffer
   benchmark  benchmarks/codec_gpu.py: encode/decode GB/s per dtype against a device copy, the codec inside
              a jitted step, memory of a compressed all_to_all against jax.lax's, collectives on 2+ GPUs
+  profile    each zipccl kernel's GPU time in a 64 MB bfloat16 encode and decode (Nsight Compute), where
+             ncu works; informative, never a failure
 
 Without a CUDA device the GPU stages say so and are skipped (a rehearsal on a CPU machine exits 0).
 Files written to OUT (at most 8, the device tool's limit): gpu_report.json, gpu_check.log, pytest_gpu.xml,
@@ -20,8 +22,10 @@ codec_gpu.json, memcheck.log, racecheck.log, info.json.
 """
 from __future__ import annotations
 
+import csv
 import glob
 import importlib.metadata as md
+import io
 import json
 import os
 import shutil
@@ -36,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = float(os.environ.get("ZIPCCL_KIT_BUDGET_S", "480"))
 KEEP_GOING = os.environ.get("ZIPCCL_KIT_KEEP_GOING", "") not in ("", "0")
 # Stage limits (s). On an H100 the whole kit, install included, is meant to end inside 8 minutes.
-LIMITS = {"install": 240, "info": 60, "pytest": 240, "memcheck": 120, "racecheck": 120, "benchmark": 180}
+LIMITS = {"install": 240, "info": 60, "pytest": 240, "memcheck": 120, "racecheck": 120, "benchmark": 180,
+          "profile": 90}
 # The codec's CUDA tests, rerun under the sanitizer: every dtype's bytes, damaged frames, overflow.
 SANITIZED_TESTS = ["test_gpu.py", "-k", "cuda and (codec_bytes or damaged or overflow_header)"]
 JAX_DISTS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt")
@@ -265,6 +270,37 @@ def benchmark(kit: Kit, have_gpu: bool) -> bool:
   return ok
 
 
+def _ncu() -> str | None:
+  found = shutil.which("ncu")
+  cands = [*glob.glob("/usr/local/cuda*/bin/ncu"), *glob.glob("/opt/nvidia/nsight-compute/*/ncu")]
+  return found or next((c for c in cands if os.access(c, os.X_OK)), None)
+
+
+def profile(kit: Kit, have_gpu: bool) -> bool:
+  """Where the codec's time goes: each zipccl kernel's GPU time (Nsight Compute, gpu__time_duration) for
+  one 64 MB bfloat16 encode and decode. Informative: a machine without a working ncu skips it."""
+  exe = _ncu()
+  if not have_gpu or exe is None:
+    kit.stage("profile", "skipped", reason="no CUDA device" if not have_gpu else "ncu not found")
+    return True
+  cmd = [exe, "--csv", "--print-units", "base", "--metrics", "gpu__time_duration.sum",
+         "--kernel-name", "regex:zipccl", "--launch-skip", "0", "--launch-count", "200",
+         sys.executable, "benchmarks/codec_gpu.py", "--kernels-only", "--dtypes", "bfloat16", "--kernel-mb", "64",
+         "--reps", "2"]
+  r = kit.run("profile", cmd, env={"JAX_PLATFORMS": "cuda"})
+  if r is None or r.returncode != 0:
+    kit.stage("profile", "unsupported", tail=(r.stdout + r.stderr)[-2000:] if r else "no time")
+    return True
+  per: dict[str, list[float]] = {}
+  rows = [ln for ln in r.stdout.splitlines() if ln.startswith('"')]
+  for row in csv.DictReader(io.StringIO("\n".join(rows))):
+    if row.get("Metric Name") == "gpu__time_duration.sum":
+      per.setdefault(row["Kernel Name"], []).append(float(row["Metric Value"].replace(",", "")) / 1e3)  # ns -> us
+  kit.stage("profile", "passed", what="64 MB bfloat16: zipccl kernels' GPU time per launch (us), median",
+            kernels={k: {"launches": len(v), "median_us": sorted(v)[len(v) // 2]} for k, v in per.items()})
+  return True
+
+
 def _memory_verdict(mem: dict) -> dict:
   """Each compressed variant's temp and peak against jax.lax's plus its frames (its capacity bytes)."""
   lax = mem.get("lax", {})
@@ -301,6 +337,7 @@ def main() -> int:
     results["memcheck"] = sanitize(kit, "memcheck", have_gpu)
     results["racecheck"] = sanitize(kit, "racecheck", have_gpu)
     results["benchmark"] = benchmark(kit, have_gpu)
+    results["profile"] = profile(kit, have_gpu)
   kit.report["wall_s"] = round(time.monotonic() - T0, 1)
   kit.report["ok"] = all(results.values())
   kit.report["failed_stages"] = [k for k, v in results.items() if not v]

@@ -265,6 +265,8 @@ def main(argv=None) -> int:
                  help="MB of the MoE dispatch payload coded in one jitted step (default 64)")
   p.add_argument("--memory-mb", type=float, default=None,
                  help="MB per device of the all_to_all whose memory is measured (default 64)")
+  p.add_argument("--kernels-only", action="store_true",
+                 help="the kernels' GB/s alone (no step, memory or collectives): what a profiler run needs")
   p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)  # one variant, in a child
   p.add_argument("--probe-elems", type=int, default=0, help=argparse.SUPPRESS)
   p.add_argument("--json", default=None)
@@ -293,6 +295,10 @@ def main(argv=None) -> int:
     return 2
   dtypes = [d for d in a.dtypes.split(",") if d]
   kernels = bench_kernels(jax, jnp, np, zj, devs[0], dtypes, int(kernel_mb * 1e6), reps)
+  if a.kernels_only:
+    rec = {"platform": a.platform, "device_kind": devs[0].device_kind, "kernels": kernels}
+    print(json.dumps(rec, indent=1))
+    return 0 if all(k["bit_exact"] for k in kernels) else 1
   step = bench_step(jax, jnp, np, devs[0], int((a.step_mb or (0.25 if a.quick else 64.0)) * 1e6), reps)
   collectives = (bench_collectives(jax, jnp, np, zj, devs, [int(s * 1e6) for s in sizes_mb], a.transport, reps)
                  if len(devs) > 1 else [])
