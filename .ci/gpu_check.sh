@@ -6,6 +6,8 @@
 #   bash .ci/gpu_check.sh OUT                    # on a GPU host (or, to rehearse, on a CPU one: GPU parts skip)
 #   PYTHON=/path/to/python bash .ci/gpu_check.sh OUT
 #   ZIPCCL_KIT_KEEP_GOING=1 bash .ci/gpu_check.sh OUT   # pytest without -x (every failure, not the first)
+#   ZIPCCL_KIT_INSTALLED=1 bash .ci/gpu_check.sh OUT     # no install: the zipccl_jax this Python has
+#   ZIPCCL_KIT_BUDGET_S=300 bash .ci/gpu_check.sh OUT    # the wall-clock budget (default 480 s)
 #
 # Install: a wheel from .gpu_wheels/ built for this Python (`bash .ci/gpu_wheel.sh` makes it, off the GPU
 # host), else a source build with no network (`pip install --no-build-isolation --no-deps .`, which needs
