@@ -281,7 +281,7 @@ def benchmark(kit: Kit, have_gpu: bool) -> bool:
   kit.report["codec_gb_per_s"] = gbps
   kit.report["codec_in_jitted_step"] = {k: rec["step"][k] for k in (
       "what", "raw_bytes", "capacity_bytes", "median_s", "gb_per_s", "p25_gb_per_s", "p75_gb_per_s",
-      "codec_s_per_byte", "copy_gb_per_s", "bit_exact")}
+      "codec_s_per_byte", "encode_gb_per_s", "decode_gb_per_s", "copy_gb_per_s", "bit_exact")}
   kit.report["memory"] = memory_verdict(mem)
   kit.report["collectives"] = rec["collectives"]
   kit.report["bit_exact"] = verdicts

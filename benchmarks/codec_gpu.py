@@ -104,20 +104,27 @@ def bench_step(jax, jnp, np, dev, payload_bytes: int, reps: int, dests: int = 8)
   cap = capacity.padded_capacity(m, ml_dtypes.bfloat16)
   x = jax.device_put(x_host, dev)
 
+  enc = jax.jit(lambda v: codec.encode_frames(v, capacity=cap)[0])
+  dec = jax.jit(lambda payload: codec.decode_frames(payload, shape=(m,), dtype=x.dtype))
+
   @jax.jit
   def step(v):
-    payload, _ = codec.encode_frames(v, capacity=cap)
-    return codec.decode_frames(payload, shape=(m,), dtype=v.dtype)
+    return dec(enc(v))
 
   copy = jax.jit(lambda v: jax.lax.bitcast_convert_type(v, jnp.uint16) + jnp.zeros((), jnp.uint16))
+  payload = enc(x)
   exact = bool(np.array_equal(np.asarray(step(x)).view(np.uint16), x_host.view(np.uint16)))
-  t_step, t_copy = _times([lambda: jax.block_until_ready(step(x)), lambda: jax.block_until_ready(copy(x))],
-                          reps)
+  t_step, t_enc, t_dec, t_copy = _times([lambda: jax.block_until_ready(step(x)),
+                                         lambda: jax.block_until_ready(enc(x)),
+                                         lambda: jax.block_until_ready(dec(payload)),
+                                         lambda: jax.block_until_ready(copy(x))], reps)
   raw = x_host.nbytes
+  gb = lambda t: _gbps(raw, t)["gb_per_s"]
   return {"what": "encode+decode of an MoE dispatch payload in one jitted step", "dtype": "bfloat16",
           "rows": dests, "row_elems": m, "raw_bytes": raw, "capacity_bytes": cap, **summary(t_step),
           **_gbps(raw, t_step), "codec_s_per_byte": quantile(t_step, 0.5) / raw,
-          "copy_gb_per_s": _gbps(raw, t_copy)["gb_per_s"], "bit_exact": exact}
+          "encode_gb_per_s": gb(t_enc), "decode_gb_per_s": gb(t_dec),
+          "copy_gb_per_s": gb(t_copy), "bit_exact": exact}
 
 
 def memory_probe(variant: str, elems_per_device: int) -> dict:
@@ -235,7 +242,8 @@ def _print(rec: dict) -> None:
           f"{k['vs_copy']:7.3f} [{k['vs_copy_p25']:.3f}-{k['vs_copy_p75']:.3f}] {k['bit_exact']}")
   st = rec["step"]
   print(f"\nstep: {st['what']}, {st['raw_bytes'] / 1e6:.1f} MB: {st['median_s'] * 1e3:.3f} ms, "
-        f"{st['gb_per_s']:.1f} GB/s [{st['p25_gb_per_s']:.1f}-{st['p75_gb_per_s']:.1f}] (copy "
+        f"{st['gb_per_s']:.1f} GB/s [{st['p25_gb_per_s']:.1f}-{st['p75_gb_per_s']:.1f}]; alone: encode "
+        f"{st['encode_gb_per_s']:.1f}, decode {st['decode_gb_per_s']:.1f} (copy "
         f"{st['copy_gb_per_s']:.1f}), exact {st['bit_exact']}")
   for m in rec["memory"]:
     if "error" in m:
