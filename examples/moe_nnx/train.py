@@ -110,8 +110,8 @@ class Transformer(nnx.Module):
     return self.embed.attend(self.norm(x)).astype(jnp.float32), aux  # logits tied to the embedding
 
 
-def make_train_step(graphdef, mesh, tx, aux_weight):
-  """The train step: one shard_map holding the forward, backward and gradient collectives, then Adam."""
+def make_grad_step(graphdef, mesh, aux_weight):
+  """Loss and gradients: one shard_map holding every collective of the step (forward, backward, psum)."""
 
   def loss_fn(experts, dense, tokens):  # on one device, its own batch rows
     model = nnx.merge(graphdef, experts, dense)
@@ -131,15 +131,11 @@ def make_train_step(graphdef, mesh, tx, aux_weight):
     scale = lambda g: g / mesh.size  # noqa: E731  (the mean over all devices' losses)
     return ce[None], jax.tree.map(scale, g_experts), jax.tree.map(scale, g_dense)
 
-  def train_step(experts, dense, opt_state, tokens):
-    ce, g_experts, g_dense = jax.shard_map(
-        per_device, mesh=mesh, in_specs=(P("expert"), P(), TOKENS), out_specs=(TOKENS, P("expert"), P()),
-        check_vma=False)(experts, dense, tokens)
-    updates, opt_state = tx.update((g_experts, g_dense), opt_state, (experts, dense))
-    experts, dense = optax.apply_updates((experts, dense), updates)
-    return experts, dense, opt_state, ce  # ce: each device's loss; the host averages them
+  def grad_step(experts, dense, tokens):
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P("expert"), P(), TOKENS),
+                         out_specs=(TOKENS, P("expert"), P()), check_vma=False)(experts, dense, tokens)
 
-  return train_step
+  return grad_step
 
 
 def batches(seq_len, batch, seed):
@@ -180,18 +176,26 @@ def main(argv=None):
   tx = optax.adam(cfg.lr)
   opt_state = tx.init((experts, dense))
 
-  train_step = make_train_step(graphdef, mesh, tx, cfg.aux_weight)
+  grad_step = make_grad_step(graphdef, mesh, cfg.aux_weight)
   if cfg.compress:
     # The one line: every jax.lax collective in the step becomes zipccl_jax's compressed one.
-    train_step = zipccl_jax.compress_collectives(train_step, compress=True)
+    grad_step = zipccl_jax.compress_collectives(grad_step, compress=True)
   zipccl_jax.set_runtime_stats(True)  # count bytes at run time in what is traced from now on
-  step = jax.jit(train_step)
+  grad_step = jax.jit(grad_step)
+
+  # Adam in a program of its own: in one program with the collectives, XLA:CPU fuses its float ops
+  # differently around ours than around jax.lax's, and a rounding apart there would part the runs.
+  @jax.jit
+  def update(params, opt_state, grads):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
 
   losses = []
   data = batches(cfg.seq_len, cfg.batch_per_device * mesh.size, cfg.seed)
   for i in range(cfg.steps):
     tokens = jax.device_put(next(data), NamedSharding(mesh, TOKENS))
-    experts, dense, opt_state, ce = step(experts, dense, opt_state, tokens)
+    ce, g_experts, g_dense = grad_step(experts, dense, tokens)  # ce: each device's loss
+    (experts, dense), opt_state = update((experts, dense), opt_state, (g_experts, g_dense))
     loss = np.float32(np.mean(np.asarray(ce)))  # on the host: no reduction order to depend on
     losses.append(float(loss))
     print(f"step {i:4d}  loss {loss:.6f}  (bits {loss.view(np.uint32):08x})", flush=True)
