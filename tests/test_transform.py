@@ -207,6 +207,29 @@ def test_while_loop_forward():
   np.testing.assert_array_equal(_bits(ours(x)), _bits(jax.jit(f)(x)))
 
 
+@pytest.mark.parametrize("check_vma", [False, True])
+def test_psum_of_a_pytree(check_vma):
+  """One jax.lax.psum of a pytree binds once per leaf (psum_p has one result in jax 0.10); each leaf
+  comes back as an array, with jax.lax's structure and bits, and its own call site."""
+  mesh = _mesh()
+  rng = np.random.default_rng(2)
+  a = jnp.asarray((rng.standard_normal((N * 64, 32)) * 0.1).astype(np.float32))
+  b = jnp.asarray((rng.standard_normal((N * 16,)) * 0.1).astype(BF16))
+
+  def body(a, b):
+    return lax.psum({"a": a, "b": b}, AXIS)
+
+  f = jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS), P(AXIS)), out_specs=P(), check_vma=check_vma)
+  zj.reset_stats()
+  got = jax.jit(zj.compress_collectives(f, compress=True))(a, b)
+  want = jax.jit(f)(a, b)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for k in ("a", "b"):
+    np.testing.assert_array_equal(_bits(got[k]), _bits(want[k]))
+  line = body.__code__.co_firstlineno + 1
+  assert {f"psum@test_transform.py:{line}", f"psum@test_transform.py:{line}[1]"} <= set(zj.stats())
+
+
 def test_compress_false_runs_the_raw_path(model):
   mesh, f, (w, x) = model
   hlo = jax.jit(zj.compress_collectives(f, compress=False)).lower(w, x).compile().as_text()

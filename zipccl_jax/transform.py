@@ -50,6 +50,7 @@ import jax
 import numpy as np
 
 from zipccl_jax import collectives, ragged
+from zipccl_jax._shard import call_site
 from zipccl_jax.capacity import CODED_DTYPES
 
 __all__ = ["compress_collectives"]
@@ -60,6 +61,10 @@ _POLICY = jax.make_user_context(None)
 # payloads, raw fallbacks, jax.lax-only cases) must not be rewritten again.
 _BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("zipccl_transform_bypass", default=False)
 _NOT_OURS = object()
+# Call sites named in this trace: one jax.lax call on a pytree binds once per leaf from the same line,
+# so the second and later leaves of a line are named "op@file:line[k]" (as zipccl_jax's own pytree
+# calls name theirs), and `stats` keeps each leaf's bytes.
+_SITES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("zipccl_transform_sites", default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,18 @@ class _Policy:
   @property
   def kw(self) -> dict:
     return {"compress": self.compress, "capacity": self.capacity, "transport": self.transport}
+
+
+def _site(op: str) -> str:
+  """The call site of the jax.lax call being rewritten: op@file:line of the first frame outside
+  zipccl_jax and jax, numbered per leaf within one trace."""
+  base = call_site(op, None)
+  seen = _SITES.get()
+  if seen is None:
+    return base
+  k = seen.get(base, 0)
+  seen[base] = k + 1
+  return base if k == 0 else f"{base}[{k}]"
 
 
 def compress_collectives(fn: Callable | None = None, *, compress="auto", capacity=None,
@@ -110,13 +127,20 @@ def compress_collectives(fn: Callable | None = None, *, compress="auto", capacit
   @functools.wraps(fn)
   def compressed(*args, **kwargs):
     with _POLICY(policy):
-      token = _BYPASS.set(False)
-      try:
-        return fn(*args, **kwargs)
-      finally:
-        _BYPASS.reset(token)
+      return _traced(fn, args, kwargs)
 
   return compressed
+
+
+def _traced(fn, args, kwargs):
+  """fn(*args, **kwargs) with rewriting on (also inside a zipccl collective: a custom rule's trace)
+  and a fresh call-site count."""
+  bypass, sites = _BYPASS.set(False), _SITES.set({})
+  try:
+    return fn(*args, **kwargs)
+  finally:
+    _SITES.reset(sites)
+    _BYPASS.reset(bypass)
 
 
 def _policy(compress, capacity, transport) -> _Policy:
@@ -149,47 +173,51 @@ def _all_to_all(p: _Policy, args, params):
   # inserted (and squeezes it after), where the tiled exchange gives the same result.
   (x,) = args
   return collectives.all_to_all(x, params["axis_name"], params["split_axis"], params["concat_axis"],
-                                tiled=True, **p.kw)
+                                tiled=True, name=_site("all_to_all"), **p.kw)
 
 
 def _all_gather(p: _Policy, args, params):
   (x,) = args
   return collectives.all_gather(x, params["axis_name"], axis=params["all_gather_dimension"],
-                                tiled=params["tiled"], **p.kw)
+                                tiled=params["tiled"], name=_site("all_gather"), **p.kw)
 
 
 def _all_gather_invariant(p: _Policy, args, params):
   (x,) = args
   return collectives.all_gather_invariant(x, params["axis_name"], axis=params["all_gather_dimension"],
-                                          tiled=params["tiled"], **p.kw)
+                                          tiled=params["tiled"], name=_site("all_gather_invariant"),
+                                          **p.kw)
 
 
 def _reduce_scatter(p: _Policy, args, params):
   (x,) = args
   return collectives.psum_scatter(x, params["axis_name"], scatter_dimension=params["scatter_dimension"],
-                                  tiled=params["tiled"], **p.kw)
+                                  tiled=params["tiled"], name=_site("psum_scatter"), **p.kw)
 
 
 def _psum(p: _Policy, args, params):
   axes = params["axes"]
   if any(isinstance(a, int) for a in axes):  # positional (pmap) axes: no wire of ours
     return _NOT_OURS
-  return list(collectives.psum(tuple(args), axes, **p.kw))
+  # One result per operand; `_rewritten_bind` unwraps it where psum_p has a single result
+  # (jax.lax.psum binds it once per leaf under check_vma=False).
+  return [collectives.psum(x, axes, name=_site("psum"), **p.kw) for x in args]
 
 
 def _psum_invariant(p: _Policy, args, params):
   (x,) = args
-  return collectives.psum(x, params["axes"], **p.kw)
+  return collectives.psum(x, params["axes"], name=_site("psum"), **p.kw)
 
 
 def _ppermute(p: _Policy, args, params):
   (x,) = args
-  return collectives.ppermute(x, params["axis_name"], params["perm"], **p.kw)
+  return collectives.ppermute(x, params["axis_name"], params["perm"], name=_site("ppermute"), **p.kw)
 
 
 def _ragged_all_to_all(p: _Policy, args, params):
   kw = {k: v for k, v in p.kw.items() if k != "transport"}  # its transport is always ragged
-  return ragged.ragged_all_to_all(*args, axis_name=params["axis_name"], **kw)
+  return ragged.ragged_all_to_all(*args, axis_name=params["axis_name"], name=_site("ragged_all_to_all"),
+                                  **kw)
 
 
 # primitive name -> (rule, the operands whose dtype decides: all of them, or the first)
@@ -205,7 +233,8 @@ _RULES: dict[str, tuple[Callable, bool]] = {
 }
 
 
-def _rewritten_bind(name: str, rule: Callable, all_operands: bool, original: Callable) -> Callable:
+def _rewritten_bind(name: str, rule: Callable, all_operands: bool, multiple_results: bool,
+                    original: Callable) -> Callable:
   def bind(*args, **params):
     policy = _POLICY.value
     if policy is None or _BYPASS.get() or params.get("axis_index_groups") is not None:
@@ -217,7 +246,9 @@ def _rewritten_bind(name: str, rule: Callable, all_operands: bool, original: Cal
       out = rule(policy, args, params)
     finally:
       _BYPASS.reset(token)
-    return original(*args, **params) if out is _NOT_OURS else out
+    if out is _NOT_OURS:
+      return original(*args, **params)
+    return out[0] if isinstance(out, list) and not multiple_results else out
 
   bind.__wrapped__ = original
   bind.__name__ = f"zipccl_{name}_bind"
@@ -234,11 +265,7 @@ def _under(policy: _Policy, f):
 
   def call(*args):
     with _POLICY(policy):
-      token = _BYPASS.set(False)
-      try:
-        return f.call_wrapped(*args)
-      finally:
-        _BYPASS.reset(token)
+      return _traced(f.call_wrapped, args, {})
 
   return lu.wrap_init(call, debug_info=f.debug_info)
 
@@ -272,7 +299,7 @@ def _install() -> None:
     custom = importlib.import_module("jax._src.custom_derivatives")
     for name, (rule, all_operands) in _RULES.items():
       prim = _primitive(parallel, name)
-      prim.bind = _rewritten_bind(name, rule, all_operands, prim.bind)
+      prim.bind = _rewritten_bind(name, rule, all_operands, prim.multiple_results, prim.bind)
     for name in ("custom_jvp_call", "custom_vjp_call"):
       prim = _primitive(custom, name)
       prim.bind = _custom_rule_bind(prim.bind)
