@@ -6,6 +6,7 @@ the later ones: a first GPU run should bring back everything it can.
 
   install    the wheel in .gpu_wheels/ for this Python's tag, else a source build; offline, --no-deps,
              and jax, jaxlib and the CUDA plugin must be the same versions after it as before
+  source_build  (ZIPCCL_KIT_SOURCE_BUILD=1) the fallback tried as well: a wheel from source, offline
   info       `python -m zipccl_jax.info`: kernels built, the driver, problems
   pytest     `pytest -m gpu -x -rs` (tests/test_gpu.py and every other `gpu`-marked test), JUnit XML
   memcheck   the codec's CUDA tests again under `compute-sanitizer --tool memcheck`, checking only the
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = float(os.environ.get("ZIPCCL_KIT_BUDGET_S", "480"))
 KEEP_GOING = os.environ.get("ZIPCCL_KIT_KEEP_GOING", "") not in ("", "0")
 # Stage limits (s). On an H100 the whole kit, install included, is meant to end inside 8 minutes.
-LIMITS = {"install": 240, "info": 60, "pytest": 240, "memcheck": 120, "racecheck": 120, "benchmark": 180,
+LIMITS = {"install": 240, "source_build": 240, "info": 60, "pytest": 240, "memcheck": 120, "racecheck": 120, "benchmark": 180,
           "profile": 90}
 # The codec's CUDA tests, rerun under the sanitizer: every dtype's bytes, damaged frames, overflow.
 SANITIZED_TESTS = ["test_gpu.py", "-k", "cuda and (codec_bytes or damaged or overflow_header)"]
@@ -136,6 +137,23 @@ def install(kit: Kit) -> bool:
   kit.report["versions"] = after
   if before != after:
     kit.say(f"install: CHANGED the installed JAX: {before} -> {after}")
+  return ok
+
+
+def source_build(kit: Kit) -> bool:
+  """The install's fallback, tried beside the wheel (ZIPCCL_KIT_SOURCE_BUILD=1): a wheel built here from
+  source, offline, against this Python's jax (its headers included: the build needs Python.h)."""
+  if os.environ.get("ZIPCCL_KIT_SOURCE_BUILD", "") in ("", "0"):
+    kit.stage("source_build", "skipped", reason="not asked for (ZIPCCL_KIT_SOURCE_BUILD=1)")
+    return True
+  include = Path(sysconfig.get_paths()["include"])
+  dest = kit.out.parent / "zipccl_source_build"
+  r = kit.run("source_build", [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                               "--no-index", "--disable-pip-version-check", "-q", "-w", str(dest), str(ROOT)])
+  wheels = sorted(p.name for p in dest.glob("*.whl")) if dest.exists() else []
+  ok = r is not None and r.returncode == 0 and bool(wheels)
+  kit.stage("source_build", "passed" if ok else "failed", python_h=(include / "Python.h").exists(),
+            wheels=wheels, error=None if ok else ((r.stdout + r.stderr)[-2000:] if r else "no time"))
   return ok
 
 
@@ -348,7 +366,7 @@ def main() -> int:
   kit.report["versions_before"] = _versions()
   kit.say(f"python {sys.version.split()[0]} at {sys.executable}; GPUs: {gpus or 'none'}; "
           f"jax stack: {kit.report['versions_before']}")
-  results = {"install": install(kit)}
+  results = {"install": install(kit), "source_build": source_build(kit)}
   if results["install"]:
     shown = info(kit)
     results["info"] = shown is not None and not shown["cuda"]["problems"]

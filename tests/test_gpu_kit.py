@@ -83,7 +83,8 @@ def test_rehearsal_without_a_gpu(tmp_path):
   rep = json.loads((tmp_path / "gpu_report.json").read_text())
   import jax
   assert rep["ok"] and rep["versions"]["jax"] == jax.__version__ and rep["have_gpu"] is False
-  assert set(rep["stages"]) == {"install", "info", "pytest", "memcheck", "racecheck", "benchmark", "profile"}
+  assert set(rep["stages"]) == {"install", "source_build", "info", "pytest", "memcheck", "racecheck",
+                                "benchmark", "profile"}
   for stage in ("memcheck", "racecheck", "benchmark", "profile"):
     assert rep["stages"][stage] == {"status": "skipped", "reason": "no CUDA device"}, stage
   py = rep["stages"]["pytest"]
