@@ -28,6 +28,8 @@ from jax._src import custom_derivatives as _cd
 from jax._src import ad_util
 from jax._src.interpreters import ad, batching
 
+from zipccl_jax import _compat
+
 __all__ = ["linear"]
 
 
@@ -43,14 +45,15 @@ def linear(impl: Callable, transpose: Callable, x, *res):
   """
   closed, out_shape = jax.make_jaxpr(impl, return_shape=True)(x, *res)
   out_tree = jax.tree.structure(out_shape)
+  jaxpr, consts = _compat.jaxpr_and_consts(closed)
 
   def fun(residuals, t):
     consts, args = residuals
-    flat = jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree.leaves((t, *args)))
+    flat = jax.core.eval_jaxpr(jaxpr, consts, *jax.tree.leaves((t, *args)))
     return jax.tree.unflatten(out_tree, flat)
 
   return jax.custom_derivatives.linear_call(fun, lambda r, ct: transpose(ct, *r[1]),
-                                            (list(closed.consts), res), x)
+                                            (consts, res), x)
 
 
 def _linear_call_batch(axis_data, args, dims, *, callee, transpose_thunk, num_callee_consts,

@@ -85,8 +85,8 @@ from jax import lax
 from zipccl_jax import _exchange, _recipe, accounting
 from zipccl_jax._recipe import (Call, Recipe, check_positional, raw_path, run, size_of,
                                 transposed)
-from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_split,
-                               check_vma_on, itemsize, vary)
+from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_ppermute_order,
+                               check_split, check_vma_on, itemsize, lax_ppermute, vary)
 from zipccl_jax.observation import record_frames
 
 __all__ = ["all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean",
@@ -637,14 +637,14 @@ def _ppermute_lax(x, axis_name, pairs, groups=None):
 
 def _ppermute_impl(call: Call, x):
   axis_name, pairs = call.axis_name, call.params
-  n = axis_size(axis_name, "ppermute")
+  n, _ = axis_size(axis_name, "ppermute"), check_ppermute_order(axis_name, "ppermute")
   x = vary(x, axes_of(axis_name))
   record_frames(call.site, "ppermute", lambda: x.reshape(1, x.size))
   if not call.capacity:
-    return raw_path(call, x, lambda u: lax.ppermute(u, axis_name, pairs))
+    return raw_path(call, x, lambda u: lax_ppermute(u, axis_name, pairs))
   return _exchange.permute_row(
       x, axis_name=axis_name, n=n, perm=pairs, capacity=call.capacity, transport=call.transport,
-      site=call.site, raw=lambda: _exchange.raw_bits(lambda u: lax.ppermute(u, axis_name, pairs),
+      site=call.site, raw=lambda: _exchange.raw_bits(lambda u: lax_ppermute(u, axis_name, pairs),
                                                      x))
 
 
