@@ -7,6 +7,7 @@ on; `check_supported` (called first thing on import) refuses one outside the ran
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import jax
@@ -86,7 +87,8 @@ def ppermute_rejects_unsorted_tuple() -> bool:
   return flag is not None and bool(flag.value)
 
 
-PPERMUTE_ORDER_ERROR = (
-    "Make sure that the axis_name passed to jax.lax.ppermute is in the same order as the axis_names declared "
-    "on the mesh. If you want to allow different order, you can disable the check via `with "
-    "jax.raise_on_ppermute_sort_diff(False):` context manager.")
+def ppermute_in_any_order():
+  """A context in which jax.lax.ppermute accepts a tuple of axes out of the mesh's order (jax 0.11+: numbering
+  it in the tuple's order; jax 0.10.2 always accepts it: nothing to change)."""
+  flag = _sort_flag()
+  return flag(False) if flag is not None else contextlib.nullcontext()
