@@ -266,8 +266,11 @@ def lax_only_reason(x, axis_name) -> str | None:
   return None
 
 
-def check_perm(perm, n, api):
-  """`perm` as a tuple of (source, destination) int pairs in range, without repeats."""
+def check_perm(perm, n, api, axis_name=None):
+  """`perm` as a tuple of (source, destination) int pairs in range, without repeats; over
+  `axis_name`, an axis order the running jax.lax.ppermute refuses is refused (check_ppermute_order)."""
+  if axis_name is not None:
+    check_ppermute_order(axis_name, api)
   try:
     pairs = [(int(s), int(d)) for s, d in perm]
   except (TypeError, ValueError):
