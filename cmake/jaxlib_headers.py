@@ -5,7 +5,7 @@ Prints KEY=VALUE lines:
   VERSION=<that jaxlib's version>
   FROM=target|build   the target environment's jaxlib, or (none there) the build environment's
 XLA checks the sizes of the FFI structs at call time (XLA_FFI_CallFrame and the others) and the API changed between
-jaxlib 0.10 (FFI API 0.3), 0.11 (0.4) and 0.12 (0.5), so the headers must be those of the jaxlib beside which the
+jaxlib 0.11.0 (FFI API 0.3), 0.11.2 (0.4) and 0.12 (0.5), so the headers must be those of the jaxlib beside which the
 extension is installed. Under pip's build isolation the build environment holds its own jaxlib (the build
 requirement), which need not be the user's. CMake therefore runs this with -I: PYTHONPATH, through which pip
 exposes the build environment, is ignored, and sys.path is the target environment's (the interpreter pip runs

@@ -53,9 +53,10 @@ namespace ffi = xla::ffi;
 namespace zipccl {
 
 // An XLA error's message, the error then destroyed: through the C API (c_api.h), whose structs are
-// versioned, not xla::ffi::internal, whose helpers have moved between releases. FFI API 0.3 (jaxlib 0.10)
-// has XLA_FFI_Error_GetMessage; 0.4 (jaxlib 0.11) replaced it with XLA_FFI_Error_GetDetails (message and
-// code). The #if can go with jaxlib 0.10.
+// versioned, not xla::ffi::internal, whose helpers have moved between releases. FFI API 0.3 (jaxlib 0.10.2
+// and 0.11.0) has XLA_FFI_Error_GetMessage; 0.4 (jaxlib 0.11.2) replaced it with XLA_FFI_Error_GetDetails
+// (message and code), kept in 0.5 (jaxlib 0.12). Chosen by the headers' API version, not by jaxlib's; the
+// #if can go when the oldest supported jaxlib has FFI API 0.4.
 static std::string TakeErrorMessage(const XLA_FFI_Api* api, XLA_FFI_Error* err) {
 #if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR < 4
   XLA_FFI_Error_GetMessage_Args get;

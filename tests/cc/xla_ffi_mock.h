@@ -43,9 +43,9 @@ struct XLA_FFI_Error {
   std::string message;
 };
 
-// FFI API 0.4 (jaxlib 0.11) renamed the context XLA_FFI_InvokeContext (XLA_FFI_ExecutionContext stays as a
+// FFI API 0.4 (jaxlib 0.11.2; 0.11.0 still has 0.3) renamed the context XLA_FFI_InvokeContext (XLA_FFI_ExecutionContext stays as a
 // typedef of it) and replaced XLA_FFI_Error_GetMessage with XLA_FFI_Error_GetDetails; the mock follows the
-// headers it is built with. These #if's go with jaxlib 0.10.
+// headers it is built with. These #if's go when the oldest supported jaxlib has FFI API 0.4.
 #if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR < 4
 #define ZIPCCL_MOCK_FFI_0_3 1
 #define ZIPCCL_MOCK_CONTEXT XLA_FFI_ExecutionContext
