@@ -28,7 +28,8 @@ run_pair() {
     echo "ci: installing zipccl_jax changed jax/jaxlib $jaxv to $now"
     return 1
   fi
-  "$venv/bin/python" -m zipccl_jax.info >/dev/null || return 1
+  # the installed package, not the source tree (the root would be first on sys.path)
+  (cd / && "$OLDPWD/$venv/bin/python" -m zipccl_jax.info >/dev/null) || return 1
   # From the repository root, as the README's command: the installed package is what runs (pytest puts
   # tests/, not the root, on sys.path).
   "$venv/bin/pytest" -q -p no:cacheprovider "$@"
