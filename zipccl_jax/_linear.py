@@ -10,8 +10,9 @@ Every collective is linear in its operand. `linear(impl, transpose, x)` declares
 * the lowered program is ``impl``'s (StableHLO identical to calling ``impl`` directly).
 
 jax's ``linear_call`` (0.10.2 through 0.12.0.1 alike) has no batching rule, so ``jax.vmap`` of
-a collective would fail; `_linear_call_batch` is that rule (registered only if jax has none): it batches every operand
-at axis 0, the callee and its transpose alike, so that the transposed call stays consistent.
+a collective would fail; `_linear_call_batch` is that rule (registered only if jax has none): it
+batches every operand at axis 0, the callee and its transpose alike, so that the transposed call
+stays consistent.
 Its JVP rule binds the tangents as they come, so a linear argument that is not differentiated
 (a symbolic zero tangent, e.g. ``ragged_all_to_all``'s ``output`` when only ``operand`` is)
 fails to bind; `_linear_call_jvp` instantiates those zeros first. Its transpose rule then asserts
