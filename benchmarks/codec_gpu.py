@@ -92,6 +92,92 @@ def bench_kernels(jax, jnp, np, zj, dev, dtypes, call_bytes: int, reps: int) -> 
   return out
 
 
+def bench_step(jax, jnp, np, dev, payload_bytes: int, reps: int, dests: int = 8) -> dict:
+  """The codec inside one jitted step: an MoE dispatch payload (`dests` rows of Gaussian bfloat16
+  activations, one per destination, as `all_to_all` codes them) encoded at the padded default capacity
+  and decoded again in one jitted function on `dev`, against a jitted copy of the same bytes. Its time
+  per raw byte is what compression costs the strategy per byte on this device (`codec_s_per_byte`)."""
+  import ml_dtypes
+  from zipccl_jax import capacity, codec
+  m = max(1, payload_bytes // 2 // dests)
+  x_host = _tensor(jnp, np, "bfloat16", dests * m, seed=7).reshape(dests, m)
+  cap = capacity.padded_capacity(m, ml_dtypes.bfloat16)
+  x = jax.device_put(x_host, dev)
+
+  enc = jax.jit(lambda v: codec.encode_frames(v, capacity=cap)[0])
+  dec = jax.jit(lambda payload: codec.decode_frames(payload, shape=(m,), dtype=x.dtype))
+
+  @jax.jit
+  def step(v):
+    return dec(enc(v))
+
+  copy = jax.jit(lambda v: jax.lax.bitcast_convert_type(v, jnp.uint16) + jnp.zeros((), jnp.uint16))
+  payload = enc(x)
+  exact = bool(np.array_equal(np.asarray(step(x)).view(np.uint16), x_host.view(np.uint16)))
+  t_step, t_enc, t_dec, t_copy = _times([lambda: jax.block_until_ready(step(x)),
+                                         lambda: jax.block_until_ready(enc(x)),
+                                         lambda: jax.block_until_ready(dec(payload)),
+                                         lambda: jax.block_until_ready(copy(x))], reps)
+  raw = x_host.nbytes
+  gb = lambda t: _gbps(raw, t)["gb_per_s"]
+  return {"what": "encode+decode of an MoE dispatch payload in one jitted step", "dtype": "bfloat16",
+          "rows": dests, "row_elems": m, "raw_bytes": raw, "capacity_bytes": cap, **summary(t_step),
+          **_gbps(raw, t_step), "codec_s_per_byte": quantile(t_step, 0.5) / raw,
+          "encode_gb_per_s": gb(t_enc), "decode_gb_per_s": gb(t_dec),
+          "copy_gb_per_s": gb(t_copy), "bit_exact": exact}
+
+
+def memory_probe(variant: str, elems_per_device: int) -> dict:
+  """One all_to_all of `elems_per_device` bfloat16 on the first device of the default backend, as a
+  one-device mesh (`variant` "lax": jax.lax; "padded"/"ragged": zipccl_jax compress=True with its own
+  row coded, `_exchange.code_own_row`): XLA's memory analysis of the compiled program and the
+  allocator's peak after one call. Run in a fresh process per variant, so the peak is this call's."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import zipccl_jax as zj
+  from zipccl_jax import _exchange
+  dev = jax.devices()[0]
+  mesh = Mesh(np.array([dev]), ("i",))
+  cols = 1024
+  x = jax.device_put(_tensor(jnp, np, "bfloat16", elems_per_device, seed=3).reshape(-1, cols),
+                     NamedSharding(mesh, P("i")))
+  if variant == "lax":
+    body = lambda v: jax.lax.all_to_all(v, "i", 0, 0, tiled=True)
+  else:
+    body = lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, compress=True, transport=variant)
+  with _exchange.code_own_row():
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    compiled = f.lower(x).compile()
+  ma = compiled.memory_analysis()
+  before = (dev.memory_stats() or {}).get("peak_bytes_in_use")
+  jax.block_until_ready(compiled(x))
+  stats = dev.memory_stats() or {}
+  return {"variant": variant, "platform": dev.platform, "bytes_per_device": x.nbytes,
+          "temp_bytes": getattr(ma, "temp_size_in_bytes", None),
+          "argument_bytes": getattr(ma, "argument_size_in_bytes", None),
+          "output_bytes": getattr(ma, "output_size_in_bytes", None),
+          "peak_bytes_before": before, "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
+
+
+def bench_memory(platform: str, elems_per_device: int) -> list[dict]:
+  """`memory_probe` of each variant, each in a fresh process (JAX's allocator peak is per process)."""
+  import subprocess
+  out = []
+  for variant in ("lax", "padded", "ragged"):
+    env = dict(os.environ, JAX_PLATFORMS=platform)
+    r = subprocess.run([sys.executable, __file__, "--memory-probe", variant, "--probe-elems",
+                        str(elems_per_device)], capture_output=True, text=True, timeout=300, env=env)
+    if r.returncode != 0:
+      out.append({"variant": variant, "error": r.stderr[-2000:]})
+      continue
+    out.append(json.loads(r.stdout.strip().splitlines()[-1]))
+  return out
+
+
 def _op_pair(zj, lax, jnp, op: str, n: int, transport: str):
   """(compressed call, jax.lax call, exact reference call) on one device's block, axis "i"."""
   bits = lambda v: lax.bitcast_convert_type(v, jnp.uint16)
@@ -154,6 +240,17 @@ def _print(rec: dict) -> None:
     print(f"{k['kernel']:7s} {k['dtype']:14s} {k['raw_bytes'] / 1e6:8.2f} {k['ratio']:6.3f} "
           f"{k['gb_per_s']:8.2f} [{k['p25_gb_per_s']:.2f}-{k['p75_gb_per_s']:.2f}] {k['copy_gb_per_s']:10.2f} "
           f"{k['vs_copy']:7.3f} [{k['vs_copy_p25']:.3f}-{k['vs_copy_p75']:.3f}] {k['bit_exact']}")
+  st = rec["step"]
+  print(f"\nstep: {st['what']}, {st['raw_bytes'] / 1e6:.1f} MB: {st['median_s'] * 1e3:.3f} ms, "
+        f"{st['gb_per_s']:.1f} GB/s [{st['p25_gb_per_s']:.1f}-{st['p75_gb_per_s']:.1f}]; alone: encode "
+        f"{st['encode_gb_per_s']:.1f}, decode {st['decode_gb_per_s']:.1f} (copy "
+        f"{st['copy_gb_per_s']:.1f}), exact {st['bit_exact']}")
+  for m in rec["memory"]:
+    if "error" in m:
+      print(f"memory {m['variant']}: probe failed: {m['error'][-300:]}")
+    else:
+      print(f"memory {m['variant']:6s}: temp {m['temp_bytes'] / 2**20:8.1f} MiB, peak "
+            f"{(m['peak_bytes_in_use'] or 0) / 2**20:8.1f} MiB ({m['bytes_per_device'] / 2**20:.1f} MiB/device)")
   print(f"\n{'collective':13s} {'MB/dev':>8s} {'compressed ms':>14s} {'jax.lax ms':>11s} "
         f"{'ratio [p25-p75]':>22s} exact")
   for c in rec["collectives"]:
@@ -172,8 +269,19 @@ def main(argv=None) -> int:
   p.add_argument("--sizes-mb", default=None, help="per-device MB of each collective (default 1,4,16,64)")
   p.add_argument("--dtypes", default=",".join(DTYPES))
   p.add_argument("--transport", choices=("auto", "padded", "ragged"), default="auto")
+  p.add_argument("--step-mb", type=float, default=None,
+                 help="MB of the MoE dispatch payload coded in one jitted step (default 64)")
+  p.add_argument("--memory-mb", type=float, default=None,
+                 help="MB per device of the all_to_all whose memory is measured (default 64)")
+  p.add_argument("--kernels-only", action="store_true",
+                 help="the kernels' GB/s alone (no step, memory or collectives): what a profiler run needs")
+  p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)  # one variant, in a child
+  p.add_argument("--probe-elems", type=int, default=0, help=argparse.SUPPRESS)
   p.add_argument("--json", default=None)
   a = p.parse_args(argv)
+  if a.memory_probe:
+    print(json.dumps(memory_probe(a.memory_probe, a.probe_elems)))
+    return 0
   reps = a.reps or (3 if a.quick else 15)
   kernel_mb = a.kernel_mb or (0.25 if a.quick else 256.0)
   sizes_mb = [float(s) for s in (a.sizes_mb or ("0.0625" if a.quick else "1,4,16,64")).split(",")]
@@ -195,15 +303,23 @@ def main(argv=None) -> int:
     return 2
   dtypes = [d for d in a.dtypes.split(",") if d]
   kernels = bench_kernels(jax, jnp, np, zj, devs[0], dtypes, int(kernel_mb * 1e6), reps)
+  if a.kernels_only:
+    rec = {"platform": a.platform, "device_kind": devs[0].device_kind, "kernels": kernels}
+    print(json.dumps(rec, indent=1))
+    return 0 if all(k["bit_exact"] for k in kernels) else 1
+  step = bench_step(jax, jnp, np, devs[0], int((a.step_mb or (0.25 if a.quick else 64.0)) * 1e6), reps)
   collectives = (bench_collectives(jax, jnp, np, zj, devs, [int(s * 1e6) for s in sizes_mb], a.transport, reps)
                  if len(devs) > 1 else [])
+  memory = bench_memory(a.platform, int((a.memory_mb or (0.25 if a.quick else 64.0)) * 1e6) // 2 // 1024 * 1024)
   rec = {"command": "python benchmarks/codec_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
          "platform": a.platform, "devices": len(devs), "device_kind": devs[0].device_kind, "reps": reps,
-         "info": zj.info(), "load": machine_load(), "kernels": kernels, "collectives": collectives}
+         "info": zj.info(), "load": machine_load(), "kernels": kernels, "step": step,
+         "collectives": collectives, "memory": memory}
   _print(rec)
   if a.json:
     Path(a.json).write_text(json.dumps(rec, indent=1) + "\n")
-  bad = [k for k in kernels if not k["bit_exact"]] + [c for c in collectives if not c["bit_exact"]]
+  bad = ([k for k in kernels if not k["bit_exact"]] + [c for c in collectives if not c["bit_exact"]]
+         + ([step] if not step["bit_exact"] else []) + [m for m in memory if "error" in m])
   if bad:
     print(f"NOT bit-exact: {bad}", file=sys.stderr)
   return 1 if bad else 0

@@ -3,7 +3,8 @@
 Codec: `encode`, `decode`, `max_encoded_bytes` (see FORMAT.md for the bytes).
 Collectives (inside `jax.shard_map`): `all_to_all`, `all_gather`,
 `psum_scatter`, `psum`, `ppermute`, `pmean`, `all_gather_invariant`, `ragged_all_to_all`, with
-`jax.lax` signatures; `use_defaults` sets their default `compress`/`capacity` once;
+`jax.lax` signatures; `compress_collectives` makes a function's own `jax.lax` collectives
+zipccl_jax's (adoption in one line); `use_defaults` sets their default `compress`/`capacity` once;
 `export_disabled_checks` lets `jax.export` serialize compressed code; `use_algorithm` pins the
 two-level algorithm; `info()` describes the build.
 Strategy behind `compress="auto"`: `calibrate`, `Profile`, `load_profile`,
@@ -32,13 +33,14 @@ from zipccl_jax.observation import observe
 from zipccl_jax.profile import Profile, get_profile, load_profile, set_profile, use_profile
 from zipccl_jax.ragged import ragged_all_to_all
 from zipccl_jax.strategy import decisions, explain
+from zipccl_jax.transform import compress_collectives
 
 __version__ = "0.1.0"
 
 __all__ = [
     "encode", "decode", "max_encoded_bytes", "format", "info",
     "all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean", "all_gather_invariant",
-    "ragged_all_to_all", "use_algorithm", "use_defaults", "get_defaults", "export_disabled_checks",
+    "ragged_all_to_all", "compress_collectives", "use_algorithm", "use_defaults", "get_defaults", "export_disabled_checks",
     "padded_capacity", "CallSiteStats", "stats", "totals", "reset_stats", "set_runtime_stats",
     "hlo_collectives", "hlo_wire_bytes",
     "Profile", "calibrate", "explain", "decisions", "observe", "get_profile", "set_profile",

@@ -94,6 +94,8 @@ reductions return the same bits whatever the transport.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Callable
 
 import jax
@@ -155,9 +157,39 @@ def cond_bits(pred, raw_fn: Callable, coded_fn: Callable):
   return lax.bitcast_convert_type(out, box["dtype"])
 
 
+# Own-row skipping off: on an axis of size 1 the one row is the own row, so nothing would be coded.
+# Tests on a one-GPU host turn it off (`code_own_row`) to run encode, transport, the overflow test,
+# the raw fallback and decode there; read at trace time, and no result bit changes.
+_CODE_OWN_ROW: contextvars.ContextVar[bool] = contextvars.ContextVar("zipccl_code_own_row",
+                                                                     default=False)
+
+
+@contextlib.contextmanager
+def code_own_row():
+  """Within the block, collectives traced code and decode the own row too (for tests on one device).
+
+  >>> with code_own_row():            # doctest: +SKIP
+  ...   f = jax.jit(shard_map_over_one_device)   # its one row goes through the codec
+  """
+  token = _CODE_OWN_ROW.set(True)
+  try:
+    yield
+  finally:
+    _CODE_OWN_ROW.reset(token)
+
+
+def coding_own_row() -> bool:
+  """Whether `code_own_row` is active (then an axis of size 1 takes the coded path too)."""
+  return _CODE_OWN_ROW.get()
+
+
 def own_row(axis_name, n: int):
-  """The (n,) mask of this rank's own row on `axis_name` (never coded, see the docstring)."""
-  return jnp.arange(n, dtype=jnp.int32) == lax.axis_index(axis_name).astype(jnp.int32)
+  """The (n,) mask of this rank's own row on `axis_name` (never coded, see the docstring), all
+  False inside `code_own_row`."""
+  me = lax.axis_index(axis_name).astype(jnp.int32)
+  if coding_own_row():
+    me = me - n  # a rank no row has: the mask stays device-varying, as the skipping one is
+  return jnp.arange(n, dtype=jnp.int32) == me
 
 
 def with_own_row(decoded, rows, skip):

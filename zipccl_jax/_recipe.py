@@ -74,7 +74,7 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
       return recipe.lax_fn(x, axis_name, args, groups)  # no wire of ours: jax.lax as called
     grp = check_groups(groups, axis_name, recipe.op)
     n = len(grp[0]) if grp else axis_size(axis_name, recipe.op)
-    if n == 1:  # nothing crosses a wire: jax.lax's result, checks and types as they are
+    if n == 1 and not _exchange.coding_own_row():  # no wire: jax.lax's result, checks and types
       return recipe.lax_fn(x, axis_name, args, groups)
     params, m, raw_reason = recipe.params(x, n, axis_name, args)
     if grp and raw_reason is None:

@@ -82,7 +82,10 @@ struct PlanKernel {
   static constexpr int kBlockThreads = 32;
   using Params = EncodeParams;
   struct Shared {
-    uint32_t hist[kNumSymbols];
+    // Padded to whole 16-byte words: ptxas vectorizes SymbolRank's loop over hist[0, 257) into 128-bit
+    // loads, whose last one reads 12 bytes past hist[256]; unpadded, those were work.order[0, 6), which
+    // other lanes write in the same phase (compute-sanitizer racecheck on an H200 reported it).
+    uint32_t hist[(kNumSymbols + 3) / 4 * 4];
     HuffmanWork work;
     BlockPlan plan;
   };

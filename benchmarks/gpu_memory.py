@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""Device memory of the compressed collectives on XLA:GPU against jax.lax's, compiled without a GPU.
+
+    JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu python benchmarks/gpu_memory.py --json mem.json
+
+Compiles each collective over 8 devices of a described H100 topology (the deviceless compile of
+benchmarks/gpu_schedule.py: a JAX CUDA plugin, no GPU) for a bfloat16 message of --mib MiB per device, as
+`jax.lax` and as `zipccl_jax` with `compress=True` on each transport, and reads XLA's memory analysis of the
+compiled program (temp, argument, output bytes). The compressed program's extra temp is set against its
+frames: the coded bytes one device sends plus those it receives, at the capacity the call used
+(twice `zipccl_jax.stats()`' wire bytes: what one device sends per call, and as much received). On a real GPU the kit
+(`.ci/gpu_check.sh`) measures a one-device all_to_all's temp and allocator peak (benchmarks/codec_gpu.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_schedule import H100  # noqa: E402
+
+import zipccl_jax as zj  # noqa: E402
+from zipccl_jax import _ffi  # noqa: E402
+
+N = 8
+RING = [(i, (i + 1) % N) for i in range(N)]
+OPS = {  # name -> (jax.lax call, zipccl_jax call)
+    "all_to_all": (lambda v: jax.lax.all_to_all(v, "i", 0, 0, tiled=True),
+                   lambda v, **kw: zj.all_to_all(v, "i", 0, 0, tiled=True, **kw)),
+    "all_gather": (lambda v: jax.lax.all_gather(v, "i", tiled=True),
+                   lambda v, **kw: zj.all_gather(v, "i", tiled=True, **kw)),
+    "psum_scatter": (lambda v: jax.lax.psum_scatter(v, "i", tiled=True),
+                     lambda v, **kw: zj.psum_scatter(v, "i", tiled=True, **kw)),
+    "ppermute": (lambda v: jax.lax.ppermute(v, "i", RING), lambda v, **kw: zj.ppermute(v, "i", RING, **kw)),
+    "psum": (lambda v: jax.lax.psum(v, "i"), lambda v, **kw: zj.psum(v, "i", **kw)),
+}
+
+
+def analyse(f, spec) -> dict:
+  ma = f.lower(spec).compile().memory_analysis()
+  return {"temp_bytes": ma.temp_size_in_bytes, "argument_bytes": ma.argument_size_in_bytes,
+          "output_bytes": ma.output_size_in_bytes}
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--mib", type=float, default=64.0, help="MiB of bfloat16 per device")
+  ap.add_argument("--ops", default=",".join(OPS))
+  ap.add_argument("--json", type=Path)
+  a = ap.parse_args(argv)
+  _ffi.register()
+  if "CUDA" not in _ffi.extension().registrations():
+    sys.exit("gpu_memory: this zipccl_jax has no CUDA handlers (python -m zipccl_jax.info)")
+  from jax.experimental import topologies
+  topo = topologies.get_topology_desc("h100x8", "cuda", target_config=H100, topology=f"1x1x{N}")
+  mesh = Mesh(np.array(topo.devices), ("i",))
+  cols = 4096
+  rows = int(a.mib * 2**20) // 2 // cols // N * N  # per device, a multiple of N
+  spec = jax.ShapeDtypeStruct((N * rows, cols), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
+  smap = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+  out = []
+  print(f"{'op':13s} {'variant':8s} {'temp MiB':>9s} {'extra':>8s} {'frames':>8s}  (per device, {rows * cols * 2 / 2**20:.0f} MiB)")
+  for op in a.ops.split(","):
+    theirs, ours = OPS[op]
+    base = analyse(smap(theirs), spec)
+    out.append({"op": op, "variant": "jax.lax", **base})
+    print(f"{op:13s} {'jax.lax':8s} {base['temp_bytes'] / 2**20:9.1f}")
+    for transport in ("padded", "ragged"):
+      zj.reset_stats()
+      rec = analyse(smap(lambda v: ours(v, compress=True, transport=transport, name=op)), spec)
+      st = zj.stats()[op]
+      frames = 2 * st.wire_bytes  # per device and call: what it sends, and as much received
+      extra = rec["temp_bytes"] - base["temp_bytes"]
+      out.append({"op": op, "variant": transport, **rec, "extra_temp_bytes": extra, "frame_bytes": frames,
+                  "within_frames": extra <= frames})
+      print(f"{op:13s} {transport:8s} {rec['temp_bytes'] / 2**20:9.1f} {extra / 2**20:8.1f} {frames / 2**20:8.1f}")
+  if a.json:
+    a.json.write_text(json.dumps({"command": "python benchmarks/gpu_memory.py " + " ".join(argv or sys.argv[1:]),
+                                  "topology": f"{N} x H100 (described, deviceless)", "jax": jax.__version__,
+                                  "results": out}, indent=1) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""The GPU proof kit (.ci/gpu_check.sh, issue 27) off the GPU: its verdicts on what the tools printed on an
+H200 (tests/data/gpu_kit/, from the kit's runs there), and a rehearsal on this machine, where every GPU stage
+must skip for want of a device and the report must still be complete.
+
+The full rehearsal (Python 3.12 + jax 0.11.2, the carried wheel, the network cut) is .ci/gpu_rehearsal.sh.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data" / "gpu_kit"
+
+
+def _kit():
+  spec = importlib.util.spec_from_file_location("gpu_check", ROOT / ".ci" / "gpu_check.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+KIT = _kit()
+
+
+def test_ncu_kernel_times_from_an_h200_run():
+  """ncu prints nanoseconds with thousands separators ("753,792"): one entry per kernel, in us."""
+  times = KIT.ncu_kernel_times((DATA / "ncu_h200.csv").read_text())
+  assert set(times) >= {"zipccl_decode_block_u16", "zipccl_hist_u16", "zipccl_plan", "zipccl_write_u16"}
+  dec = times["zipccl_decode_block_u16"]
+  assert dec["launches"] == 1 and dec["median_us"] == 753.792, dec
+  assert times["zipccl_scan"]["launches"] == 2  # encode's and decode's
+  assert KIT.ncu_kernel_times("==PROF== Disconnected\n") == {}
+
+
+@pytest.mark.parametrize("log, rc, output, want", [
+    ("racecheck_hazards_h200.log", 86, "", "failed"),   # the Plan kernel's overlap, before its fix
+    ("racecheck_clean_h200.log", 0, "", "passed"),
+    ("memcheck_clean_h200.log", 0, "", "passed"),
+    (None, 1, "========= Error: Device not supported", "unsupported"),  # gVisor machines
+    (None, 1, "FAILED test_gpu.py::test_codec_bytes_equal_cpu_driver[cuda-bfloat16]", "failed"),
+    (None, 0, "", "failed"),  # no summary line: nothing shows the tool ran
+], ids=["hazards", "racecheck-clean", "memcheck-clean", "unsupported", "tests-failed", "no-summary"])
+def test_sanitizer_verdicts(log, rc, output, want):
+  text = (DATA / log).read_text() if log else ""
+  status, summary = KIT.sanitizer_verdict(rc, text, output)
+  assert status == want, (status, summary)
+  if log:
+    assert "SUMMARY" in summary
+
+
+def test_junit_counts_of_the_h200_run():
+  res = KIT.junit_counts(DATA / "pytest_gpu_h200.xml")
+  assert (res["passed"], res["failed"], res["errors"], res["skipped"]) == (29, 0, 0, 6), res
+  assert res["first_failure"] is None
+  assert res["skip_reasons"] == {"needs at least 2 cuda devices, found 1": 5,
+                                 "needs at least 2 CUDA devices, found 1": 1}
+
+
+def test_memory_verdict_differences_in_mib():
+  mem = {"lax": {"temp_bytes": 0, "peak_bytes_in_use": 2**20},
+         "padded": {"temp_bytes": 3 * 2**20, "peak_bytes_in_use": 5 * 2**20},
+         "ragged": {"error": "boom"}}
+  v = KIT.memory_verdict(mem)
+  assert v["padded_temp_minus_lax_mib"] == 3 and v["padded_peak_minus_lax_mib"] == 4
+  assert "ragged_temp_minus_lax_mib" not in v
+
+
+def test_rehearsal_without_a_gpu(tmp_path):
+  """The kit against this Python's zipccl_jax (ZIPCCL_KIT_INSTALLED), no GPU: it exits 0, the GPU stages
+  are skipped for want of a device, and the report names this JAX and every stage."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(ZIPCCL_KIT_INSTALLED="1", PYTHON=sys.executable, JAX_PLATFORMS="cpu")
+  r = subprocess.run(["bash", str(ROOT / ".ci" / "gpu_check.sh"), str(tmp_path)], capture_output=True,
+                     text=True, timeout=600, env=env)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+  rep = json.loads((tmp_path / "gpu_report.json").read_text())
+  import jax
+  assert rep["ok"] and rep["versions"]["jax"] == jax.__version__ and rep["have_gpu"] is False
+  assert set(rep["stages"]) == {"install", "info", "pytest", "memcheck", "racecheck", "benchmark", "profile"}
+  for stage in ("memcheck", "racecheck", "benchmark", "profile"):
+    assert rep["stages"][stage] == {"status": "skipped", "reason": "no CUDA device"}, stage
+  py = rep["stages"]["pytest"]
+  assert py["status"] == "passed" and py["passed"] == 0 and py["skipped"] >= 30 and not py["gpu_tests_ran"]
+  assert (tmp_path / "gpu_check.log").read_text().count("pytest:") >= 2
