@@ -172,9 +172,11 @@ def _reduce_scatter(p: _Policy, args, params):
 
 def _psum(p: _Policy, args, params):
   axes = params["axes"]
-  if any(isinstance(a, int) for a in axes):  # positional (pmap) axes: no wire of ours
+  if any(isinstance(a, int) for a in axes) or len(args) != 1:  # positional (pmap) axes: no wire of ours
     return _NOT_OURS
-  return list(collectives.psum(tuple(args), axes, **p.kw))
+  # psum_p has one result (not multiple_results): jax.lax.psum binds it once per leaf, as its
+  # transpose does, so the rule returns the array itself (a list here was a list leaf in the output)
+  return collectives.psum(args[0], axes, **p.kw)
 
 
 def _psum_invariant(p: _Policy, args, params):
