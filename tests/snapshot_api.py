@@ -46,7 +46,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 import zipccl_jax as zc  # noqa: E402
 from zipccl_jax import strategy  # noqa: E402
 
-GOLDEN = pathlib.Path(__file__).with_name("data") / "refactor_snapshot.json"
+GOLDEN_DIR = pathlib.Path(__file__).with_name("data")  # the golden: golden_path(), below
 N = 8
 ROWS, COLS = 8, 1024  # per device: chunks of 1024 bfloat16 elements (2 KiB)
 RING = tuple((i, (i + 1) % N) for i in range(N))
@@ -187,6 +187,37 @@ def compare(got: dict, want: dict) -> str:
     return ""
   diff = list(difflib.unified_diff(a, b, "golden", "now", lineterm="", n=2))
   return "\n".join(line[:300] for line in diff[:400])
+
+
+def golden_path(version: str = jax.__version__) -> pathlib.Path:
+  """The golden of a jax minor release. The StableHLO text is jax's and changes between its releases (jax
+  0.11: the mesh declared twice, @mesh and @mesh_0; collectives with mesh-axes replica groups; an
+  sdy.sharding_constraint after the manual computation), so each supported minor has its own golden, recorded
+  from the same code: refactor_snapshot.json (jax 0.10, the issue-14 baseline) and
+  refactor_snapshot.jax-0.<minor>.json. What does not depend on jax (the collectives XLA runs and their bytes,
+  explain(), stats()) must agree with jax 0.10's golden (`jax_independent`)."""
+  major, minor = version.split(".")[:2]
+  if (major, minor) == ("0", "10"):
+    return GOLDEN_DIR / "refactor_snapshot.json"
+  return GOLDEN_DIR / f"refactor_snapshot.jax-{major}.{minor}.json"
+
+
+GOLDEN = golden_path()
+BASELINE = golden_path("0.10")
+
+
+def jax_independent(cases: dict) -> dict:
+  """`cases` without what jax itself writes: the StableHLO text and error messages (whose words are jax's);
+  an error stays recorded as its type."""
+  out = {}
+  for name, rec in cases.items():
+    out[name] = {}
+    for label, r in rec.items():
+      r = {k: v for k, v in r.items() if k != "stablehlo"}
+      if "error" in r:
+        r["error"] = r["error"].split(":")[0]
+      out[name][label] = r
+  return out
 
 
 def main(argv) -> int:

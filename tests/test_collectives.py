@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zj
 import zipccl_jax as zc  # the public API (stats, capacities, collectives)
-from zipccl_jax import accounting, capacity
+from zipccl_jax import _compat, accounting, capacity
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -250,7 +250,8 @@ def results(mesh_id):
   f = smap(mesh, body)
   out = {}
   for kind in DATASETS:
-    res = f(put(mesh, dataset(kind)))
+    with _compat.ppermute_in_any_order():  # n8_2x4_ba: jax.lax.ppermute over a tuple out of the mesh's order
+      res = f(put(mesh, dataset(kind)))
     out[kind] = {op: tuple(np.asarray(r) for r in rs) for op, rs in zip(ops, res)}
   out["sites"] = {k[len(tag):]: v for k, v in zc.stats().items() if k.startswith(tag)}
   out["decisions"] = {k[len(tag):]: v for k, v in zc.decisions().items() if k.startswith(tag)}
@@ -368,16 +369,37 @@ def _variant_bodies(axis, n):
 
 @pytest.mark.parametrize("transport", ["padded", "ragged"])
 def test_ppermute_over_a_tuple_against_the_mesh_order(transport):
-  """ppermute over ("b", "a") of an ("a", "b") mesh: its pairs number the ranks in the mesh's order (unlike
-  axis_index), so the coded path's receiver table and the ragged transport's send and receive sizes are
-  indexed with that numbering. Partial perms (some ranks receive nothing), both transports, every bit."""
+  """ppermute over ("b", "a") of an ("a", "b") mesh: its pairs number the ranks as the running jax.lax
+  does (jax 0.10.2: in the mesh's order, unlike axis_index; jax 0.11+, where jax.lax allows the order:
+  in the tuple's), so the coded path's receiver table and the ragged transport's send and receive sizes
+  are indexed with that numbering. Partial perms (some ranks receive nothing), both transports, every bit."""
   mesh, axis = mesh_of("n8_2x4_ba"), ("b", "a")
   x = put(mesh, dataset("gaussian"))
   for perm in ([(0, 1), (1, 2)], [(5, 0), (0, 5), (2, 7)], [(i, (i + 3) % 8) for i in range(8)]):
     f = smap(mesh, lambda v: (zj.ppermute(v, axis, perm, compress=True, transport=transport),
                               lax.ppermute(v, axis, perm)))
-    ours, ref = f(x)
+    with _compat.ppermute_in_any_order():
+      ours, ref = f(x)
     assert_bits_equal(ours, ref, f"{perm} {transport}")
+
+
+def test_ppermute_out_of_the_mesh_order_fails_where_jax_lax_fails():
+  """By default jax 0.11+ refuses ppermute over a tuple out of the mesh's order (0.10.2 accepts it): the
+  drop-in accepts and refuses exactly what jax.lax does, and its error names the mesh's order."""
+  mesh, axis = mesh_of("n8_2x4_ba"), ("b", "a")
+  x = put(mesh, dataset("gaussian"))
+
+  def error(m):
+    try:
+      jax.jit(smap(mesh, lambda v: m.ppermute(v, axis, _ring(8)))).lower(x)
+    except (ValueError, RuntimeError) as e:
+      return e
+    return None
+
+  ours, ref = error(zj), error(lax)
+  assert (ours is None) == (ref is None) == (not _compat.ppermute_rejects_unsorted_tuple()), (ours, ref)
+  if ours is not None:
+    assert "not in the mesh's order ('a', 'b')" in str(ours) and "ppermute" in str(ref)
 
 
 @pytest.mark.parametrize("mesh_id", ["n8", "n8_2x4_ab", "n8_2x4_ba"])
@@ -393,7 +415,8 @@ def test_variants_bit_identical(mesh_id):
 
   f = smap(mesh, body)
   for kind in ("gaussian", "adversarial"):
-    res = f(put(mesh, dataset(kind)))
+    with _compat.ppermute_in_any_order():
+      res = f(put(mesh, dataset(kind)))
     for k, (ours, ref) in zip(names, res):
       if k == "rs_untiled_dim1":
         np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(ref, np.float32),
@@ -755,3 +778,30 @@ def test_hlo_parser_counts_each_kind():
   assert [r["sent_bytes"] for r in recs] == [16, 112, 24, 40, 100]
   assert [r["fallback"] for r in recs] == [False] * 4 + [True]
   assert zc.hlo_wire_bytes(text, num_devices=2) == 16 + 112 + 24 + 40
+
+
+def test_hlo_collectives_reads_every_replica_group_form():
+  """jax 0.10 prints listed groups, jax 0.11+ mesh axes (XLA's mesh-axes replica groups), and XLA may print
+  iota groups: the same collectives over a 2 x 4 ("a", "b") mesh count the same bytes in each form. A form
+  the parser does not know is an error, never a guess at the group size."""
+  forms = {
+      "listed": ("{{0,4},{1,5},{2,6},{3,7}}", "{{0,1,2,3},{4,5,6,7}}", "{{0,1,2,3,4,5,6,7}}"),
+      "iota": ("[4,2]<=[2,4]T(1,0)", "[2,4]<=[8]", "[1,8]<=[8]"),
+      "mesh": ("mesh['a'=2,'b'=4] {'a'}", "mesh['a'=2,'b'=4] {'b'}", "mesh['a'=2,'b'=4] {'a','b'}"),
+  }
+  got = {}
+  for form, (over_a, over_b, over_ab) in forms.items():
+    text = "\n".join([
+        f"  %r = f32[4,16]{{1,0}} reduce-scatter(%p), channel_id=1, replica_groups={over_a}, dimensions={{0}}",
+        f"  %s = f32[8,16]{{1,0}} all-reduce(%p), channel_id=1, replica_groups={over_b}, to_apply=%add",
+        f"  %g = f32[64,16]{{1,0}} all-gather(%p), channel_id=1, replica_groups={over_ab}, dimensions={{0}}",
+    ])
+    got[form] = [(r["group_size"], r["sent_bytes"]) for r in zc.hlo_collectives(text, num_devices=8)]
+  assert got["listed"] == got["iota"] == got["mesh"] == [(2, 256), (4, 768), (8, 3584)], got
+  # a sub-axis ('b' split in two of size 2) counts its own size
+  sub = "  %s = f32[8]{0} all-reduce(%p), replica_groups=mesh['a'=2,'b'=4] {'a','b':(2)2}, to_apply=%add"
+  assert zc.hlo_collectives(sub, num_devices=8)[0]["group_size"] == 4
+  for bad in ("mesh['a'=2,'b'=4] {'c'}", "somethingnew(8)"):
+    with pytest.raises(ValueError, match="replica"):
+      zc.hlo_collectives(f"  %s = f32[8]{{0}} all-reduce(%p), replica_groups={bad}, to_apply=%add",
+                         num_devices=8)

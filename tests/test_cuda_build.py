@@ -132,17 +132,18 @@ def test_build_info_strings_survive_semicolons_and_quotes(tmp_path):
   plugin = "jax-cuda12-plugin 0.10.2"
   (tmp_path / "main.cc").write_text(
       '#include <cstdio>\n#include "zipccl_build_info.h"\n'
-      'int main() { std::printf("%s\\n%s\\n", ZIPCCL_CUDA_NOTE, ZIPCCL_BUILD_JAX_CUDA_PLUGIN); }\n')
+      'int main() { std::printf("%s\\n%s\\n%s\\n", ZIPCCL_CUDA_NOTE, ZIPCCL_BUILD_JAX_CUDA_PLUGIN,'
+      ' ZIPCCL_BUILD_JAXLIB); }\n')
   (tmp_path / "CMakeLists.txt").write_text(
       "cmake_minimum_required(VERSION 3.18)\nproject(t LANGUAGES CXX)\n"
       f'include("{ROOT}/cmake/build_info.cmake")\n'
       # the note arrives as a CMake variable, as from cmake/cuda_toolkit.cmake
       'set(NOTE [==[' + note + ']==])\n'
-      f'zipccl_write_build_info("${{CMAKE_BINARY_DIR}}/gen/zipccl_build_info.h" "${{NOTE}}" "{plugin}")\n'
+      f'zipccl_write_build_info("${{CMAKE_BINARY_DIR}}/gen/zipccl_build_info.h" "${{NOTE}}" "{plugin}" "0.12.0.1")\n'
       "add_executable(show main.cc)\ntarget_include_directories(show PRIVATE ${CMAKE_BINARY_DIR}/gen)\n")
   build = tmp_path / "build"
   for cmd in (["cmake", "-S", str(tmp_path), "-B", str(build)], ["cmake", "--build", str(build)]):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
   out = subprocess.run([str(build / "show")], capture_output=True, text=True, check=True).stdout
-  assert out.splitlines() == [note, plugin]
+  assert out.splitlines() == [note, plugin, "0.12.0.1"]

@@ -247,21 +247,24 @@ def test_jax_frames_skip_and_status(dtype):
   assert int(nbytes[1]) == 0 and not np.asarray(payload[1]).any()
   for f in (0, 2):
     assert np.asarray(payload[f])[:int(nbytes[f])].tobytes() == ref.encode(rows[f])
-  out = codec.decode_frames(payload, shape=(4800,), dtype=dtype, skip=skip)
-  assert np.array_equal(u8(np.asarray(out[0])), u8(rows[0]))
-  assert not u8(np.asarray(out[1])).any()
+  # The frames are read on the host (np.asarray first, then the row): XLA:CPU of jax 0.11+ rewrites a
+  # float8_e5m2 NaN's payload when it slices a device array (0x7E comes out 0x7F), which would hide the bits
+  # the decoder wrote.
+  out = np.asarray(codec.decode_frames(payload, shape=(4800,), dtype=dtype, skip=skip))
+  assert np.array_equal(u8(out[0]), u8(rows[0]))
+  assert not u8(out[1]).any()
   # A corrupted frame: status, and its whole row is the dtype's fill NaN; the others are untouched.
   bad = np.asarray(payload).copy()
   bad[2, BLOCK0] = 7                               # an unknown block mode
   out, status = codec.decode_frames(jnp.asarray(bad), shape=(4800,), dtype=dtype, skip=skip,
                                     return_status=True)
-  status = np.asarray(status)
+  out, status = np.asarray(out), np.asarray(status)
   assert status[0] == 0 and status[1] == 0 and status[2] != 0
   assert codec.status_message(status[2]) == "unknown block mode or invalid block flags"
   fill = codec.REJECTED_FILL_BITS[np.dtype(dtype)]
   assert np.isnan(np.array([fill], np.uint8).view(dtype).astype(np.float32))[0]
-  assert np.all(u8(np.asarray(out[2])) == fill)
-  assert np.array_equal(u8(np.asarray(out[0])), u8(rows[0]))
+  assert np.all(u8(out[2]) == fill)
+  assert np.array_equal(u8(out[0]), u8(rows[0]))
   with pytest.raises(Exception, match="unknown block mode"):
     jax.block_until_ready(codec.decode_frames(jnp.asarray(bad), shape=(4800,), dtype=dtype,
                                               skip=skip))

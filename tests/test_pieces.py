@@ -124,7 +124,9 @@ def _body_ops(module):
   """The operations of the shard_map body (inside @main's sdy.manual_computation)."""
   main = next(op for op in module.body.operations
               if op.operation.name == "func.func" and op.attributes["sym_name"].value == "main")
-  ops = [o for o in main.regions[0].blocks[0].operations if o.operation.name != "func.return"]
+  # jax 0.11+ follows the manual computation with an sdy.sharding_constraint on its result
+  ops = [o for o in main.regions[0].blocks[0].operations
+         if o.operation.name not in ("func.return", "sdy.sharding_constraint")]
   while len(ops) == 1 and ops[0].operation.regions:
     ops = [o for o in ops[0].regions[0].blocks[0].operations
            if o.operation.name not in ("sdy.return", "stablehlo.return")]

@@ -298,3 +298,24 @@ def test_ring_attention_from_pypi_unchanged():
     np.testing.assert_array_equal(_bits(a), _bits(w))
   hlo = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2))).lower(q, k, v).compile().as_text()
   assert hlo.count("zipccl_encode") >= 2  # the forward scan's and the backward scan's ppermutes
+
+
+def test_psum_without_vma_checks_gives_an_array():
+  """jax.lax.psum binds psum_p (one result, once per leaf) when shard_map does not check varying axes:
+  the rewritten bind returns the array, not a one-element list, forward and under grad, with the
+  documented sum's bits (compress=False: the same order uncoded)."""
+  mesh = _mesh()
+  x = jax.device_put((np.random.default_rng(3).standard_normal((N * 4, 256)) * 0.5).astype(BF16),
+                     NamedSharding(mesh, P(AXIS)))
+  f = jax.shard_map(lambda v: lax.psum(v, AXIS), mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS),
+                    check_vma=False)
+  ours = jax.jit(zj.compress_collectives(f, compress=True))(x)
+  raw = jax.jit(zj.compress_collectives(f, compress=False))(x)
+  assert isinstance(ours, jax.Array) and ours.shape == x.shape
+  assert np.array_equal(_bits(ours), _bits(raw))
+
+  def loss(g):
+    return lambda v: jnp.sum(g(v).astype(jnp.float32) ** 2)
+  got = jax.jit(jax.grad(loss(zj.compress_collectives(f, compress=True))))(x)
+  want = jax.jit(jax.grad(loss(zj.compress_collectives(f, compress=False))))(x)
+  assert got.shape == x.shape and np.array_equal(_bits(got), _bits(want))

@@ -4,7 +4,7 @@ It finds, on this machine and without any download:
   * the Python interpreter: $PYTHON_BIN_PATH, else the active venv ($VIRTUAL_ENV), else <workspace>/.venv, else
     `python3` on PATH;
   * that interpreter's C headers (sysconfig "include");
-  * jaxlib's XLA FFI headers (jax.ffi.include_dir());
+  * jaxlib's XLA FFI headers (jax.ffi.include_dir()) and that jaxlib's version;
   * nanobind's pip-shipped sources, headers and robin_map (nanobind.source_dir(), nanobind.include_dir()).
 No CUDA: the Bazel extension is CPU-only (CMake builds the kernels with NVRTC), and the CUDA handlers that
 //tests/cc:ffi_contract_test builds need no toolkit (they reach the driver through codec/cuda_driver.h).
@@ -15,7 +15,7 @@ The generated repository (@local_config_zipccl) provides:
   //:xla_ffi_headers     xla/ffi/api/*.h (system include: api.h warns with -Wreturn-type), and the bare
                          files as //:xla_ffi_header_files (exec-root path external/local_config_zipccl/xla_ffi_include);
   //:nanobind            nanobind compiled from its sources (nb_combined.cpp);
-  //:defs.bzl            PYTHON_BIN.
+  //:defs.bzl            PYTHON_BIN, JAXLIB_VERSION.
 """
 
 _PROBE = """
@@ -28,6 +28,8 @@ print(nanobind.source_dir())
 print(nanobind.include_dir())
 print(nanobind.__version__)
 print(jax.__version__)
+import jaxlib
+print(jaxlib.__version__)
 """
 
 _BUILD = """\
@@ -145,9 +147,9 @@ def _local_config_zipccl_impl(rctx):
             result.stderr,
         ))
     lines = result.stdout.strip().splitlines()
-    if len(lines) < 7:
+    if len(lines) < 8:
         fail("local_config_zipccl: unexpected probe output:\n" + result.stdout)
-    python_version, python_include, ffi_include, nb_src, nb_include, nb_version, jax_version = lines[-7:]
+    python_version, python_include, ffi_include, nb_src, nb_include, nb_version, jax_version, jaxlib_version = lines[-8:]
 
     rctx.symlink(python_include, "python_include")
     rctx.symlink(ffi_include, "xla_ffi_include")
@@ -167,6 +169,8 @@ def _local_config_zipccl_impl(rctx):
         "",
         "# python from " + source,
         "PYTHON_BIN = %r" % python,
+        "# the jaxlib whose XLA FFI headers //:xla_ffi_headers are (build_info()'s \"jaxlib\")",
+        "JAXLIB_VERSION = %r" % jaxlib_version,
         "",
     ]))
 

@@ -52,6 +52,37 @@ namespace ffi = xla::ffi;
 
 namespace zipccl {
 
+// An XLA error's message, the error then destroyed: through the C API (c_api.h), whose structs are
+// versioned, not xla::ffi::internal, whose helpers have moved between releases. FFI API 0.3 (jaxlib 0.10.2
+// and 0.11.0) has XLA_FFI_Error_GetMessage; 0.4 (jaxlib 0.11.2) replaced it with XLA_FFI_Error_GetDetails
+// (message and code), kept in 0.5 (jaxlib 0.12). Chosen by the headers' API version, not by jaxlib's; the
+// #if can go when the oldest supported jaxlib has FFI API 0.4.
+static std::string TakeErrorMessage(const XLA_FFI_Api* api, XLA_FFI_Error* err) {
+#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR < 4
+  XLA_FFI_Error_GetMessage_Args get;
+  get.struct_size = XLA_FFI_Error_GetMessage_Args_STRUCT_SIZE;
+#else
+  XLA_FFI_Error_GetDetails_Args get;
+  get.struct_size = XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE;
+  get.errc = XLA_FFI_Error_Code_INTERNAL;
+#endif
+  get.extension_start = nullptr;
+  get.error = err;
+  get.message = nullptr;
+#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR < 4
+  api->XLA_FFI_Error_GetMessage(&get);
+#else
+  api->XLA_FFI_Error_GetDetails(&get);
+#endif
+  std::string msg = get.message ? get.message : "(XLA gave no message)";
+  XLA_FFI_Error_Destroy_Args destroy;
+  destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+  destroy.extension_start = nullptr;
+  destroy.error = err;
+  api->XLA_FFI_Error_Destroy(&destroy);
+  return msg;
+}
+
 // One block of device scratch from XLA's allocator, freed when the handler
 // returns (Free, or the destructor on an early return). Unlike
 // ffi::ScratchAllocator, whose failure message goes to a diagnostic engine that
@@ -81,9 +112,7 @@ class DeviceScratch {
     if (XLA_FFI_Error* err = api_->XLA_FFI_DeviceMemory_Allocate(&args)) {
       std::string msg = std::string(what) + ": XLA's device allocator refused " +
                         std::to_string(args.size) + " bytes of scratch (alignment " +
-                        std::to_string(kRequestAlign) + "): " +
-                        ffi::internal::GetErrorMessage(api_, err);
-      ffi::internal::DestroyError(api_, err);
+                        std::to_string(kRequestAlign) + "): " + TakeErrorMessage(api_, err);
       return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted, msg));
     }
     data_ = args.data;
@@ -105,8 +134,7 @@ class DeviceScratch {
     args.data = std::exchange(data_, nullptr);
     if (XLA_FFI_Error* err = api_->XLA_FFI_DeviceMemory_Free(&args)) {
       std::string msg = std::string("zipccl: XLA could not free the scratch block: ") +
-                        ffi::internal::GetErrorMessage(api_, err);
-      ffi::internal::DestroyError(api_, err);
+                        TakeErrorMessage(api_, err);
       return ffi::Error::Internal(msg);
     }
     return ffi::Error::Success();

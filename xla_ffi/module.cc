@@ -45,6 +45,9 @@ void ZipcclRegisterCudaHost(nb::module_& parent);
 #ifndef ZIPCCL_BUILD_JAX_CUDA_PLUGIN
 #define ZIPCCL_BUILD_JAX_CUDA_PLUGIN ""
 #endif
+#ifndef ZIPCCL_BUILD_JAXLIB
+#define ZIPCCL_BUILD_JAXLIB ""
+#endif
 #ifndef ZIPCCL_CPU_NATIVE
 #define ZIPCCL_CPU_NATIVE 0
 #endif
@@ -171,6 +174,8 @@ NB_MODULE(_zipccl, m) {
     d["cuda_min_driver"] = ZIPCCL_CUDA_MIN_DRIVER;  // oldest Linux driver that runs the cubins
     d["cuda_note"] = ZIPCCL_CUDA_NOTE;              // why this toolkit, or why no kernels
     d["jax_cuda_plugin"] = ZIPCCL_BUILD_JAX_CUDA_PLUGIN;  // the plugin seen at build time, "" if none
+    d["jaxlib"] = ZIPCCL_BUILD_JAXLIB;              // the jaxlib whose XLA FFI headers were compiled in
+    d["ffi_api"] = std::to_string(XLA_FFI_API_MAJOR) + "." + std::to_string(XLA_FFI_API_MINOR);  // their API
     d["cpu_code_paths"] = zipccl::cpu::CompiledCodePaths();
     d["cpu_native"] = bool(ZIPCCL_CPU_NATIVE);      // built with -march=native
     return d;

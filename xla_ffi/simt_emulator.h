@@ -40,12 +40,15 @@
 // place of the real driver).
 #pragma once
 
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -104,10 +107,51 @@ inline bool& EmuInstrumented() {
   return on;
 }
 
+// AddressSanitizer on (g++ defines __SANITIZE_ADDRESS__, clang has __has_feature).
+#if defined(__SANITIZE_ADDRESS__)
+#define ZIPCCL_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ZIPCCL_EMU_ASAN 1
+#endif
+#endif
+#ifndef ZIPCCL_EMU_ASAN
+#define ZIPCCL_EMU_ASAN 0
+#endif
+
+// One fiber's stack. How much stack a kernel body needs is the compiler's choice, not ours:
+// AddressSanitizer puts redzones around every local, and how much that grows each frame changed
+// between compilers (256 KiB was enough under g++ 12's ASan and overflowed under g++ 14's). So the
+// stacks are sized far above any compiler's need (a native thread's 8 MiB; 64 MiB under ASan) and
+// cost only what is touched: an anonymous MAP_NORESERVE mapping whose pages are committed on first
+// use, with a PROT_NONE guard page below it so an overflow faults at once instead of writing into
+// the neighbouring fiber's stack.
+class FiberStack {
+ public:
+  static constexpr size_t kBytes = size_t(ZIPCCL_EMU_ASAN ? 64 : 8) << 20;
+
+  FiberStack() {
+    guard_ = size_t(sysconf(_SC_PAGESIZE));
+    void* p = mmap(nullptr, kBytes + guard_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    base_ = static_cast<char*>(p);
+    mprotect(base_, guard_, PROT_NONE);  // stacks grow down: the guard is the lowest page
+  }
+  FiberStack(const FiberStack&) = delete;
+  FiberStack& operator=(const FiberStack&) = delete;
+  ~FiberStack() { munmap(base_, kBytes + guard_); }
+  char* bottom() const { return base_ + guard_; }
+
+ private:
+  char* base_ = nullptr;
+  size_t guard_ = 0;
+};
+
 // Cooperative scheduler of the threads of one CTA.
 class Scheduler {
  public:
-  static constexpr size_t kStackBytes = 256 * 1024;
+  static constexpr size_t kStackBytes = FiberStack::kBytes;
 
   explicit Scheduler(uint64_t seed) : rng_(seed) {}
 
@@ -116,7 +160,7 @@ class Scheduler {
     if (stacks_.size() < n) {
       stacks_.resize(n);
       for (auto& s : stacks_)
-        if (!s) s.reset(new char[kStackBytes]);
+        if (!s) s.reset(new FiberStack());
     }
     ctx_.assign(n, ucontext_t{});
     state_.assign(n, kReady);
@@ -125,7 +169,7 @@ class Scheduler {
     n_ = n;
     for (uint32_t t = 0; t < n; ++t) {
       getcontext(&ctx_[t]);
-      ctx_[t].uc_stack.ss_sp = stacks_[t].get();
+      ctx_[t].uc_stack.ss_sp = stacks_[t]->bottom();
       ctx_[t].uc_stack.ss_size = kStackBytes;
       ctx_[t].uc_link = &main_;
       const uintptr_t self = reinterpret_cast<uintptr_t>(this);
@@ -206,7 +250,7 @@ class Scheduler {
   ucontext_t main_{};
   std::vector<ucontext_t> ctx_;
   std::vector<State> state_;
-  std::vector<std::unique_ptr<char[]>> stacks_;
+  std::vector<std::unique_ptr<FiberStack>> stacks_;
   const std::function<void(uint32_t)>* body_ = nullptr;
   uint32_t n_ = 0;
 };

@@ -13,7 +13,11 @@ Introspection: `stats`, `totals`, `hlo_wire_bytes`.
 docs/ARCHITECTURE.md draws the layers and which module is the door of each.
 """
 
-from zipccl_jax import format
+from zipccl_jax import _compat
+
+_compat.check_supported()  # before anything else touches jax: a clear error naming both versions
+
+from zipccl_jax import format  # noqa: E402 (after the version check)
 from zipccl_jax.accounting import (CallSiteStats, hlo_collectives, hlo_wire_bytes, reset_stats,
                                    set_runtime_stats, stats, totals)
 from zipccl_jax.calibration import calibrate

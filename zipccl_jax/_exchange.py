@@ -106,8 +106,8 @@ from jax import lax
 from zipccl_jax import _ragged, accounting, codec
 from zipccl_jax import format as fmt
 from zipccl_jax._bits import uint_of
-from zipccl_jax._shard import (axes_of, manual_axes, perm_in_tuple_order, ppermute_index, vary,
-                               vary_like)
+from zipccl_jax._shard import (axes_of, lax_ppermute, manual_axes, perm_in_tuple_order, ppermute_index,
+                               vary, vary_like)
 from zipccl_jax.capacity import piece_capacities
 
 # The last bytes of an own-group slot of `exchange_mixed`: its sender's overflow flag.
@@ -352,7 +352,7 @@ def _move_row_to_all(payload, nbytes, axis_name, n: int, capacity: int, transpor
 def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, transport: str):
   """ppermute of one (C,) frame; returns (C,) (zeros on ranks that receive nothing)."""
   def padded(p, s):
-    return lax.ppermute(p, axis_name, perm)
+    return lax_ppermute(p, axis_name, perm)
 
   def ragged(p, s):
     # the ragged exchange numbers ranks as all_to_all does (a tuple's order), `perm` as ppermute
@@ -364,7 +364,7 @@ def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, t
     send1 = _send_sizes(s[None], capacity)[0]
     my_dest = jnp.asarray(dest)[me]
     send = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_dest, send1, 0).astype(jnp.int32)
-    got = lax.ppermute(send1, axis_name, perm)  # size my source sends me (0 if none)
+    got = lax_ppermute(send1, axis_name, perm)  # size my source sends me (0 if none)
     src_of = np.full((n,), -1, np.int32)
     for src, dst in tperm:
       src_of[dst] = src
@@ -509,7 +509,7 @@ def _permute_rounds(payload, axes, perms, send, arrival):
   `axes`; returns (rows in `arrival` order: row j is what round `arrival[j]` brought, (R, w) as
   received)."""
   out = payload[send]
-  recv = jnp.stack([lax.ppermute(out[i], axes, p) for i, p in enumerate(perms)])
+  recv = jnp.stack([lax_ppermute(out[i], axes, p) for i, p in enumerate(perms)])
   return recv[arrival], recv
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
+import warnings
+from pathlib import Path
 
 import jax
 
@@ -31,6 +34,33 @@ def extension():
   return _zipccl
 
 
+def runtime_ffi_api() -> str | None:
+  """The XLA FFI API version ("0.5") of the running jaxlib: what its c_api.h declares."""
+  import jaxlib
+  try:
+    text = (Path(jaxlib.__file__).parent / "include/xla/ffi/api/c_api.h").read_text(errors="ignore")
+  except OSError:
+    return None
+  got = [re.search(rf"#define XLA_FFI_API_{k} (\d+)", text) for k in ("MAJOR", "MINOR")]
+  return f"{got[0].group(1)}.{got[1].group(1)}" if all(got) else None
+
+
+def _jaxlib_version() -> str:
+  import jaxlib
+  return jaxlib.__version__
+
+
+def _check_headers(ext) -> None:
+  """Warns when the extension was compiled against another XLA FFI API than the running jaxlib's
+  (zipccl_jax.info()["build"]["problems"] says the same): XLA checks the FFI structs' sizes at
+  call time, so calls may fail or misread their operands."""
+  built, now = ext.build_info().get("ffi_api"), runtime_ffi_api()
+  if built and now and built != now:
+    warnings.warn(f"zipccl_jax was built against XLA FFI API {built} (jaxlib "
+                  f"{ext.build_info().get('jaxlib')}) but runs on jaxlib {_jaxlib_version()} (FFI API "
+                  f"{now}): reinstall it next to this jaxlib", RuntimeWarning, stacklevel=3)
+
+
 def register() -> None:
   """Registers the encode/decode targets for every platform the build supports."""
   global _registered
@@ -38,6 +68,7 @@ def register() -> None:
     if _registered:
       return
     ext = extension()
+    _check_headers(ext)
     for platform, targets in ext.registrations().items():
       for name, capsule in targets.items():
         jax.ffi.register_ffi_target(name, capsule, platform=platform)

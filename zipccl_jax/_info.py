@@ -70,10 +70,24 @@ def _cuda(build: dict, plugin: str | None) -> dict:
   return cuda
 
 
+def _jaxlib_build(build: dict, runtime: str, runtime_api: str | None) -> dict:
+  """The jaxlib whose FFI headers the extension was compiled against, and whether the running one differs
+  in a way that matters: another FFI API version (XLA checks the FFI structs' sizes at call time)."""
+  built, api = build.get("jaxlib") or None, build.get("ffi_api") or None
+  problems = []
+  if api and runtime_api and api != runtime_api:
+    problems.append(f"built against jaxlib {built or '(unknown)'} (XLA FFI API {api}) but running jaxlib "
+                    f"{runtime} (XLA FFI API {runtime_api}): reinstall zipccl_jax next to this jaxlib "
+                    "(pip install --no-build-isolation --no-deps .)")
+  return {"jaxlib": built, "ffi_api": api, "runtime_ffi_api": runtime_api, "problems": problems}
+
+
 def info() -> dict:
   """The build and environment as a JSON-serialisable dict.
 
-  Keys: `version`, `jax`, `jaxlib`, `jax_cuda_plugin` (installed now, "name version" or None),
+  Keys: `version`, `jax`, `jaxlib`, `build` {`jaxlib` (whose XLA FFI headers were compiled in), `ffi_api`
+  (their API version), `runtime_ffi_api` (the running jaxlib's), `problems`},
+  `jax_cuda_plugin` (installed now, "name version" or None),
   `cuda` {`kernels`, `toolkit` (NVRTC's CUDA version, "12.9"), `compiler`, `runtime` (none is linked: the
   kernels run through the driver API), `driver`, `min_driver`, `archs`, `build_note`,
   `jax_cuda_plugin_at_build`, `problems`}, `cpu` {`code_paths`, `native`}, `python`.
@@ -85,6 +99,7 @@ def info() -> dict:
       "version": sys.modules["zipccl_jax"].__version__,  # the parent package is loaded first
       "jax": jax.__version__,
       "jaxlib": jaxlib.__version__,
+      "build": _jaxlib_build(build, jaxlib.__version__, _ffi.runtime_ffi_api()),
       "jax_cuda_plugin": plugin,
       "cuda": _cuda(build, plugin),
       "cpu": {

@@ -9,9 +9,10 @@ Every collective is linear in its operand. `linear(impl, transpose, x)` declares
   collective, declared the same way) to the cotangent;
 * the lowered program is ``impl``'s (StableHLO identical to calling ``impl`` directly).
 
-jax 0.10.2's ``linear_call`` has no batching rule, so ``jax.vmap`` of a collective would fail;
-`_linear_call_batch` is that rule (registered only if jax has none): it batches every operand
-at axis 0, the callee and its transpose alike, so that the transposed call stays consistent.
+jax's ``linear_call`` (0.10.2 through 0.12.0.1 alike) has no batching rule, so ``jax.vmap`` of
+a collective would fail; `_linear_call_batch` is that rule (registered only if jax has none): it
+batches every operand at axis 0, the callee and its transpose alike, so that the transposed call
+stays consistent.
 Its JVP rule binds the tangents as they come, so a linear argument that is not differentiated
 (a symbolic zero tangent, e.g. ``ragged_all_to_all``'s ``output`` when only ``operand`` is)
 fails to bind; `_linear_call_jvp` instantiates those zeros first. Its transpose rule then asserts
@@ -28,6 +29,8 @@ from jax._src import custom_derivatives as _cd
 from jax._src import ad_util
 from jax._src.interpreters import ad, batching
 
+from zipccl_jax import _compat
+
 __all__ = ["linear"]
 
 
@@ -43,14 +46,15 @@ def linear(impl: Callable, transpose: Callable, x, *res):
   """
   closed, out_shape = jax.make_jaxpr(impl, return_shape=True)(x, *res)
   out_tree = jax.tree.structure(out_shape)
+  jaxpr, consts = _compat.jaxpr_and_consts(closed)
 
   def fun(residuals, t):
     consts, args = residuals
-    flat = jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree.leaves((t, *args)))
+    flat = jax.core.eval_jaxpr(jaxpr, consts, *jax.tree.leaves((t, *args)))
     return jax.tree.unflatten(out_tree, flat)
 
   return jax.custom_derivatives.linear_call(fun, lambda r, ct: transpose(ct, *r[1]),
-                                            (list(closed.consts), res), x)
+                                            (consts, res), x)
 
 
 def _linear_call_batch(axis_data, args, dims, *, callee, transpose_thunk, num_callee_consts,

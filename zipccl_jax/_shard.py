@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from zipccl_jax import _compat
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -49,17 +51,20 @@ def axis_size(axis_name, api: str) -> int:
 
 
 def ppermute_rank(axes):
-  """coords (one index per axis of the tuple `axes`, in its order) -> the rank `jax.lax.ppermute`
-  over `axes` means by that device.
+  """coords (one index per axis of the tuple `axes`, in its order) -> the rank the running
+  `jax.lax.ppermute` over `axes` means by that device (`_compat.ppermute_numbers_in_tuple_order`).
 
-  Unlike `axis_index`, all_to_all and all_gather, which number a tuple's ranks in the tuple's
-  order, ppermute numbers them in the *mesh's* order of those axes (its lowering,
+  jax 0.11 and later number a tuple's ranks in the tuple's order, as `axis_index`, all_to_all and
+  all_gather do. jax 0.10.2 numbers them in the *mesh's* order of those axes (its lowering,
   ``_pcollectives_lowering_common`` in jax/_src/lax/parallel.py, sorts each replica group before
-  it indexes the group with the pairs). Over ``("local", "host")`` of a 2 x 4 ``("host",
-  "local")`` mesh, ppermute's rank 1 is the device ``host=0, local=1``; axis_index's rank 1 is
-  ``local=0, host=1``. A permutation built from tuple coordinates goes through this.
+  it indexes the group with the pairs): over ``("local", "host")`` of a 2 x 4 ``("host",
+  "local")`` mesh, its rank 1 is the device ``host=0, local=1``; axis_index's rank 1 is
+  ``local=0, host=1``. A permutation built from tuple coordinates goes through this, and then
+  through `lax_ppermute`.
   """
   axes, order, sizes = _ppermute_order(axes)
+  if _compat.ppermute_numbers_in_tuple_order():
+    order = list(range(len(axes)))
 
   def rank(coords) -> int:
     r = 0
@@ -74,8 +79,8 @@ def ppermute_index(axis_name):
   """This device's rank as `jax.lax.ppermute` over `axis_name` numbers it (`ppermute_rank`), as a
   traced int32: what indexes a table built from a ppermute's ``(source, destination)`` pairs."""
   axes, order, sizes = _ppermute_order(axis_name)
-  if order == sorted(order):          # the tuple in the mesh's order: axis_index's numbering
-    return lax.axis_index(axis_name)
+  if order == sorted(order) or _compat.ppermute_numbers_in_tuple_order():
+    return lax.axis_index(axis_name)  # the tuple's order: axis_index's numbering
   r = jnp.int32(0)
   for i in order:
     r = r * sizes[i] + lax.axis_index(axes[i]).astype(jnp.int32)
@@ -89,6 +94,43 @@ def perm_in_tuple_order(axis_name, perm) -> list:
   rank = ppermute_rank(axes)
   to_tuple = {rank(np.unravel_index(t, sizes)): t for t in range(int(np.prod(sizes)))}
   return [(to_tuple[int(a)], to_tuple[int(b)]) for a, b in perm]
+
+
+def lax_ppermute(x, axis_name, perm):
+  """`jax.lax.ppermute(x, axis_name, perm)`, `perm` numbered as `ppermute_rank` says, lowered over
+  `axis_name`'s axes in the mesh's order with the pairs renumbered to match.
+
+  In the mesh's order every supported jax numbers the ranks alike and none refuses the tuple
+  (jax 0.11+ raises on another order unless ``jax_raise_on_ppermute_sort_diff`` is off), so this
+  is the one ppermute of zipccl_jax's own exchanges. A tuple already in the mesh's order (and a
+  single axis) is passed as given: the lowering is then exactly the caller's.
+  """
+  axes, order, sizes = _ppermute_order(axis_name)
+  if order == sorted(order):
+    return lax.ppermute(x, axis_name, perm)
+  rank = ppermute_rank(axes)
+  to_mesh = {}
+  for t in range(int(np.prod(sizes))):
+    coords = np.unravel_index(t, sizes)
+    m = 0
+    for i in order:
+      m = m * sizes[i] + int(coords[i])
+    to_mesh[rank(coords)] = m
+  pairs = [(to_mesh[int(a)], to_mesh[int(b)]) for a, b in perm]
+  return lax.ppermute(x, tuple(axes[i] for i in order), pairs)
+
+
+def check_ppermute_order(axis_name, api: str) -> None:
+  """ValueError where the running jax.lax.ppermute refuses `axis_name` (a tuple out of the mesh's
+  order, jax 0.11+ with ``jax_raise_on_ppermute_sort_diff`` on): a drop-in refuses it too."""
+  axes, order, _ = _ppermute_order(axis_name)
+  if order != sorted(order) and _compat.ppermute_rejects_unsorted_tuple():
+    mesh_order = tuple(axes[i] for i in order)
+    raise ValueError(
+        f"zipccl_jax.{api}: axis_name {axes} is not in the mesh's order {mesh_order}, which "
+        f"jax.lax.ppermute (jax {jax.__version__}) refuses: pass the axes in the mesh's order, or "
+        "number the ranks in the tuple's order with "
+        "jax.config.update('jax_raise_on_ppermute_sort_diff', False)")
 
 
 def _ppermute_order(axis_name):
@@ -224,8 +266,11 @@ def lax_only_reason(x, axis_name) -> str | None:
   return None
 
 
-def check_perm(perm, n, api):
-  """`perm` as a tuple of (source, destination) int pairs in range, without repeats."""
+def check_perm(perm, n, api, axis_name=None):
+  """`perm` as a tuple of (source, destination) int pairs in range, without repeats; over
+  `axis_name`, an axis order the running jax.lax.ppermute refuses is refused (check_ppermute_order)."""
+  if axis_name is not None:
+    check_ppermute_order(axis_name, api)
   try:
     pairs = [(int(s), int(d)) for s, d in perm]
   except (TypeError, ValueError):

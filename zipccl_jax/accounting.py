@@ -89,14 +89,43 @@ def _hlo_shape_bytes(text: str) -> int:
   return total
 
 
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[(?P<mesh>[^\]]*)\]\s*\{(?P<axes>[^}]*)\}")
+_MESH_AXIS = re.compile(r"'(?P<name>[^']+)'\s*=\s*(?P<size>\d+)")
+_GROUP_AXIS = re.compile(r"'(?P<name>[^']+)'(?::\((?P<pre>\d+)\)(?P<sub>\d+))?")
+
+
 def _hlo_group_size(line: str, default: int) -> int:
+  """Devices per replica group of one collective line. Three forms:
+
+  * listed groups ``replica_groups={{0,1,2,3},{4,5,6,7}}`` (jax 0.10);
+  * iota groups ``replica_groups=[2,4]<=[8]`` (groups x size, then the device order);
+  * mesh axes ``replica_groups=mesh['a'=2,'b'=4] {'a','b'}`` (jax 0.11+, XLA's mesh-axes replica groups):
+    the product of the sizes of the axes named in braces (a sub-axis ``'a':(1)2`` counts its own size).
+
+  Only a line with no groups at all (collective-permute; ``replica_groups={}``: one group of every device)
+  takes `default`. A groups form not recognised is a ValueError: a guessed size would make the byte counts
+  wrong without a sign.
+  """
+  m = _MESH_GROUPS.search(line)
+  if m:
+    sizes = {a["name"]: int(a["size"]) for a in _MESH_AXIS.finditer(m["mesh"])}
+    n = 1
+    for a in _GROUP_AXIS.finditer(m["axes"]):
+      if a["name"] not in sizes:
+        raise ValueError(f"zipccl_jax.hlo_collectives: axis {a['name']!r} of the replica groups is not in "
+                         f"the mesh [{m['mesh']}]: {line.strip()[:300]}")
+      n *= int(a["sub"]) if a["sub"] else sizes[a["name"]]
+    return n
   m = re.search(r"replica_groups=\{(\{[^}]*\})", line)
   if m:
     return len([t for t in m.group(1).strip("{}").split(",") if t.strip()])
   m = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)
   if m:
     return int(m.group(2))
-  return default
+  if "replica_groups=" not in line or re.search(r"replica_groups=\{\s*\}", line):
+    return default
+  raise ValueError("zipccl_jax.hlo_collectives: unrecognised replica_groups form (please report it with your "
+                   f"jax version): {line.strip()[:300]}")
 
 
 def hlo_collectives(hlo_text: str, *, num_devices: int | None = None) -> list[dict]:

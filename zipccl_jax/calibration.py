@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from zipccl_jax import _exchange, accounting, codec, hierarchical, strategy
 from zipccl_jax import collectives as zc
+from zipccl_jax._shard import lax_ppermute
 from zipccl_jax.accounting import sent_bytes
 from zipccl_jax.capacity import padded_capacity
 from zipccl_jax.collectives import all_to_all
@@ -258,7 +259,7 @@ def _link_job(h: _Harness, coll: str, size: int):
     return f, h.put(np.zeros((1, per), np.uint8)), sent_bytes("all_gather", float(per), n)
   if coll == "ppermute":
     ring = [(i, (i + 1) % n) for i in range(n)]
-    f = h.smap(lambda c: lax.ppermute(c, axis_name, ring))
+    f = h.smap(lambda c: lax_ppermute(c, axis_name, ring))  # any tuple order, on every jax
     return f, h.put(np.zeros((1, int(size)), np.uint8)), float(size)
   if coll == "psum":
     per = max(1, -(-int(size) * n // max(1, 2 * (n - 1)) // 4))

@@ -86,7 +86,7 @@ from zipccl_jax import _exchange, _recipe, accounting
 from zipccl_jax._recipe import (Call, Recipe, check_positional, raw_path, run, size_of,
                                 transposed)
 from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_split,
-                               check_vma_on, itemsize, vary)
+                               check_vma_on, itemsize, lax_ppermute, vary)
 from zipccl_jax.observation import record_frames
 
 __all__ = ["all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean",
@@ -585,8 +585,8 @@ def ppermute(x, axis_name, perm, *, compress=None, capacity=None, transport="aut
   Args:
     x: array(s) with a mapped axis named ``axis_name``.
     axis_name: a mesh axis name, or a tuple of them.
-    perm: ``(source_index, destination_index)`` pairs, no repeated source or destination,
-      numbered as ``jax.lax.ppermute`` does (over a tuple: in the mesh's order of its axes).
+    perm: ``(source_index, destination_index)`` pairs, no repeats; a rank no pair reaches gets
+      zeros; numbered as the running ``jax.lax.ppermute`` does (tuples: README, Supported versions).
     compress, capacity, transport, name: see the module docstring.
 
   Returns:
@@ -621,7 +621,7 @@ def ppermute(x, axis_name, perm, *, compress=None, capacity=None, transport="aut
 
 
 def _ppermute_params(x, n, axis_name, perm):
-  pairs = check_perm(perm, n, "ppermute")
+  pairs = check_perm(perm, n, "ppermute", axis_name)
   return pairs, x.size, (None if pairs else "empty perm")
 
 
@@ -640,12 +640,12 @@ def _ppermute_impl(call: Call, x):
   n = axis_size(axis_name, "ppermute")
   x = vary(x, axes_of(axis_name))
   record_frames(call.site, "ppermute", lambda: x.reshape(1, x.size))
+  move = lambda u: lax_ppermute(u, axis_name, pairs)
   if not call.capacity:
-    return raw_path(call, x, lambda u: lax.ppermute(u, axis_name, pairs))
+    return raw_path(call, x, move)
   return _exchange.permute_row(
       x, axis_name=axis_name, n=n, perm=pairs, capacity=call.capacity, transport=call.transport,
-      site=call.site, raw=lambda: _exchange.raw_bits(lambda u: lax.ppermute(u, axis_name, pairs),
-                                                     x))
+      site=call.site, raw=lambda: _exchange.raw_bits(move, x))
 
 
 def _ppermute_transpose_rule(call: Call, ct):

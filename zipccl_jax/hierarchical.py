@@ -598,7 +598,7 @@ def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
   src = np.arange(n, dtype=np.int32)
   own = jnp.asarray(src // L) == h                             # (n,): rows of the own host
   arrival = jnp.where(own, 0, ((h - src // L) % H - 1) * L + (l - src % L) % L)  # round of row j
-  rank = ppermute_rank(axes)                                   # ppermute's numbering (mesh order)
+  rank = ppermute_rank(axes)                                   # ppermute's numbering (_compat)
   perms = [[(rank((a, b)), rank(((a + ti) % H, (b + si) % L))) for a in range(H) for b in range(L)]
            for ti, si in rounds]
 

@@ -43,7 +43,18 @@ struct XLA_FFI_Error {
   std::string message;
 };
 
-struct XLA_FFI_ExecutionContext {
+// FFI API 0.4 (jaxlib 0.11.2; 0.11.0 still has 0.3) renamed the context XLA_FFI_InvokeContext (XLA_FFI_ExecutionContext stays as a
+// typedef of it) and replaced XLA_FFI_Error_GetMessage with XLA_FFI_Error_GetDetails; the mock follows the
+// headers it is built with. These #if's go when the oldest supported jaxlib has FFI API 0.4.
+#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR < 4
+#define ZIPCCL_MOCK_FFI_0_3 1
+#define ZIPCCL_MOCK_CONTEXT XLA_FFI_ExecutionContext
+#else
+#define ZIPCCL_MOCK_FFI_0_3 0
+#define ZIPCCL_MOCK_CONTEXT XLA_FFI_InvokeContext
+#endif
+
+struct ZIPCCL_MOCK_CONTEXT {
   bool gpu = true;        // a GPU backend context: Stream_Get and DeviceMemory_* need one
   bool allocator = true;  // the GPU context has a device memory allocator: DeviceMemory_* need it
   CUstream_st* stream = reinterpret_cast<CUstream_st*>(uintptr_t(0x5EED0));  // null: none
@@ -74,7 +85,14 @@ inline XLA_FFI_Error* ErrorCreate(XLA_FFI_Error_Create_Args* a) {
   if (XLA_FFI_Error* e = CheckSize("XLA_FFI_Error_Create", XLA_FFI_Error_Create_Args_STRUCT_SIZE, a)) return e;
   return Err(a->errc, a->message ? a->message : "");
 }
+#if ZIPCCL_MOCK_FFI_0_3
 inline void ErrorGetMessage(XLA_FFI_Error_GetMessage_Args* a) { a->message = a->error->message.c_str(); }
+#else
+inline void ErrorGetDetails(XLA_FFI_Error_GetDetails_Args* a) {
+  a->message = a->error->message.c_str();
+  a->errc = a->error->errc;
+}
+#endif
 inline void ErrorDestroy(XLA_FFI_Error_Destroy_Args* a) { delete a->error; }
 
 inline XLA_FFI_Error* StreamGet(XLA_FFI_Stream_Get_Args* a) {
@@ -154,12 +172,20 @@ inline const XLA_FFI_Api* Api() {
     x.struct_size = XLA_FFI_Api_STRUCT_SIZE;
     x.api_version = {XLA_FFI_Api_Version_STRUCT_SIZE, nullptr, XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR};
     x.XLA_FFI_Error_Create = ErrorCreate;
+#if ZIPCCL_MOCK_FFI_0_3
     x.XLA_FFI_Error_GetMessage = ErrorGetMessage;
+#else
+    x.XLA_FFI_Error_GetDetails = ErrorGetDetails;
+#endif
     x.XLA_FFI_Error_Destroy = ErrorDestroy;
     x.XLA_FFI_Handler_Register = reinterpret_cast<XLA_FFI_Handler_Register*>(RefusedNoCtx);
     x.XLA_FFI_Stream_Get = StreamGet;
     x.XLA_FFI_Type_Register = reinterpret_cast<XLA_FFI_Type_Register*>(RefusedNoCtx);
+#if ZIPCCL_MOCK_FFI_0_3
     x.XLA_FFI_ExecutionContext_Get = Refused<XLA_FFI_ExecutionContext_Get_Args>;
+#else
+    x.XLA_FFI_InvokeContext_Get = Refused<XLA_FFI_InvokeContext_Get_Args>;
+#endif
     x.XLA_FFI_State_Set = Refused<XLA_FFI_State_Set_Args>;
     x.XLA_FFI_State_Get = Refused<XLA_FFI_State_Get_Args>;
     x.XLA_FFI_DeviceMemory_Allocate = Allocate;

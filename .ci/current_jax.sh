@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The current JAX releases, installed the way a user has them (issue 26): a venv that already holds its JAX,
+# then `pip install '.[test]'`, which must keep that JAX (no downgrade, no upgrade), then the tests.
+#   Python 3.13.0 + jax 0.12.0.1 (the newest): the whole suite.
+#   Python 3.12.1 + jax 0.11.2 (the GPU image's pair): the collective, drop-in, ragged, FP8 and example tests.
+# (Python 3.11 + jax 0.10.2 is the README's command, run by .ci/run before this.)
+# Both interpreters come from pyenv ($(pyenv root)/versions/), present on every machine of this kind.
+# Exits non-zero if any install, JAX check or test fails; prints pytest's summary line of each run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+status=0
+PYENV_ROOT="${PYENV_ROOT:-$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")}"
+
+# $1 python, $2 venv dir, $3 jax version; then the pytest arguments.
+run_pair() {
+  local py="$1" venv="$2" jaxv="$3"
+  shift 3
+  local label="python $("$py" -c 'import platform; print(platform.python_version())') + jax $jaxv"
+  echo "=== $label: pytest $*"
+  rm -rf "$venv"
+  "$py" -m venv "$venv" || return 1
+  # The user's JAX first, then zipccl_jax beside it.
+  "$venv/bin/pip" install -q "jax==$jaxv" "jaxlib==$jaxv" || return 1
+  "$venv/bin/pip" install -q '.[test]' || return 1
+  local now
+  now="$("$venv/bin/python" -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version__)')"
+  if [ "$now" != "$jaxv $jaxv" ]; then
+    echo "ci: installing zipccl_jax changed jax/jaxlib $jaxv to $now"
+    return 1
+  fi
+  # the installed package, not the source tree (the root would be first on sys.path)
+  (cd / && "$OLDPWD/$venv/bin/python" -m zipccl_jax.info >/dev/null) || return 1
+  # From the repository root, as the README's command: the installed package is what runs (pytest puts
+  # tests/, not the root, on sys.path).
+  "$venv/bin/pytest" -q -p no:cacheprovider "$@"
+  local rc=$?
+  echo "=== $label: pytest exit $rc"
+  return "$rc"
+}
+
+run_pair "$PYENV_ROOT/versions/3.13.0/bin/python" .venv-py313 0.12.0.1 || status=1
+
+run_pair "$PYENV_ROOT/versions/3.12.1/bin/python" .venv-py312 0.11.2 \
+  tests/test_collectives.py tests/test_adversarial_collectives.py tests/test_dropin.py tests/test_ragged.py \
+  tests/test_ragged_collective.py tests/test_fp8.py tests/test_fp8_collectives.py tests/test_examples.py || status=1
+
+exit $status
