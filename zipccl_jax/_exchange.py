@@ -186,10 +186,11 @@ def coding_own_row() -> bool:
 def own_row(axis_name, n: int):
   """The (n,) mask of this rank's own row on `axis_name` (never coded, see the docstring), all
   False inside `code_own_row`."""
+  rows = jnp.arange(n, dtype=jnp.int32)  # before axis_index: the lowering's order as it always was
   me = lax.axis_index(axis_name).astype(jnp.int32)
   if coding_own_row():
     me = me - n  # a rank no row has: the mask stays device-varying, as the skipping one is
-  return jnp.arange(n, dtype=jnp.int32) == me
+  return rows == me
 
 
 def with_own_row(decoded, rows, skip):
