@@ -12,7 +12,8 @@ machine; `pytest -m gpu` selects the CUDA runs only.
 - collectives: all_to_all, all_gather, ppermute, all_gather_invariant (bit-identical to jax.lax on the bits), psum_scatter,
   psum, pmean (compress=True bit-identical to compress=False, psum to the documented fixed-order sum),
   with both transports, under jit and grad; ragged_all_to_all against jax.lax's documented semantics
-  (and, on CUDA, against jax.lax.ragged_all_to_all itself);
+  (and, on CUDA, against jax.lax.ragged_all_to_all itself); each on a one-device mesh with its row coded
+  (`_exchange.code_own_row`: what a one-GPU host runs) and on up to 8 devices;
 - `zipccl_jax.info()`: kernels built, a driver new enough, no problems;
 - a multi-process run (jax.distributed on 127.0.0.1, one process per GPU: NCCL) of tests/mp_worker.py.
 """
