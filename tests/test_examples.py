@@ -11,33 +11,21 @@ Budget: about a minute of CPU time on 2 cores.
 """
 from __future__ import annotations
 
-import json
 import os
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from example_run import ROOT, TIMEOUT, loss_bits as _bits, run_example
+
 STEPS = 3
-TIMEOUT = 300
 
 
 def _run(example: str, tmp_path_factory, *extra: str) -> dict:
-    out = tmp_path_factory.mktemp(example) / "result.json"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONUNBUFFERED"] = "1"
-    cmd = [sys.executable, str(ROOT / "examples" / example / "train.py"), "--steps", str(STEPS), "--quiet",
-           "--json", str(out), *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    return json.loads(out.read_text())
-
-
-def _bits(losses):
-    return [struct.pack("<f", x).hex() for x in losses]
+    return run_example(ROOT / "examples" / example / "train.py", tmp_path_factory.mktemp(example),
+                       "--steps", str(STEPS), "--quiet", *extra)
 
 
 @pytest.fixture(scope="module")

@@ -10,36 +10,19 @@ Budget: about 45 s of CPU time (small sizes: 1 layer, 2 x 32 tokens per device).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from example_run import ROOT, loss_bits as _bits, run_example
+
 EXAMPLE = ROOT / "examples" / "moe_nnx" / "train.py"
 STEPS = 4
-TIMEOUT = 300
 SMALL = ["--batch-per-device", "2", "--seq-len", "32", "--layers", "1"]
 
 
 def _run(tmp_path_factory, *extra: str) -> dict:
-  out = tmp_path_factory.mktemp("moe_nnx") / "result.json"
-  # The example sets its own device count; an inherited XLA_FLAGS could carry another one.
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["PYTHONUNBUFFERED"] = "1"
-  cmd = [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--json", str(out), *SMALL, *extra]
-  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-  assert proc.returncode == 0, f"{' '.join(cmd)}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-  return json.loads(out.read_text())
-
-
-def _bits(losses):
-  return [struct.pack("<f", x).hex() for x in losses]
+  return run_example(EXAMPLE, tmp_path_factory.mktemp("moe_nnx"), "--steps", str(STEPS), *SMALL, *extra)
 
 
 @pytest.fixture(scope="module")

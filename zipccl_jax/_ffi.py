@@ -45,20 +45,25 @@ def runtime_ffi_api() -> str | None:
   return f"{got[0].group(1)}.{got[1].group(1)}" if all(got) else None
 
 
-def _jaxlib_version() -> str:
+def ffi_api_mismatch(build: dict, jaxlib_version: str | None = None, api: str | None = None) -> str | None:
+  """Why the extension (its `build_info()`) and a jaxlib (default: the running one, its FFI API version)
+  disagree on the XLA FFI API, or None. XLA checks the FFI structs' sizes at call time, so such calls may
+  fail or misread their operands."""
   import jaxlib
-  return jaxlib.__version__
+  jaxlib_version = jaxlib_version or jaxlib.__version__
+  built, now = build.get("ffi_api") or None, api or runtime_ffi_api()
+  if not (built and now and built != now):
+    return None
+  return (f"built against jaxlib {build.get('jaxlib') or '(unknown)'} (XLA FFI API {built}) but running jaxlib "
+          f"{jaxlib_version} (XLA FFI API {now}): reinstall zipccl_jax next to this jaxlib "
+          "(pip install --no-build-isolation --no-deps .)")
 
 
 def _check_headers(ext) -> None:
-  """Warns when the extension was compiled against another XLA FFI API than the running jaxlib's
-  (zipccl_jax.info()["build"]["problems"] says the same): XLA checks the FFI structs' sizes at
-  call time, so calls may fail or misread their operands."""
-  built, now = ext.build_info().get("ffi_api"), runtime_ffi_api()
-  if built and now and built != now:
-    warnings.warn(f"zipccl_jax was built against XLA FFI API {built} (jaxlib "
-                  f"{ext.build_info().get('jaxlib')}) but runs on jaxlib {_jaxlib_version()} (FFI API "
-                  f"{now}): reinstall it next to this jaxlib", RuntimeWarning, stacklevel=3)
+  """Warns at registration what zipccl_jax.info()["build"]["problems"] reports (`ffi_api_mismatch`)."""
+  why = ffi_api_mismatch(ext.build_info())
+  if why:
+    warnings.warn(f"zipccl_jax was {why}", RuntimeWarning, stacklevel=3)
 
 
 def register() -> None:

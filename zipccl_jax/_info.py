@@ -70,16 +70,12 @@ def _cuda(build: dict, plugin: str | None) -> dict:
   return cuda
 
 
-def _jaxlib_build(build: dict, runtime: str, runtime_api: str | None) -> dict:
+def _jaxlib_build(build: dict) -> dict:
   """The jaxlib whose FFI headers the extension was compiled against, and whether the running one differs
-  in a way that matters: another FFI API version (XLA checks the FFI structs' sizes at call time)."""
-  built, api = build.get("jaxlib") or None, build.get("ffi_api") or None
-  problems = []
-  if api and runtime_api and api != runtime_api:
-    problems.append(f"built against jaxlib {built or '(unknown)'} (XLA FFI API {api}) but running jaxlib "
-                    f"{runtime} (XLA FFI API {runtime_api}): reinstall zipccl_jax next to this jaxlib "
-                    "(pip install --no-build-isolation --no-deps .)")
-  return {"jaxlib": built, "ffi_api": api, "runtime_ffi_api": runtime_api, "problems": problems}
+  in a way that matters: another FFI API version (`_ffi.ffi_api_mismatch`)."""
+  why = _ffi.ffi_api_mismatch(build)
+  return {"jaxlib": build.get("jaxlib") or None, "ffi_api": build.get("ffi_api") or None,
+          "runtime_ffi_api": _ffi.runtime_ffi_api(), "problems": [why] if why else []}
 
 
 def info() -> dict:
@@ -99,7 +95,7 @@ def info() -> dict:
       "version": sys.modules["zipccl_jax"].__version__,  # the parent package is loaded first
       "jax": jax.__version__,
       "jaxlib": jaxlib.__version__,
-      "build": _jaxlib_build(build, jaxlib.__version__, _ffi.runtime_ffi_api()),
+      "build": _jaxlib_build(build),
       "jax_cuda_plugin": plugin,
       "cuda": _cuda(build, plugin),
       "cpu": {

@@ -42,10 +42,7 @@ def use_defaults(*, compress=_UNSET, capacity=_UNSET):
   """
   new = get_defaults()
   if compress is not _UNSET:
-    if compress is not True and compress is not False and compress != "auto":
-      raise ValueError(f"zipccl_jax.use_defaults: compress must be True, False or 'auto', "
-                       f"got {compress!r}")
-    new["compress"] = compress
+    new["compress"] = check_compress(compress, "use_defaults")
   if capacity is not _UNSET:
     new["capacity"] = capacity
   token = _DEFAULTS.set(new)
@@ -53,6 +50,13 @@ def use_defaults(*, compress=_UNSET, capacity=_UNSET):
     yield
   finally:
     _DEFAULTS.reset(token)
+
+
+def check_compress(compress, api: str):
+  """`compress` if it is True, False or "auto"; else a ValueError naming `zipccl_jax.<api>`."""
+  if compress is not True and compress is not False and compress != "auto":
+    raise ValueError(f"zipccl_jax.{api}: compress must be True, False or 'auto', got {compress!r}")
+  return compress
 
 
 def resolve(compress, capacity):

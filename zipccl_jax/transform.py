@@ -49,7 +49,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from zipccl_jax import collectives, ragged
+from zipccl_jax import collectives, defaults, ragged
 from zipccl_jax._shard import call_site
 from zipccl_jax.capacity import CODED_DTYPES
 
@@ -144,9 +144,7 @@ def _traced(fn, args, kwargs):
 
 
 def _policy(compress, capacity, transport) -> _Policy:
-  if compress is not True and compress is not False and compress != "auto":
-    raise ValueError(f"zipccl_jax.compress_collectives: compress must be True, False or 'auto', "
-                     f"got {compress!r}")
+  defaults.check_compress(compress, "compress_collectives")
   if transport not in ("auto", "padded", "ragged"):
     raise ValueError(f"zipccl_jax.compress_collectives: transport must be 'auto', 'padded' or "
                      f"'ragged', got {transport!r}")
