@@ -26,6 +26,10 @@ interleaved), with a barrier before each repetition and the slowest rank counted
 * ``codec_s``      encode + decode alone on the same chunks, no collective (``codec_share`` = codec_s /
                    compressed_s).
 
+Beside them, ``model``: what ``zipccl_jax.model`` predicts for the case from the profile calibrated at that
+rate (``profile``; raw and compressed seconds, their ratio, ``auto``'s choice), and ``model_over_measured``:
+its compressed / raw over the measured ``compressed_s`` / best raw (column ``model/c``).
+
 Wire bytes are bytes one device sends per call (``zipccl_jax.hlo_wire_bytes``' model: all_to_all
 and psum_scatter S(n-1)/n, all_gather S(n-1) for an operand of S bytes). ``wire_bytes_raw`` is the logical
 figure for the tensor's own dtype (it equals the HLO figure of the bit-cast raw collective,
@@ -55,6 +59,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import _netns  # noqa: E402
+import model_check  # noqa: E402  (zipccl_jax's model of each case, from the rate's calibrated profile)
 
 # (collective, payload, corpus tensor, dtype, synthetic per-rank shape)
 CASES = [
@@ -363,6 +368,10 @@ def _retrace_auto(w: _Worker, prepared, auto_prof, zs):
             info["wire_auto"] = w.hlo_bytes(compiled)
             info["auto_choice"] = ["compressed" if d.compress else "raw" for d in zs.decisions().values()]
             w.log(f"auto {case[0]}:{case[1]}: " + "; ".join(d.summary() for d in zs.decisions().values()))
+        if info.get("frame_capacity"):
+            info["model"] = model_check.flat_case(auto_prof, case[0], case[1], case[3], x.nbytes,
+                                                  info["frame_capacity"], w.nproc)
+            info["profile"] = auto_prof.to_dict()  # what the prediction and `auto` used
     return auto_prof
 
 
@@ -437,6 +446,7 @@ def _time_case(w: _Worker, item, go: dict, impl, impl_error) -> dict:
         "bit_identical_calibrated": info.get("bit_identical_calibrated"),
         "compressed_impl": args.compressed_impl if impl is not None else None,
         "errors": dict(info["errors"], **({"compressed": impl_error} if impl_error else {})),
+        "model": info.get("model"), "profile": info.get("profile"),
         "rank_times_s": {n: [[round(t, 6) for t in row] for row in allt[:, i, :].tolist()]
                          for i, n in enumerate(names)},
     }
@@ -500,6 +510,9 @@ def derived(rec: dict) -> dict:
         "wire_ratio_calibrated": ratio(rec["wire_bytes_raw"], rec.get("wire_bytes_calibrated")),
         "codec_share": ratio(rec.get("codec_s"), c),
         "auto_over_best": ratio(auto, min(v for v in (best, c, cal) if v)) if auto else None,
+        # zipccl_jax.model's prediction of compressed / raw from this rate's calibrated profile, over the
+        # measured ratio (1.0: exact)
+        "model_over_measured": ratio((rec.get("model") or {}).get("compressed_over_raw"), ratio(c, best)),
     }
 
 
@@ -560,7 +573,7 @@ def plot(records: list[dict], path: str) -> None:
 def summary_table(records: list[dict]) -> str:
     cols = (("wire", "wire_ratio"), ("c/lax", None), ("c/best", "compressed_over_best_raw"),
             ("cal.wire", "wire_ratio_calibrated"), ("cal/best", "calibrated_over_best_raw"),
-            ("auto/best", "auto_over_best"), ("codec%", "codec_share"))
+            ("auto/best", "auto_over_best"), ("codec%", "codec_share"), ("model/c", "model_over_measured"))
     lines = [f"{'rate':>9} {'collective:payload':<34} {'dtype':<8} " + " ".join(f"{c:>9}" for c, _ in cols)]
     for r in records:
         vals = []

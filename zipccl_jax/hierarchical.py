@@ -122,7 +122,7 @@ from zipccl_jax.observation import record_frames
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.profile import axis_key, current_platform, get_profile
 
-__all__ = ["LevelPlan", "plan", "run", "use_algorithm", "levels_of", "pinned"]
+__all__ = ["LevelPlan", "plan", "choose", "run", "use_algorithm", "levels_of", "pinned"]
 
 OPS = ("all_gather", "psum_scatter", "all_to_all")
 
@@ -248,7 +248,8 @@ _FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n
                "all_to_all": lambda m, n: m // n}
 
 
-def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
+def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=None,
+                platform=None):
   """{name: (estimate s, algorithm, {level: compress})} for the `allowed` compression patterns,
   and a note on where the hierarchical estimates come from.
 
@@ -270,7 +271,8 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed):
   variants (from the raw measurement, as above).
   """
   H, L = sizes
-  prof, plat = get_profile(), current_platform()
+  prof = profile if profile is not None else get_profile()
+  plat = platform if platform is not None else current_platform()
   model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat)
   tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
   measured = tab.get(hierarchical_key(op))  # none when measured with the other axis as the slow level
@@ -379,7 +381,7 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   """
   if op not in OPS or not _two_axes(axis_name):
     return None  # every call asks: one axis, the common case, returns before any other work
-  forced_alg, forced_levels = getattr(_FORCED, "value", None) or ("auto", None)
+  forced_alg = (getattr(_FORCED, "value", None) or ("auto", None))[0]
   dt = np.dtype(x.dtype)
   if (forced_alg == "flat" or dt not in CODED_DTYPES
       or (op == "all_gather" and params[2] != "varying")
@@ -392,22 +394,49 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
     levels = (axis_name[0], axis_name[1])
   slow, fast = levels
   H, L = axis_size(slow, op), axis_size(fast, op)
-  x_elems = int(x.size)
   if H < 2 or L < 2:
     return None
+  lp = choose(op, dt, int(x.size), axis_name, (slow, fast), (H, L), compress, role, site=site)
+  _log(lp, dt, int(x.size), role, compress)
+  return lp if lp.algorithm == "hierarchical" else None
+
+
+def choose(op: str, dtype, x_elems: int, axis_name, levels, sizes, compress, role: str, *,
+           site: str = "", profile=None, platform: str | None = None) -> LevelPlan:
+  """The cheapest algorithm of one two-level call (pure: what :func:`plan` runs at trace time,
+  and what :mod:`zipccl_jax.model` predicts with, so a prediction and a run cannot disagree).
+
+  Args:
+    op: "all_gather", "psum_scatter" or "all_to_all".
+    dtype: the operand's float dtype.
+    x_elems: elements of one device's operand.
+    axis_name: the collective's tuple of two axes.
+    levels: ``(slow, fast)`` axis names.
+    sizes: ``(H, L)``: ranks along ``slow`` and ``fast``.
+    compress, role: the call's options (as the collectives'); the innermost
+      :func:`use_algorithm` pins apply.
+    profile, platform: default the active profile and ``jax.default_backend()``.
+
+  Returns the :class:`LevelPlan` with every candidate's estimate (``algorithm`` "flat": the flat
+  path runs, raw or compressed as its own decision says).
+  """
+  forced_alg, forced_levels = getattr(_FORCED, "value", None) or ("auto", None)
+  prof = profile if profile is not None else get_profile()
+  dt = np.dtype(dtype)
+  slow, fast = levels
+  H, L = sizes
   allowed = _allowed(compress, forced_alg, forced_levels, slow, fast)
-  cands, note = _candidates(op, dt, x_elems, axis_name, slow, fast, (H, L), role, allowed)
-  g = get_profile().min_gain
+  cands, note = _candidates(op, dt, int(x_elems), axis_name, slow, fast, (H, L), role, allowed,
+                            profile=prof, platform=platform)
+  g = prof.min_gain
   score = {k: t * (1 + g if any(cs.values()) else 1) for k, (t, _, cs) in cands.items()}
   order = sorted(cands, key=lambda k: (score[k], k))
   best = order[0]
   t, alg, cs = cands[best]
   why = ("use_algorithm" if forced_alg != "auto" else f"model (compressed x (1+{g:g}); {note})") \
       + ": " + ", ".join(f"{k} {cands[k][0] * 1e3:.3f} ms" for k in order)
-  lp = LevelPlan(op, site, str(slow), str(fast), (H, L), alg, cs, float(t),
-                 tuple((k, float(cands[k][0])) for k in order), why, role)
-  _log(lp, dt, x_elems, role, compress)
-  return lp if alg == "hierarchical" else None
+  return LevelPlan(op, site, str(slow), str(fast), (H, L), alg, cs, float(t),
+                   tuple((k, float(cands[k][0])) for k in order), why, role)
 
 
 def _log(lp: LevelPlan, dt, m: int, role: str, mode) -> None:

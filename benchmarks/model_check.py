@@ -1,0 +1,362 @@
+"""The cost model at scale (`zipccl_jax.model`) against every configuration this repository measured.
+
+    python benchmarks/model_check.py                       # markdown tables; --json writes the rows
+    python benchmarks/model_check.py --capture RUN.json    # a training step's calls from an example's --json
+
+Each prediction goes through `zipccl_jax.model` (a `Topology`, then `predict_call`: the functions
+`compress="auto"` decides with), from a profile calibrated on this machine: the one
+`zipccl_jax.calibrate` measured in the 2 x 4 run of session 7 (`PROFILE_RUN`, its `auto` record; codec
+per device and a link per level), and the link rate each run measured (`link_MBps`); the flat sweep
+uses the profile calibrated in its own run. Nothing here is fitted to the timings it is compared with.
+
+* **Flat sweep** (`FLAT_RUN`, 4 processes behind one shaped loopback, 5 rates): each rate's prediction
+  from the profile calibrate measured at that rate in the same run (stored in every record, and the
+  prediction beside it: `flat_case`, which `benchmarks/collectives.py` calls). Predicted: zipccl's raw
+  program and the compressed one at the run's capacity; measured: their medians.
+* **Two levels** (`PROFILE_RUN`, 2 hosts x 4 devices at 1 Gbit/s): every variant, two ways. *Anchored*:
+  the run's own profile, whose measured programs the plan costs with (what `auto` decided with in that
+  run). *Links only*: a `Topology` of the calibrated per-level links (host 25 MB/s, local 459 MB/s per
+  device) and the codec, as at scale, where no program has been measured.
+* **Training step** (`train_step_4p.json`, the MoE example on 4 processes): the step's collectives
+  (`STEP_WORKLOAD`, captured from the example with `--capture`) plus its compute, taken as the
+  uncompressed run's CPU time per step (process 0, median; the codec is then the model's).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FLAT_RUN = RESULTS / "collectives_model_session10.json"
+PROFILE_RUN = RESULTS / "mesh_2x4_session7.json"
+STEP_RUN = RESULTS / "train_step_4p.json"
+STEP_WORKLOAD = RESULTS / "workload_moe_flax_1x4.json"
+# a variant of the two-level run -> its name among the model's variants
+MESH_VARIANTS = {"flat_raw": "flat raw", "flat_compressed": "flat compressed",
+                 "hierarchical_raw": "hierarchical host:raw local:raw",
+                 "hierarchical_compressed": "hierarchical host:compressed local:raw",
+                 "hierarchical_all_compressed": "hierarchical host:compressed local:compressed"}
+
+
+def _zs():
+    import zipccl_jax.model as zm  # the installed package, as every benchmark
+    return zm
+
+
+def LinkModel(latency_s: float, bandwidth_Bps: float):  # noqa: N802 (the profile's class)
+    from zipccl_jax.profile import LinkModel as _Link
+    return _Link(latency_s, bandwidth_Bps)
+
+
+def testbed_profile():
+    """The profile calibrate measured on this machine (2 x 4, 1 Gbit/s; session 7)."""
+    from zipccl_jax import Profile
+    auto = next(r for r in json.loads(PROFILE_RUN.read_text()) if r["variant"] == "auto")
+    return Profile.from_dict(auto["profile"])
+
+
+def _role(payload: str, op: str) -> str:
+    return "gradient" if "grad" in payload or op in ("psum_scatter", "psum") else "activation"
+
+
+def _err(pred: float, meas: float) -> float:
+    return pred / meas - 1.0
+
+
+def _variant(pred: dict, name: str) -> float:
+    return next(v["time_s"] for v in pred["variants"] if v["name"] == name)
+
+
+def flat_case(prof, coll: str, payload: str, dtype: str, nbytes: int, capacity: int, nproc: int) -> dict:
+    """One case of the flat sweep (`nproc` processes, one device each), predicted from `prof`, the profile
+    calibrate measured at that rate on those processes (its link per device for the case's collective, its
+    codec): zipccl's raw and compressed programs at the run's capacity, their ratio, and `auto`'s choice
+    (without observed capacities). `benchmarks/collectives.py` records it beside each measurement."""
+    zm = _zs()
+    link = prof.link("x", "all_gather" if coll == "all_gather" else "all_to_all", "cpu")[0]
+    top = zm.Topology(nproc, 1, link, platform="cpu", base=prof)
+    p = zm.predict_call(top, zm.Call(payload, coll, int(nbytes), dtype, _role(payload, coll),
+                                     capacity=int(capacity)))
+    comp = _variant(p, "flat compressed K=1")
+    return {"raw_s": p["zipccl_raw_time_s"], "compressed_s": comp,
+            "compressed_over_raw": comp / p["zipccl_raw_time_s"], "auto_choice": p["auto_choice"]}
+
+
+def flat_sweep() -> list[dict]:
+    """Every case of the flat sweep at every rate: compressed / raw, predicted (from the profile calibrated
+    at that rate in the same run) and measured (medians)."""
+    from zipccl_jax import Profile
+    rows = []
+    for rec in json.loads(FLAT_RUN.read_text()):
+        nbytes = math.prod(rec["shape_per_rank"]) * np.dtype(_np_dtype(rec["dtype"])).itemsize
+        p = flat_case(Profile.from_dict(rec["profile"]), rec["collective"], rec["payload"], rec["dtype"],
+                      nbytes, rec["frame_capacity"], rec["n_processes"])
+        meas = rec["compressed_s"] / rec["best_raw_s"]
+        rows.append({"case": f"{rec['collective']}:{rec['payload']}", "rate_gbit": rec["rate_gbit"],
+                     "link_MBps": rec["link_MBps"], "pred_ratio": p["compressed_over_raw"],
+                     "meas_ratio": meas, "ratio_err": _err(p["compressed_over_raw"], meas),
+                     "pred_compressed_s": p["compressed_s"], "meas_compressed_s": rec["compressed_s"],
+                     "pred_raw_s": p["raw_s"], "meas_raw_s": rec["best_raw_s"],
+                     "auto_choice": p["auto_choice"], "meas_auto_choice": rec.get("auto_choice"),
+                     "recorded_in_run": rec.get("model")})
+    return rows
+
+
+def _np_dtype(name):
+    from zipccl_jax.profile import np_dtype
+    return np_dtype(name)
+
+
+def two_levels(prof) -> list[dict]:
+    """Every variant of the 2 x 4 run: the anchored and the links-only prediction against the median."""
+    zm = _zs()
+    from zipccl_jax import hierarchical
+    recs = json.loads(PROFILE_RUN.read_text())
+    top = zm.Topology(2, 4, prof.link("host", "*", "cpu")[0], prof.link("local", "*", "cpu")[0],
+                      platform="cpu", base=_without_programs(prof))
+    rows = []
+    for op in ("all_to_all", "all_gather", "psum_scatter"):
+        by = {r["variant"]: r for r in recs if r["collective"] == op}
+        r0 = by["flat_raw"]
+        dt = np.dtype(_np_dtype(r0["dtype"]))
+        elems = math.prod(r0["global_shape"]) // 8
+        role = _role(r0["payload"], op)
+        anchored = dict(hierarchical.choose(op, dt, elems, ("host", "local"), ("host", "local"), (2, 4),
+                                            "auto", role, profile=prof, platform="cpu").candidates)
+        links = zm.predict_call(top, zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, role))
+        alone = {v["name"]: v["time_s"] for v in links["variants"]}
+        alone["flat raw"] = links["zipccl_raw_time_s"]
+        alone["flat compressed"] = alone["flat compressed K=1"]
+        for variant, name in MESH_VARIANTS.items():
+            meas = by[variant]["median_s"]
+            rows.append({"collective": op, "variant": name, "meas_s": meas,
+                         "anchored_s": anchored[name], "anchored_err": _err(anchored[name], meas),
+                         "links_s": alone[name], "links_err": _err(alone[name], meas)})
+        rows.append({"collective": op, "variant": "auto", "meas_choice": by["auto"]["chosen"],
+                     "anchored_choice": _choice(hierarchical, op, dt, elems, role, prof),
+                     "links_choice": links["auto_choice"]})
+    return rows
+
+
+def _choice(hierarchical, op, dt, elems, role, prof) -> str:
+    lp = hierarchical.choose(op, dt, elems, ("host", "local"), ("host", "local"), (2, 4), "auto", role,
+                             profile=prof, platform="cpu")
+    return lp.candidates[0][0]
+
+
+def _without_programs(prof):
+    """`prof` with only the per-level links and the codec (no measured two-level programs)."""
+    p = prof.copy()
+    p.links = {k: v for k, v in p.links.items() if k in ("host", "local")}
+    return p
+
+
+def training_step(prof) -> list[dict]:
+    """The MoE step per rate: compute (the uncompressed run's CPU time) plus the step's calls."""
+    zm = _zs()
+    runs = json.loads(STEP_RUN.read_text())["runs"]
+    calls = [zm.Call(**c) for c in json.loads(STEP_WORKLOAD.read_text())]
+    flat = {r["rate_gbit"]: r["link_MBps"] for r in json.loads(FLAT_RUN.read_text())}  # TCP, as measured
+    lat = prof.link("host", "*", "cpu")[0].latency_s
+    rows = []
+    for rate in sorted({r["rate_gbit"] for r in runs if r["rate_gbit"] is not None}):
+        by = {r["variant"]: r for r in runs if r["rate_gbit"] == rate}
+        compute = statistics.median(c for run in by["uncompressed"]["run_step_cpu_s"] for c in run[1:])
+        mbps = flat[rate]  # the flat sweep's loopback TCP at this rate (the step's run measured none)
+        top = zm.Topology(4, 1, LinkModel(lat, mbps * 1e6), platform="cpu", shared_link=True, base=prof)
+        preds = [zm.predict_call(top, c) for c in calls]
+        raw = compute + sum(c.calls * p["zipccl_raw_time_s"] for c, p in zip(calls, preds))
+        comp = compute + sum(c.calls * _variant(p, "flat compressed K=1") for c, p in zip(calls, preds))
+        mu, mc = by["uncompressed"]["step_time_s"], by["compressed"]["step_time_s"]
+        rows.append({"rate_gbit": rate, "compute_s": compute, "pred_raw_s": raw, "meas_raw_s": mu,
+                     "raw_err": _err(raw, mu), "pred_compressed_s": comp, "meas_compressed_s": mc,
+                     "compressed_err": _err(comp, mc), "pred_speedup": raw / comp,
+                     "meas_speedup": mu / mc, "speedup_err": _err(raw / comp, mu / mc)})
+    return rows
+
+
+def capture(example_json: str) -> list[dict]:
+    """The calls of one training step from an example's `--json` (its per-call-site statistics: every
+    site runs once per step and device)."""
+    sites = json.loads(Path(example_json).read_text())["call_sites"]
+    return [{"name": s["name"], "op": s["op"],
+             "nbytes": math.prod(s["shape"]) * np.dtype(_np_dtype(s["dtype"])).itemsize,
+             "dtype": s["dtype"], "role": "gradient" if s["name"].endswith("/bwd") or
+             s["op"] == "psum_scatter" else "activation", "calls": 1,
+             "capacity": int(s["capacity"]) if s["compressed"] else None} for s in sites]
+
+
+# "What to expect at scale" (README): hosts of 8 GPUs, NVLink at the rate one H100 sends (450 GB/s a
+# direction), the codec the GPU kit measured on an H200 in a jitted step (profile.DEFAULT_CODEC["gpu"])
+SCALE_GPUS = (8, 64, 512)
+SCALE_GBIT = (100, 200, 400)
+SCALE_WORKLOADS = (("moe_dispatch", 64 << 20, "MoE dispatch, 64 MiB per GPU per all_to_all"),
+                   ("fsdp", 256 << 20, "dense FSDP, 256 MiB of bf16 parameters per layer"))
+SCALE_FLAGS = "--per-host 8 --intra 450GB/s --device gpu"
+
+
+def at_scale() -> list[dict]:
+    """The step's predicted speedup (compress="auto" over jax.lax) per workload, scale and link rate,
+    with what `auto` runs for each call and the crossover per call."""
+    zm = _zs()
+    from zipccl_jax.profile import Profile
+    rows = []
+    for name, nbytes, label in SCALE_WORKLOADS:
+        for gpus in SCALE_GPUS:
+            for gbit in SCALE_GBIT:
+                top = zm.Topology(max(1, gpus // 8), min(8, gpus), LinkModel(15e-6, gbit * 1e9 / 8),
+                                  LinkModel(5e-6, 450e9), platform="gpu", base=Profile())
+                calls = zm.workload(name, nbytes, top.devices)
+                res = zm.predict_step(top, calls, crossovers=gpus > 8)
+                step = {v["name"]: v for v in res["step"]["variants"]}
+                rows.append({"workload": name, "label": label, "gpus": gpus, "gbit": gbit,
+                             "speedup": step["auto"]["speedup_vs_raw"],
+                             "choices": {c["name"]: c["auto_choice"] for c in res["calls"]},
+                             "crossover_gbit": {c["name"]: c.get("crossover_inter_Gbit_s")
+                                                for c in res["calls"]}})
+    return rows
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def markdown(flat, mesh, step) -> str:
+    rates = sorted({r["rate_gbit"] for r in flat}, key=lambda v: math.inf if v is None else v)
+    label = {r: f"{r:g} Gbit/s" if r is not None else "unshaped" for r in rates}
+    out = ["| case (compressed / raw: predicted / measured, error) | " + " | ".join(label[r] for r in rates)
+           + " |", "|---|" + "---|" * len(rates)]
+    for case in dict.fromkeys(r["case"] for r in flat):
+        by = {r["rate_gbit"]: r for r in flat if r["case"] == case}
+        out.append(f"| {case} | " + " | ".join(
+            f"{by[r]['pred_ratio']:.3f} / {by[r]['meas_ratio']:.3f} ({_pct(by[r]['ratio_err'])})"
+            for r in rates) + " |")
+    out += ["", "| collective | variant | measured ms | anchored ms (error) | links only ms (error) |",
+            "|---|---|---|---|---|"]
+    for r in mesh:
+        if r["variant"] == "auto":
+            out.append(f"| {r['collective']} | auto chose | {r['meas_choice']} | {r['anchored_choice']} | "
+                       f"{r['links_choice']} |")
+            continue
+        out.append(f"| {r['collective']} | {r['variant']} | {r['meas_s'] * 1e3:.1f} | "
+                   f"{r['anchored_s'] * 1e3:.1f} ({_pct(r['anchored_err'])}) | "
+                   f"{r['links_s'] * 1e3:.1f} ({_pct(r['links_err'])}) |")
+    out += ["", "| rate | compute ms | raw step ms: predicted / measured | compressed step ms: predicted / "
+            "measured | speedup: predicted / measured (error) |", "|---|---|---|---|---|"]
+    for r in step:
+        out.append(f"| {r['rate_gbit']:g} Gbit/s | {r['compute_s'] * 1e3:.0f} | {r['pred_raw_s'] * 1e3:.0f} / "
+                   f"{r['meas_raw_s'] * 1e3:.0f} ({_pct(r['raw_err'])}) | {r['pred_compressed_s'] * 1e3:.0f}"
+                   f" / {r['meas_compressed_s'] * 1e3:.0f} ({_pct(r['compressed_err'])}) | "
+                   f"{r['pred_speedup']:.3f} / {r['meas_speedup']:.3f} ({_pct(r['speedup_err'])}) |")
+    return "\n".join(out)
+
+
+def _short(choice: str) -> str:
+    """A variant's name as the scale table writes it."""
+    if choice.startswith("raw a2a-sum"):
+        return "raw a2a-sum"
+    if choice.startswith("flat compressed"):
+        return "flat " + choice.split()[-1]
+    if choice.startswith("hierarchical"):
+        host, local = (w.split(":")[1] for w in choice.split()[1:])
+        return {("compressed", "raw"): "hier. host coded", ("raw", "raw"): "hier. raw",
+                ("compressed", "compressed"): "hier. both coded", ("raw", "compressed"): "hier. local coded"
+                }[(host, local)]
+    return choice
+
+
+def _grouped(per_call: dict, fmt) -> str:
+    """`fmt` of each call's value, calls with the same text named together (one text: just it)."""
+    groups = {}
+    for call, v in per_call.items():
+        groups.setdefault(fmt(v), []).append(call.split(" (")[0])
+    if len(groups) == 1:
+        return next(iter(groups))
+    return "; ".join(f"{', '.join(dict.fromkeys(calls))}: {text}" for text, calls in groups.items())
+
+
+def scale_markdown(rows) -> str:
+    """Per workload and scale: the step's speedup and what `auto` runs per call, at each rate; then
+    the crossover of each call (the inter rate per GPU below which `auto` compresses)."""
+    out = ["| workload | GPUs | " + " | ".join(f"{g} Gb/s per GPU" for g in SCALE_GBIT)
+           + " | auto compresses below |", "|---|---|" + "---|" * (len(SCALE_GBIT) + 1)]
+    for name, _, label in SCALE_WORKLOADS:
+        for gpus in SCALE_GPUS:
+            cells = []
+            for gbit in SCALE_GBIT:
+                r = next(r for r in rows if (r["workload"], r["gpus"], r["gbit"]) == (name, gpus, gbit))
+                cells.append(f"**{r['speedup']:.2f}x** ({_grouped(r['choices'], _short)})")
+            x = r["crossover_gbit"]  # the last rate's: a crossover does not depend on the rate
+            cross = (_grouped(x, lambda v: "never" if v is None else f"{v:.0f} Gb/s") if gpus > 8
+                     else "n/a (one host: NVLink only)")
+            out.append(f"| {label} | {gpus} | " + " | ".join(cells) + f" | {cross} |")
+    return "\n".join(out)
+
+
+HIER_GPUS = (16, 64, 128, 512)
+HIER_GBIT = (25, 100, 400)
+
+
+def hierarchical_all_to_all(nbytes: int = 64 << 20) -> list[dict]:
+    """MoE dispatch (`nbytes` per GPU) at each scale and rate: the best flat compressed variant's time
+    over the best hierarchical one's (> 1: hierarchical wins), and what `auto` runs."""
+    zm = _zs()
+    from zipccl_jax.profile import Profile
+    rows = []
+    for gpus in HIER_GPUS:
+        for gbit in HIER_GBIT:
+            top = zm.Topology(gpus // 8, 8, LinkModel(15e-6, gbit * 1e9 / 8), LinkModel(5e-6, 450e9),
+                              platform="gpu", base=Profile())
+            p = zm.predict_call(top, zm.Call("dispatch", "all_to_all", nbytes))
+            best = {kind: min(v["time_s"] for v in p["variants"] if v["name"].startswith(kind))
+                    for kind in ("flat", "hierarchical")}
+            rows.append({"gpus": gpus, "gbit": gbit, "flat_over_hierarchical":
+                         best["flat"] / best["hierarchical"], "auto_choice": p["auto_choice"]})
+    return rows
+
+
+def hierarchical_markdown(rows) -> str:
+    out = ["| GPUs | " + " | ".join(f"{g} Gb/s per GPU" for g in HIER_GBIT) + " |",
+           "|---|" + "---|" * len(HIER_GBIT)]
+    for gpus in HIER_GPUS:
+        cells = [next(r for r in rows if (r["gpus"], r["gbit"]) == (gpus, g)) for g in HIER_GBIT]
+        out.append(f"| {gpus} | " + " | ".join(
+            f"{c['flat_over_hierarchical']:.2f} ({_short(c['auto_choice'])})" for c in cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", help="write every row here")
+    p.add_argument("--scale", action="store_true", help="the README's table of predictions at scale")
+    p.add_argument("--capture", metavar="EXAMPLE_JSON",
+                   help=f"write the step's calls of an example run's --json to {STEP_WORKLOAD.name}")
+    a = p.parse_args(argv)
+    if a.capture:
+        STEP_WORKLOAD.write_text(json.dumps(capture(a.capture), indent=1) + "\n")
+        print(f"wrote {STEP_WORKLOAD}")
+        return 0
+    if a.scale:
+        rows, hier = at_scale(), hierarchical_all_to_all()
+        print(scale_markdown(rows) + "\n\n" + hierarchical_markdown(hier))
+        if a.json:
+            Path(a.json).write_text(json.dumps({"at_scale": rows, "hierarchical_all_to_all": hier},
+                                               indent=1) + "\n")
+        return 0
+    prof = testbed_profile()
+    flat, mesh, step = flat_sweep(), two_levels(prof), training_step(prof)
+    print(markdown(flat, mesh, step))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"flat_sweep": flat, "two_levels": mesh, "training_step": step},
+                                           indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""The cost model at scale (zipccl_jax/model.py): its command, its links, one model with
+compress="auto" (a prediction's choice is what a traced call decides, on 8 virtual CPU devices), and its
+validation against every configuration the repository measured (benchmarks/model_check.py), whose
+tables the README quotes.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import zipccl_jax
+from zipccl_jax import model as zm, strategy
+from zipccl_jax.profile import LinkModel
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GBIT = 1e9 / 8
+
+
+def _check_module():
+  spec = importlib.util.spec_from_file_location("model_check", REPO / "benchmarks" / "model_check.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+# --------------------------------------------------------------------------- units and links
+
+
+@pytest.mark.parametrize("text,Bps", [("400Gbit/s", 50e9), ("400Gb/s", 50e9), ("100Gbps", 12.5e9),
+                                      ("900GB/s", 900e9), ("1Gbit/s", 0.125e9), ("2.5e3Mbit/s", 312.5e6)])
+def test_parse_rate(text, Bps):
+  assert zm.parse_rate(text) == pytest.approx(Bps)
+
+
+@pytest.mark.parametrize("text,n", [("64MiB", 64 << 20), ("5MB", 5_000_000), ("4096", 4096), ("1.5KiB", 1536)])
+def test_parse_bytes(text, n):
+  assert zm.parse_bytes(text) == n
+
+
+@pytest.mark.parametrize("bad", ["400", "400Gbit", "fast", "0Gbit/s", "-1GB/s"])
+def test_parse_rate_refuses(bad):
+  with pytest.raises(ValueError, match="rate"):
+    zm.parse_rate(bad)
+
+
+def test_topology_refuses_what_it_cannot_model():
+  with pytest.raises(ValueError, match="intra"):
+    zm.Topology(4, 8, LinkModel(1e-5, 50e9))
+  with pytest.raises(ValueError, match="at least 2 devices"):
+    zm.Topology(1, 1, LinkModel(1e-5, 50e9))
+  with pytest.raises(ValueError, match="op must be"):
+    zm.Call("x", "all_reduce", 1024)
+  with pytest.raises(ValueError, match="role"):
+    zm.Call("x", "all_to_all", 1024, role="weights")
+  with pytest.raises(ValueError, match="workload"):
+    zm.workload("mlp", 1024, 8)
+
+
+def test_flat_links_over_two_levels():
+  """all_to_all: (n - L) of n - 1 rows cross hosts, at once with the L - 1 that stay; the ring
+  all_gather: the edge out of a host through its L links together, or the intra link if slower."""
+  H, L = 16, 8
+  inter, intra = LinkModel(1e-5, 50e9), LinkModel(5e-6, 900e9)
+  links = zm.Topology(H, L, inter, intra).profile().links
+  n = H * L
+  a2a = links["host,local"]["all_to_all"]
+  assert a2a.bandwidth_Bps == pytest.approx(50e9 * (n - 1) / (n - L))
+  assert a2a.latency_s == 1e-5
+  assert links["host,local"]["all_gather"].bandwidth_Bps == pytest.approx(L * 50e9)
+  slow_intra = zm.Topology(H, L, inter, LinkModel(5e-6, 100e9)).profile().links
+  assert slow_intra["host,local"]["all_gather"].bandwidth_Bps == pytest.approx(100e9)
+  assert links["host"]["*"] is not None and links["local"]["*"].bandwidth_Bps == 900e9
+
+
+def test_shared_link_divides_the_rate():
+  top = zm.Topology(4, 1, LinkModel(1e-4, GBIT), platform="cpu", shared_link=True)
+  assert top.profile().links["host"]["*"].bandwidth_Bps == pytest.approx(GBIT / 4)
+
+
+def test_raw_all_to_all_is_bytes_over_the_link():
+  """64 MiB per device over 16 x 8 at 400 Gbit/s: the 120 of 128 rows that cross hosts at 50 GB/s."""
+  top = zm.Topology(16, 8, LinkModel(15e-6, 50e9), LinkModel(5e-6, 900e9))
+  r = zm.predict_call(top, zm.Call("dispatch", "all_to_all", 64 << 20))
+  raw = next(v for v in r["variants"] if v["name"] == "raw")
+  assert raw["time_s"] == pytest.approx(15e-6 + (64 << 20) * 120 / 128 / 50e9, rel=1e-9)
+  assert raw["speedup_vs_raw"] == 1.0
+
+
+def test_reductions_compare_with_jax_lax_ring():
+  """psum_scatter's raw baseline is jax.lax's ring; zipccl's own raw reduction is listed beside it."""
+  top = zm.Topology(4, 1, LinkModel(0.0, 1e9), platform="cpu")
+  r = zm.predict_call(top, zm.Call("grads", "psum_scatter", 4 << 20, role="gradient"))
+  names = [v["name"] for v in r["variants"]]
+  assert names[:2] == ["raw", "raw a2a-sum (zipccl, compress=False)"]
+  assert r["raw_time_s"] == pytest.approx(3 * (1 << 20) / 1e9)  # the ring sends 3 chunks of 1 MiB
+
+
+# --------------------------------------------------------------------------- the command
+
+
+TOPOLOGIES = {
+    "h100_16x8_400g": ["--hosts", "16", "--per-host", "8", "--intra", "900GB/s", "--inter", "400Gbit/s"],
+    "ethernet_64x1_100g": ["--hosts", "64", "--per-host", "1", "--inter", "100Gbit/s"],
+    "cpu_testbed_4x1": ["--hosts", "4", "--inter", "1Gbit/s", "--shared-link", "--device", "cpu",
+                        "--bytes", "5MiB"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
+@pytest.mark.parametrize("workload", ["moe_dispatch", "fsdp"])
+def test_command_writes_json_and_png(tmp_path, capsys, name, workload):
+  out, png = tmp_path / "out.json", tmp_path / "out.png"
+  rc = zm.main(TOPOLOGIES[name] + ["--workload", workload, "--json", str(out), "--png", str(png),
+                                   "--scales", "8,64"])
+  assert rc == 0
+  table = capsys.readouterr().out
+  res = json.loads(out.read_text())
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert res["variants"] and all(set(v) >= {"name", "time_s", "speedup_vs_raw"} for v in res["variants"])
+  for call in res["calls"]:
+    names = [v["name"] for v in call["variants"]]
+    assert call["auto_choice"] in names and call["auto_choice"] in table
+    assert all(v["time_s"] > 0 and math.isfinite(v["time_s"]) for v in call["variants"])
+    raw = next(v["time_s"] for v in call["variants"] if v["name"] == "raw")
+    assert all(v["speedup_vs_raw"] == pytest.approx(raw / v["time_s"]) for v in call["variants"])
+  step = {v["name"]: v["time_s"] for v in res["step"]["variants"]}
+  assert step["auto"] <= step["raw"] * (1 + 1e-9) or res["topology"]["per_host"] > 1
+  assert set(res["sweep"]) >= {"8", "64"}
+  assert res["assumptions"]["codec"]["bfloat16"]["source"]
+
+
+def test_command_refuses_bad_flags(capsys):
+  assert zm.main(["--hosts", "2", "--per-host", "8", "--inter", "100Gbit/s"]) == 2
+  assert "--intra" in capsys.readouterr().err
+  assert zm.main(["--inter", "fast"]) == 2
+  assert zm.main(["--workload", "nope"]) == 2
+
+
+def test_crossover_is_where_auto_switches():
+  top = zm.Topology(4, 1, LinkModel(1e-4, GBIT), platform="cpu", shared_link=True)
+  call = zm.Call("dispatch", "all_to_all", 5 << 20)
+  x = zm.crossover(top, call)
+  assert x is not None and GBIT < x < 100 * GBIT
+  assert zm.predict_call(top.with_inter(x * 0.99), call)["auto_choice"] != "raw"
+  assert zm.predict_call(top.with_inter(x * 1.01), call)["auto_choice"] == "raw"
+
+
+# --------------------------------------------------------------------------- one model
+
+
+def _runtime_choice(op: str, axis, mesh, x, prof) -> str:
+  """What a traced zipccl collective with compress="auto" decides under `prof`, named as the
+  model names its variants."""
+  fns = {"all_to_all": lambda v: zipccl_jax.all_to_all(v, axis, 0, 0, tiled=True),
+         "all_gather": lambda v: zipccl_jax.all_gather(v, axis, tiled=True),
+         "psum_scatter": lambda v: zipccl_jax.psum_scatter(v, axis, tiled=True),
+         "psum": lambda v: zipccl_jax.psum(v, axis)}
+  spec = P(axis)
+  strategy.reset_decisions()
+  with zipccl_jax.use_profile(prof):
+    jax.jit(jax.shard_map(fns[op], mesh=mesh, in_specs=spec, out_specs=P() if op == "psum" else spec,
+                          check_vma=False)).lower(jax.device_put(x, NamedSharding(mesh, spec)))
+  ds = zipccl_jax.decisions()
+  levels = [d for s, d in ds.items() if s.endswith("[levels]")]
+  if levels and levels[0].algorithm.startswith("hierarchical("):
+    mode = dict(p.split(":") for p in levels[0].algorithm[len("hierarchical("):-1].split(","))
+    word = {"c": "compressed", "r": "raw"}
+    return f"hierarchical host:{word[mode['host']]} local:{word[mode['local']]}"
+  flat = [d for s, d in ds.items() if not s.endswith("[levels]")]
+  assert len(flat) == 1, ds
+  d = flat[0]
+  if d.compress:
+    return f"flat compressed K={d.pieces}"
+  return zm._REDUCTIONS.get(op, "raw")
+
+
+CHOICE_CASES = [(op, gbit) for op in ("all_to_all", "all_gather", "psum_scatter", "psum")
+                for gbit in (0.1, 0.3, 1.0, 3.0, 30.0, 300.0)]
+
+
+@pytest.mark.parametrize("op,gbit", CHOICE_CASES, ids=[f"{o}-{g:g}gbit" for o, g in CHOICE_CASES])
+@pytest.mark.parametrize("shape", ["8x1", "2x4"])
+def test_prediction_choice_is_what_auto_runs(op, gbit, shape):
+  """The model's auto_choice equals the decision of the traced call, for the same profile and call
+  (one level of 8, and two levels of 2 x 4 where the hierarchical algorithms compete)."""
+  H, L = (8, 1) if shape == "8x1" else (2, 4)
+  top = zm.Topology(H, L, LinkModel(1e-4, gbit * GBIT), LinkModel(2e-5, 20 * GBIT) if L > 1 else None,
+                    platform="cpu")
+  prof = top.profile()
+  devs = np.array(jax.devices()[:8])
+  mesh = Mesh(devs.reshape(H, L), ("host", "local")) if L > 1 else Mesh(devs, ("host",))
+  rows = 1 << 14  # bfloat16 rows of 64: 1 MiB per device for the data movement
+  per_dev = (rows, 64) if op != "all_gather" else (rows // 8, 64)
+  x = np.random.default_rng(0).standard_normal((8 * per_dev[0], 64)).astype(jnp.bfloat16)
+  call = zm.Call("c", op, per_dev[0] * 64 * 2, "bfloat16",
+                 "gradient" if op in ("psum_scatter", "psum") else "activation")
+  predicted = zm.predict_call(top, call, profile=prof)["auto_choice"]
+  assert predicted == _runtime_choice(op, top.axis, mesh, x, prof)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.fixture(scope="module")
+def check():
+  mod = _check_module()
+  prof = mod.testbed_profile()
+  return mod, mod.flat_sweep(), mod.two_levels(prof), mod.training_step(prof)
+
+
+def test_testbed_dispatch_ratio_within_15_percent(check):
+  """The bar: 4 processes at 1 Gbit/s, MoE dispatch, compressed / raw predicted within 15%."""
+  _, flat, _, _ = check
+  row = next(r for r in flat if r["case"] == "all_to_all:moe_dispatch" and r["rate_gbit"] == 1.0)
+  assert abs(row["ratio_err"]) < 0.15, row
+
+
+def test_flat_sweep_within_15_percent_where_the_link_binds(check):
+  _, flat, _, _ = check
+  assert len(flat) == 35  # 7 cases x 5 rates
+  bound = [r for r in flat if r["rate_gbit"] is not None and r["rate_gbit"] <= 2.5]
+  assert max(abs(r["ratio_err"]) for r in bound) < 0.15
+
+
+def test_step_speedup_at_1gbit_within_10_percent(check):
+  _, _, _, step = check
+  row = next(r for r in step if r["rate_gbit"] == 1.0)
+  assert abs(row["speedup_err"]) < 0.10 and abs(row["raw_err"]) < 0.10, row
+
+
+def test_two_levels_anchored_within_30_percent_and_auto_agrees(check):
+  _, _, mesh, _ = check
+  timed = [r for r in mesh if r["variant"] != "auto"]
+  assert len(timed) == 15 and max(abs(r["anchored_err"]) for r in timed) < 0.30
+  for r in (r for r in mesh if r["variant"] == "auto"):
+    if r["meas_choice"] == "flat":
+      assert r["anchored_choice"].startswith("flat")
+    else:
+      assert r["anchored_choice"] == "hierarchical host:compressed local:raw"
+
+
+def test_readme_quotes_the_validation(check):
+  mod, flat, mesh, step = check
+  text = (REPO / "README.md").read_text()
+  for line in mod.markdown(flat, mesh, step).splitlines():
+    assert line in text, f"README does not quote benchmarks/model_check.py's row:\n{line}"

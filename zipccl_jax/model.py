@@ -1,0 +1,590 @@
+"""What compression buys on a cluster, predicted on paper: the strategy's own cost model, at scale.
+
+    python -m zipccl_jax.model --hosts 16 --per-host 8 --intra 900GB/s --inter 400Gbit/s \\
+        --workload moe_dispatch --bytes 64MiB --json out.json --png out.png
+
+A :class:`Topology` (hosts of ``per_host`` devices; the link between hosts and the one inside a host,
+each per device; the codec's speed on the device kind) becomes a :class:`~zipccl_jax.Profile`, and
+every prediction is a call of the functions ``compress="auto"`` decides with:
+:func:`zipccl_jax.strategy.decide` for a collective over one level, and
+:func:`zipccl_jax.hierarchical.choose` over two. So what is predicted to run is what would run for
+that profile and call, and a prediction never disagrees with a decision (``tests/test_model.py``).
+
+The mesh of a topology is ``("host", "local")`` (``H x L`` devices); with one device per host the
+axis is ``"host"``, with one host ``"local"``. Its links, per device and per collective:
+
+===============  ===========================================================================
+axis             link model (``t = latency + bytes one device sends / bandwidth``)
+===============  ===========================================================================
+``host``         ``--inter``: one device's share of the network between hosts (a rail: every
+                 device its own NIC); ``--shared-link``: the ``n`` devices share one link of that
+                 rate (``bandwidth / n`` each: the CPU testbed's one shaped loopback)
+``local``        ``--intra`` (NVLink: the rate one GPU sends at)
+``host,local``   the flat collective over both: of the bytes a device sends, the rows for other
+                 hosts cross at the inter rate while the rows for its own host move at the intra
+                 rate, at once (all_to_all and the reductions built on it: ``(n - L)`` of ``n - 1``
+                 rows cross); a flat all_gather (and jax.lax's reductions) is a ring: each of its
+                 edges carries ``n - 1`` shards, the edge out of a host through the ``L`` devices'
+                 inter links together (one ring per link, a 1/L slice each), so it runs at
+                 ``min(L x inter, intra)`` per device
+===============  ===========================================================================
+
+Every collective pays the slower level's latency once (one launch; per-message costs inside a
+collective are not modelled). A training step is its collectives, one after another, plus
+``--compute-ms`` of work that does not overlap them (0: the step's communication alone).
+
+What is assumed, not measured, is labelled as such in every result (``assumptions``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+
+import numpy as np
+
+from zipccl_jax import hierarchical, strategy
+from zipccl_jax.accounting import sent_bytes
+from zipccl_jax.capacity import CODED_DTYPES
+from zipccl_jax.profile import (DEFAULT_CODEC, CodecModel, LinkModel, Profile, get_profile,
+                                np_dtype, platform_key)
+
+__all__ = ["Topology", "Call", "WORKLOADS", "workload", "predict_call", "predict_step", "sweep",
+           "parse_rate", "parse_bytes", "main"]
+
+SLOW, FAST = "host", "local"
+OPS = ("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute")
+
+# --------------------------------------------------------------------------- #
+# Units
+# --------------------------------------------------------------------------- #
+
+_RATE_UNITS = {"b/s": 1 / 8, "bit/s": 1 / 8, "bps": 1 / 8, "B/s": 1.0, "Bps": 1.0}
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20,
+               "GiB": 2**30}
+
+
+def parse_rate(text: str) -> float:
+  """Bytes per second of a rate such as ``"400Gbit/s"``, ``"400Gb/s"``, ``"900GB/s"``, ``"100Gbps"``
+  (bits: ``b``, ``bit``, ``bps``; bytes: ``B``)."""
+  m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kKMGT]?)(b/s|bit/s|bps|B/s|Bps)\s*", str(text))
+  if not m:
+    raise ValueError(f"zipccl_jax.model: a rate is a number, a prefix (k, M, G, T) and a unit (bit/s, "
+                     f"b/s, bps or B/s), e.g. 400Gbit/s or 900GB/s; got {text!r}")
+  v = float(m.group(1)) * _PREFIX[m.group(2)] * _RATE_UNITS[m.group(3)]
+  if not v > 0:
+    raise ValueError(f"zipccl_jax.model: a rate must be > 0, got {text!r}")
+  return v
+
+
+def parse_bytes(text: str) -> int:
+  """Bytes of a size such as ``"64MiB"``, ``"5MB"`` or ``"4096"``."""
+  m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([KMG]i?B|B)?\s*", str(text))
+  if not m:
+    raise ValueError(f"zipccl_jax.model: a size is a number and a unit (B, KB, MB, GB, KiB, MiB, "
+                     f"GiB), e.g. 64MiB; got {text!r}")
+  v = int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or "B"])
+  if v <= 0:
+    raise ValueError(f"zipccl_jax.model: a size must be > 0, got {text!r}")
+  return v
+
+
+def _gbit(bps: float) -> float:
+  return bps * 8 / 1e9
+
+
+# --------------------------------------------------------------------------- #
+# The topology and its profile
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A cluster of ``hosts`` x ``per_host`` devices.
+
+  Attributes:
+    hosts, per_host: the mesh ``("host", "local")``.
+    inter: the link between hosts, per device (``LinkModel``: latency s, bandwidth bytes/s).
+    intra: the link inside a host, per device (None with ``per_host == 1``).
+    platform: the device kind whose codec model applies ("gpu", "cpu", "tpu").
+    codec: ``{dtype name: CodecModel}`` overriding the base profile's for `platform`, or None.
+    shared_link: the devices share one `inter` link (each sends at ``bandwidth / n``).
+    base: the profile the rest comes from (codec, ratios, min_gain, fallback risk); None: the
+      active one (:func:`zipccl_jax.get_profile`: calibrated, ``$ZIPCCL_PROFILE``, or defaults).
+  """
+  hosts: int
+  per_host: int
+  inter: LinkModel
+  intra: LinkModel | None = None
+  platform: str = "gpu"
+  codec: dict | None = None
+  shared_link: bool = False
+  base: Profile | None = None
+
+  def __post_init__(self):
+    if int(self.hosts) < 1 or int(self.per_host) < 1:
+      raise ValueError(f"zipccl_jax.model: hosts and per_host must be >= 1, got {self.hosts} x "
+                       f"{self.per_host}")
+    if self.per_host > 1 and self.intra is None:
+      raise ValueError("zipccl_jax.model: per_host > 1 needs the link inside a host (intra)")
+    if self.hosts * self.per_host < 2:
+      raise ValueError("zipccl_jax.model: a collective needs at least 2 devices")
+
+  @property
+  def devices(self) -> int:
+    return self.hosts * self.per_host
+
+  @property
+  def axis(self):
+    """The mesh axis a collective over every device names."""
+    if self.per_host == 1:
+      return SLOW
+    return FAST if self.hosts == 1 else (SLOW, FAST)
+
+  def level_links(self) -> tuple[LinkModel, LinkModel | None]:
+    """(inter, intra) per device, the shared link divided among the devices."""
+    inter = self.inter
+    if self.shared_link:
+      inter = LinkModel(inter.latency_s, inter.bandwidth_Bps / self.devices)
+    return inter, self.intra
+
+  def profile(self) -> Profile:
+    """The profile of this topology: the base profile's codec, ratios and thresholds, with the
+    links above (docstring table) and the codec overrides."""
+    p = (self.base if self.base is not None else get_profile()).copy()
+    p.sites = {}  # observed capacities belong to another program's call sites
+    inter, intra = self.level_links()
+    H, L = self.hosts, self.per_host
+    p.links = {}
+    if H > 1:
+      p.links[SLOW] = {"*": inter}
+    if L > 1:
+      p.links[FAST] = {"*": intra}
+    if H > 1 and L > 1:
+      p.links[f"{SLOW},{FAST}"] = _flat_links(H, L, inter, intra)
+    plat = platform_key(self.platform)
+    if self.codec:
+      p.codec = {**p.codec, plat: {**p.codec.get(plat, {}), **self.codec}}
+    p.platform = plat
+    p.meta = {"topology": self.describe()}
+    return p
+
+  def describe(self) -> dict:
+    inter, intra = self.level_links()
+    return {"hosts": self.hosts, "per_host": self.per_host, "devices": self.devices,
+            "platform": platform_key(self.platform), "shared_link": self.shared_link,
+            "inter_Gbit_s": _gbit(inter.bandwidth_Bps), "inter_latency_us": inter.latency_s * 1e6,
+            "intra_GB_s": intra.bandwidth_Bps / 1e9 if intra else None,
+            "intra_latency_us": intra.latency_s * 1e6 if intra else None}
+
+  def with_inter(self, bandwidth_Bps: float) -> "Topology":
+    return dataclasses.replace(self, inter=LinkModel(self.inter.latency_s, float(bandwidth_Bps)))
+
+
+def _flat_links(H: int, L: int, inter: LinkModel, intra: LinkModel) -> dict:
+  """Per collective, the flat collective over ("host", "local") as one link (module docstring)."""
+  n = H * L
+  lat = max(inter.latency_s, intra.latency_s)
+  # all_to_all: of n - 1 rows, n - L cross hosts and L - 1 stay; both at once
+  a2a = 1.0 / max((n - L) / (n - 1) / inter.bandwidth_Bps, (L - 1) / (n - 1) / intra.bandwidth_Bps)
+  # ring all_gather: every edge of the ring carries n - 1 shards, a host's edge out of it through
+  # its L devices' links together (one ring per device's link, each a 1/L slice)
+  ag = min(L * inter.bandwidth_Bps, intra.bandwidth_Bps)
+  cross = LinkModel(inter.latency_s, inter.bandwidth_Bps)  # ppermute rounds, flag psums
+  return {"all_to_all": LinkModel(lat, a2a), "all_gather": LinkModel(lat, ag),
+          "ppermute": cross, "psum": cross, "*": LinkModel(lat, a2a)}
+
+
+# --------------------------------------------------------------------------- #
+# Workloads
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """One collective of a step: ``op`` on a per-device operand of ``nbytes`` bytes of ``dtype``,
+  ``calls`` times per step, with the data statistics of ``role`` ("activation" or "gradient");
+  ``capacity`` as the collectives' ``capacity=`` (None: the profile's ratio)."""
+  name: str
+  op: str
+  nbytes: int
+  dtype: str = "bfloat16"
+  role: str = "activation"
+  calls: int = 1
+  capacity: int | float | None = None
+
+  def __post_init__(self):
+    if self.op not in OPS:
+      raise ValueError(f"zipccl_jax.model: op must be one of {OPS}, got {self.op!r}")
+    if self.role not in ("activation", "gradient"):
+      raise ValueError(f"zipccl_jax.model: role must be 'activation' or 'gradient', got {self.role!r}")
+    if int(self.nbytes) < 1 or int(self.calls) < 1:
+      raise ValueError(f"zipccl_jax.model: nbytes and calls must be >= 1 ({self.name})")
+
+
+def _moe_dispatch(nbytes: int, dtype: str, layers: int) -> list[Call]:
+  # per MoE layer: dispatch and combine forward; their transposes (all_to_all's) backward
+  return [Call("dispatch", "all_to_all", nbytes, dtype, "activation", layers),
+          Call("combine", "all_to_all", nbytes, dtype, "activation", layers),
+          Call("combine grad", "all_to_all", nbytes, dtype, "gradient", layers),
+          Call("dispatch grad", "all_to_all", nbytes, dtype, "gradient", layers)]
+
+
+def _fsdp(nbytes: int, dtype: str, layers: int, n: int) -> list[Call]:
+  # `nbytes`: one layer's parameters, gathered; each device holds 1/n of them
+  shard = max(1, nbytes // n)
+  return [Call("params (forward)", "all_gather", shard, dtype, "activation", layers),
+          Call("params (backward)", "all_gather", shard, dtype, "activation", layers),
+          Call("grads", "psum_scatter", nbytes, dtype, "gradient", layers)]
+
+
+WORKLOADS = {
+    "moe_dispatch": "MoE expert parallelism: per layer, dispatch and combine all_to_all of --bytes "
+                    "per device, forward and backward",
+    "fsdp": "dense FSDP: per layer, all_gather of the parameters (--bytes gathered) forward and "
+            "backward, psum_scatter of the gradients",
+}
+
+
+def workload(name: str, nbytes: int, devices: int, *, dtype: str = "bfloat16",
+             layers: int = 1) -> list[Call]:
+  """The calls of a named workload (:data:`WORKLOADS`) or of a JSON file: a list of
+  ``{"name", "op", "nbytes", "dtype", "role", "calls"}`` (bytes of one device's operand)."""
+  if name == "moe_dispatch":
+    return _moe_dispatch(nbytes, dtype, layers)
+  if name == "fsdp":
+    return _fsdp(nbytes, dtype, layers, devices)
+  if name.endswith(".json"):
+    with open(name) as f:
+      rows = json.load(f)
+    return [Call(**r) for r in rows]
+  raise ValueError(f"zipccl_jax.model: workload must be one of {sorted(WORKLOADS)} or a .json "
+                   f"file, got {name!r}")
+
+
+# --------------------------------------------------------------------------- #
+# Predictions
+# --------------------------------------------------------------------------- #
+
+
+def _elems(call: Call, n: int) -> tuple[np.dtype, int, int]:
+  """(dtype, operand elements, chunk elements: one coded frame) of `call` over `n` devices."""
+  dt = np.dtype(np_dtype(call.dtype))
+  m = max(1, int(call.nbytes) // dt.itemsize)
+  if call.op in ("all_to_all", "psum_scatter"):
+    m = max(n, m - m % n)  # split into n equal chunks
+    return dt, m, m // n
+  if call.op == "psum":
+    return dt, m, -(-m // n)
+  return dt, m, m
+
+
+def _variant(name: str, t: float, raw: float, **kw) -> dict:
+  return {"name": name, "time_s": float(t), "speedup_vs_raw": float(raw / t) if t > 0 else math.inf,
+          **kw}
+
+
+# zipccl's reductions, raw or coded, are an all-to-all and a float32 sum in rank order (their bits
+# never depend on the decision); jax.lax's are rings
+_REDUCTIONS = {"psum_scatter": "raw a2a-sum (zipccl, compress=False)",
+               "psum": "raw a2a-sum+gather (zipccl, compress=False)"}
+
+
+def _lax_time(prof: Profile, op: str, axis, n: int, chunk_bytes: int, own_raw_s: float) -> float:
+  """Seconds of the jax.lax collective the call replaces: zipccl's own raw program for data
+  movement (the same collective); for the reductions a ring, which sends what a ring all_gather of
+  the result chunk sends (psum: a reduce-scatter and an all-gather, twice that)."""
+  if op not in _REDUCTIONS:
+    return own_raw_s
+  lk, _ = prof.link(axis, "all_gather", prof.platform)
+  ring = lk.time(sent_bytes("all_gather", chunk_bytes, n))
+  return ring if op == "psum_scatter" else 2 * ring
+
+
+def predict_call(top: Topology, call: Call, *, profile: Profile | None = None) -> dict:
+  """Variants (raw, flat compressed with 1 and the model's K pieces, hierarchical per level
+  compression) and ``auto_choice``, the variant ``compress="auto"`` runs, for one call."""
+  prof = profile if profile is not None else top.profile()
+  plat, n, axis = prof.platform, top.devices, top.axis
+  dt, m, chunk = _elems(call, n)
+  kw = dict(axis_size=n, axis_name=axis, role=call.role, profile=prof, platform=plat, log=False,
+            message_elems=m if call.op == "psum" else None, capacity=call.capacity)
+  own_raw = strategy.decide(call.op, dt, chunk, compress=False, **kw).est_raw_s
+  t_raw = _lax_time(prof, call.op, axis, n, chunk * dt.itemsize, own_raw)
+  variants = [_variant("raw", t_raw, t_raw, pieces=1, compressed=False, program="jax.lax")]
+  if call.op in _REDUCTIONS:  # zipccl's raw reduction is not jax.lax's ring
+    variants.append(_variant(_REDUCTIONS[call.op], own_raw, t_raw, pieces=1, compressed=False))
+  if dt in CODED_DTYPES:
+    for k in sorted({1, strategy.decide(call.op, dt, chunk, compress=True, **kw).pieces}):
+      d = strategy.decide(call.op, dt, chunk, compress=True, pieces=k, **kw)
+      variants.append(_variant(f"flat compressed K={d.pieces}", d.est_compressed_s, t_raw,
+                               pieces=d.pieces, compressed=True, transport=d.transport,
+                               wire_bytes=d.wire_bytes, raw_bytes=d.raw_bytes))
+  auto = strategy.decide(call.op, dt, chunk, compress="auto", **kw)
+  choice = (f"flat compressed K={auto.pieces}" if auto.compress
+            else _REDUCTIONS.get(call.op, "raw"))
+  why = auto.reason
+  levels = hierarchical.levels_of(axis, prof) if isinstance(axis, tuple) else None
+  if (levels is not None and call.op in hierarchical.OPS and dt in CODED_DTYPES
+      and not isinstance(call.capacity, int)):  # as hierarchical.plan: else the flat path runs
+    lp = hierarchical.choose(call.op, dt, m, axis, levels, (top.hosts, top.per_host), "auto",
+                             call.role, profile=prof, platform=plat)
+    for name, t in lp.candidates:
+      if name.startswith("hierarchical"):
+        variants.append(_variant(name, t, t_raw, compressed="compressed" in name))
+    if lp.algorithm == "hierarchical":  # else the flat path runs and decides itself: `auto`
+      choice = next(name for name, _ in lp.candidates if name.startswith("hierarchical"))
+    why = lp.reason + "; flat: " + auto.reason
+  if not any(v["name"] == choice for v in variants):  # K pinned away from the listed ones
+    variants.append(_variant(choice, auto.est_compressed_s, t_raw, pieces=auto.pieces,
+                             compressed=True))
+  t_auto = next(v["time_s"] for v in variants if v["name"] == choice)
+  return {"name": call.name, "op": call.op, "dtype": dt.name, "role": call.role, "calls": call.calls,
+          "operand_bytes": int(m * dt.itemsize), "chunk_elems": int(chunk),
+          "variants": variants, "auto_choice": choice,
+          "auto_time_s": t_auto, "raw_time_s": t_raw, "zipccl_raw_time_s": own_raw, "reason": why}
+
+
+def _auto_compresses(top: Topology, call: Call) -> bool:
+  r = predict_call(top, call)
+  return bool(next(v for v in r["variants"] if v["name"] == r["auto_choice"])["compressed"])
+
+
+def crossover(top: Topology, call: Call, lo: float = 1e7, hi: float = 1e13) -> float | None:
+  """The inter-host bandwidth (bytes/s per device) below which ``compress="auto"`` compresses
+  `call` (log-scale bisection between `lo` and `hi`); None when it compresses at neither end or at
+  both (then no single crossover in the range)."""
+  a, b = _auto_compresses(top.with_inter(lo), call), _auto_compresses(top.with_inter(hi), call)
+  if a == b:
+    return None
+  for _ in range(40):  # to ~0.1% in log space
+    mid = math.sqrt(lo * hi)
+    if _auto_compresses(top.with_inter(mid), call) == a:
+      lo = mid
+    else:
+      hi = mid
+  return math.sqrt(lo * hi)
+
+
+def predict_step(top: Topology, calls: list[Call], *, compute_s: float = 0.0,
+                 crossovers: bool = True) -> dict:
+  """Every call's prediction and the step's: raw (every call raw) and auto (every call as
+  ``compress="auto"`` runs it), each plus `compute_s` of work the collectives do not overlap."""
+  prof = top.profile()
+  rows = [predict_call(top, c, profile=prof) for c in calls]
+  if crossovers:
+    for r, c in zip(rows, calls):
+      x = crossover(top, c)
+      r["crossover_inter_Gbit_s"] = _gbit(x) if x is not None else None
+  raw = compute_s + sum(r["calls"] * r["raw_time_s"] for r in rows)
+  auto = compute_s + sum(r["calls"] * r["auto_time_s"] for r in rows)
+  comp = compute_s + sum(r["calls"] * min(v["time_s"] for v in r["variants"] if v.get("compressed"))
+                         for r in rows if any(v.get("compressed") for v in r["variants"]))
+  comp += sum(r["calls"] * r["raw_time_s"] for r in rows
+              if not any(v.get("compressed") for v in r["variants"]))
+  step = [_variant("raw", raw, raw), _variant("best compressed", comp, raw), _variant("auto", auto, raw)]
+  return {"topology": top.describe(), "assumptions": assumptions(top, prof, calls),
+          "calls": rows, "step": {"compute_s": compute_s, "variants": step},
+          "variants": rows[0]["variants"] if len(rows) == 1 else step,
+          "auto_choice": rows[0]["auto_choice"] if len(rows) == 1 else "auto"}
+
+
+def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
+  """What the prediction rests on, each with where it comes from."""
+  plat = prof.platform
+  codec = {}
+  for name in sorted({c.dtype for c in calls}):
+    dt = np.dtype(np_dtype(name))
+    if dt not in CODED_DTYPES:
+      continue
+    cm, src = prof.codec_model(dt, plat)
+    if top.codec and dt.name in top.codec:
+      src = "given (--codec)"
+    elif src.startswith("default[gpu]"):
+      src = "measured: H200 GPU kit, jitted step (profile.DEFAULT_CODEC)"
+    elif src.startswith("default"):
+      src = f"assumed: documented default for {plat} (profile.DEFAULT_CODEC)"
+    else:
+      src = f"calibrated profile ({src})"
+    codec[name] = {"encode_GB_s": cm.encode_Bps / 1e9, "decode_GB_s": cm.decode_Bps / 1e9,
+                   "overhead_us": (cm.encode_overhead_s + cm.decode_overhead_s) * 1e6,
+                   "source": src}
+  return {"codec": codec,
+          "capacity_ratio": {c.name: prof.ratio("capacity_ratio", c.role, np.dtype(np_dtype(c.dtype)))
+                             for c in calls if np.dtype(np_dtype(c.dtype)) in CODED_DTYPES},
+          "min_gain": prof.min_gain, "fallback_risk": prof.fallback_risk,
+          "links": "per device, as given; flat collectives over both levels: zipccl_jax.model "
+                   "docstring; no overlap of compute and communication"}
+
+
+def sweep(top: Topology, calls: list[Call], scales, rates_Bps, *, compute_s: float = 0.0) -> dict:
+  """``{devices: [(inter Gbit/s, step speedup of auto over raw), ...]}``: per scale (devices,
+  keeping `top`'s devices per host) the step's speedup against the inter-host bandwidth."""
+  out = {}
+  for devices in scales:
+    L = min(top.per_host, int(devices))
+    H = max(1, int(devices) // L)
+    t = dataclasses.replace(top, hosts=H, per_host=L)
+    cs = [dataclasses.replace(c, nbytes=_rescale(c, top.devices, t.devices)) for c in calls]
+    pts = []
+    for bw in rates_Bps:
+      s = predict_step(t.with_inter(bw), cs, compute_s=compute_s, crossovers=False)
+      pts.append((_gbit(bw), s["step"]["variants"][0]["time_s"] / s["step"]["variants"][2]["time_s"]))
+    out[t.devices] = pts
+  return out
+
+
+def _rescale(call: Call, n0: int, n1: int) -> int:
+  """A call's operand at another scale: all_gather shards of the same gathered size shrink as the
+  devices grow; every other operand (a device's tokens, its gradients) stays."""
+  if call.op == "all_gather":
+    return max(1, call.nbytes * n0 // n1)
+  return call.nbytes
+
+
+# --------------------------------------------------------------------------- #
+# The command
+# --------------------------------------------------------------------------- #
+
+
+def _codec_arg(text: str | None, dtype: str):
+  """--codec: None, a platform name (its documented table), or "ENCODE,DECODE" GB/s for `dtype`."""
+  if text is None:
+    return None
+  if text in DEFAULT_CODEC:
+    return dict(DEFAULT_CODEC[text])
+  try:
+    enc, dec = (float(v) * 1e9 for v in text.split(","))
+  except ValueError:
+    raise ValueError(f"zipccl_jax.model: --codec is cpu, gpu, tpu or 'ENCODE,DECODE' in GB/s, got "
+                     f"{text!r}") from None
+  base = DEFAULT_CODEC["gpu"][np.dtype(np_dtype(dtype)).name]
+  return {np.dtype(np_dtype(dtype)).name: CodecModel(enc, dec, base.encode_overhead_s,
+                                                     base.decode_overhead_s)}
+
+
+def topology_from_args(a) -> Topology:
+  """The topology of the command's flags; what they leave out comes from the base profile."""
+  base = Profile.load(a.profile) if a.profile else get_profile()
+  plat = platform_key(a.device or base.platform or "gpu")
+  link, _ = base.link(None, "*", plat)
+  inter = LinkModel(a.inter_latency_us * 1e-6 if a.inter_latency_us is not None else link.latency_s,
+                    parse_rate(a.inter) if a.inter else link.bandwidth_Bps)
+  intra = None
+  if a.per_host > 1:
+    if a.intra:
+      intra = LinkModel(a.intra_latency_us * 1e-6, parse_rate(a.intra))
+    elif FAST in base.links:
+      intra = base.link(FAST, "*", plat)[0]
+    else:
+      raise ValueError("zipccl_jax.model: --per-host > 1 needs --intra (the base profile has no "
+                       f"{FAST!r} link)")
+  return Topology(a.hosts, a.per_host, inter, intra, plat, _codec_arg(a.codec, a.dtype),
+                  a.shared_link, base)
+
+
+def _table(result: dict) -> str:
+  top = result["topology"]
+  lines = [f"{top['devices']} devices = {top['hosts']} hosts x {top['per_host']} ({top['platform']}); "
+           f"inter {top['inter_Gbit_s']:.4g} Gbit/s per device"
+           + (f", intra {top['intra_GB_s']:.4g} GB/s" if top["intra_GB_s"] else "")
+           + (" (one shared link)" if top["shared_link"] else "")]
+  for name, c in result["assumptions"]["codec"].items():
+    lines.append(f"codec {name}: encode {c['encode_GB_s']:.4g} GB/s, decode {c['decode_GB_s']:.4g} "
+                 f"GB/s [{c['source']}]")
+  for r in result["calls"]:
+    x = r.get("crossover_inter_Gbit_s")
+    lines.append(f"\n{r['name']}: {r['op']} {r['dtype']}, {r['operand_bytes'] / 2**20:.4g} MiB per "
+                 f"device, x{r['calls']} per step; auto compresses below "
+                 + (f"{x:.4g} Gbit/s" if x is not None else "- (no crossover in 0.08-8e4 Gbit/s)"))
+    for v in r["variants"]:
+      mark = "  <- auto" if v["name"] == r["auto_choice"] else ""
+      lines.append(f"  {v['name']:45s} {v['time_s'] * 1e3:10.3f} ms  {v['speedup_vs_raw']:6.3f}x{mark}")
+  st = result["step"]
+  lines.append(f"\nstep (compute {st['compute_s'] * 1e3:g} ms, not overlapped):")
+  for v in st["variants"]:
+    lines.append(f"  {v['name']:45s} {v['time_s'] * 1e3:10.3f} ms  {v['speedup_vs_raw']:6.3f}x")
+  return "\n".join(lines)
+
+
+def _plot(curves: dict, path: str, title: str) -> None:
+  try:
+    import matplotlib
+  except ImportError:
+    raise SystemExit("zipccl_jax.model: --png needs matplotlib (pip install matplotlib)") from None
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for devices, pts in sorted(curves.items()):
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{devices} devices")
+  ax.axhline(1.0, color="grey", lw=0.8)
+  ax.set_xscale("log")
+  ax.set_xlabel("inter-host bandwidth per device (Gbit/s)")
+  ax.set_ylabel("step speedup, compress='auto' over raw")
+  ax.set_title(title, fontsize=9)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m zipccl_jax.model",
+                              description="Predict what zipccl_jax's compression buys on a cluster.",
+                              epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--hosts", type=int, default=4, help="hosts (default 4)")
+  p.add_argument("--per-host", type=int, default=1, help="devices per host (1: no fast level)")
+  p.add_argument("--inter", help="link between hosts per device, e.g. 400Gbit/s (default: the "
+                 "profile's link)")
+  p.add_argument("--inter-latency-us", type=float, default=None, help="latency per collective "
+                 "between hosts (default: the profile's)")
+  p.add_argument("--intra", help="link inside a host per device, e.g. 900GB/s")
+  p.add_argument("--intra-latency-us", type=float, default=5.0, help="latency inside a host (5)")
+  p.add_argument("--shared-link", action="store_true", help="all devices share one --inter link "
+                 "(the CPU testbed: processes behind one shaped loopback)")
+  p.add_argument("--device", choices=("gpu", "cpu", "tpu"), default=None,
+                 help="device kind (its codec model); default: the profile's platform, else gpu")
+  p.add_argument("--codec", help="cpu, gpu or tpu (that table), or ENCODE,DECODE GB/s for --dtype")
+  p.add_argument("--profile", help="base profile JSON (default: $ZIPCCL_PROFILE or the defaults)")
+  p.add_argument("--workload", default="moe_dispatch",
+                 help="moe_dispatch, fsdp or a JSON list of calls (" + "; ".join(
+                     f"{k}: {v}" for k, v in WORKLOADS.items()) + ")")
+  p.add_argument("--bytes", default="64MiB", help="the workload's size (default 64MiB)")
+  p.add_argument("--dtype", default="bfloat16")
+  p.add_argument("--layers", type=int, default=1, help="layers per step (each the workload's calls)")
+  p.add_argument("--compute-ms", type=float, default=0.0, help="work per step not overlapped")
+  p.add_argument("--json", help="write the prediction here")
+  p.add_argument("--png", help="write the step's speedup against inter bandwidth, per scale, here")
+  p.add_argument("--scales", default="8,64,512", help="devices per curve of --png (and this one's)")
+  return p
+
+
+def main(argv=None) -> int:
+  a = _parser().parse_args(argv)
+  try:
+    top = topology_from_args(a)
+    calls = workload(a.workload, parse_bytes(a.bytes), top.devices, dtype=a.dtype, layers=a.layers)
+  except (ValueError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  result = predict_step(top, calls, compute_s=a.compute_ms * 1e-3)
+  print(_table(result))
+  if a.png:
+    scales = sorted({int(v) for v in a.scales.split(",")} | {top.devices})
+    rates = [10 ** (1 + i / 8) * 1e9 / 8 for i in range(0, 21)]  # 10 .. 3162 Gbit/s
+    curves = sweep(top, calls, scales, rates, compute_s=a.compute_ms * 1e-3)
+    result["sweep"] = {str(k): v for k, v in curves.items()}
+    _plot(curves, a.png, f"{a.workload}, {a.bytes} ({top.platform}, {top.per_host} per host)")
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump(result, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
