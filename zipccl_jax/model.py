@@ -371,27 +371,64 @@ def crossover(top: Topology, call: Call, lo: float = 1e7, hi: float = 1e13) -> f
   return math.sqrt(lo * hi)
 
 
+_BEST_K = "flat compressed, model's K"
+
+
+def _step_key(row: dict, v: dict) -> str:
+  """The step variant a call's variant adds to: its name, but the model's K of each call is one
+  step variant (calls of other sizes pick other K) and zipccl's raw reductions are "zipccl raw"."""
+  if v["name"] in _REDUCTIONS.values():
+    return "zipccl raw"
+  if v["name"].startswith("flat compressed K=") and v["name"] == row["auto_flat_name"]:
+    return _BEST_K
+  return v["name"]
+
+
 def predict_step(top: Topology, calls: list[Call], *, compute_s: float = 0.0,
                  crossovers: bool = True) -> dict:
-  """Every call's prediction and the step's: raw (every call raw) and auto (every call as
-  ``compress="auto"`` runs it), each plus `compute_s` of work the collectives do not overlap."""
+  """Every call's prediction and the step's: per variant, every call run that way (a variant some
+  call lacks is left out), plus ``auto`` (each call as ``compress="auto"`` runs it), each plus
+  `compute_s` of work the collectives do not overlap. ``auto_choice`` names the step variant ``auto``
+  equals when every call chose alike, else ``"auto"``."""
   prof = top.profile()
   rows = [predict_call(top, c, profile=prof) for c in calls]
-  if crossovers:
-    for r, c in zip(rows, calls):
+  totals, auto_keys = {}, set()
+  for r, c in zip(rows, calls):
+    flat = [v for v in r["variants"] if v["name"].startswith("flat compressed K=")]
+    best_k = max(flat, key=lambda v: v["pieces"])["name"] if flat else None
+    keys = {_step_key(v["name"], best_k): v["time_s"] for v in r["variants"]}
+    keys["zipccl raw"] = r["zipccl_raw_time_s"]
+    if best_k == "flat compressed K=1":
+      keys["flat compressed K=1"] = keys[_BEST_K]
+    auto_keys.add(_step_key(r["auto_choice"], best_k))
+    for k, t in keys.items():
+      totals.setdefault(k, []).append(c.calls * t)
+    if crossovers:
       x = crossover(top, c)
       r["crossover_inter_Gbit_s"] = _gbit(x) if x is not None else None
-  raw = compute_s + sum(r["calls"] * r["raw_time_s"] for r in rows)
-  auto = compute_s + sum(r["calls"] * r["auto_time_s"] for r in rows)
-  comp = compute_s + sum(r["calls"] * min(v["time_s"] for v in r["variants"] if v.get("compressed"))
-                         for r in rows if any(v.get("compressed") for v in r["variants"]))
-  comp += sum(r["calls"] * r["raw_time_s"] for r in rows
-              if not any(v.get("compressed") for v in r["variants"]))
-  step = [_variant("raw", raw, raw), _variant("best compressed", comp, raw), _variant("auto", auto, raw)]
+  if sum(totals["zipccl raw"]) == sum(totals["raw"]):
+    del totals["zipccl raw"]  # no reduction: zipccl's raw programs are jax.lax's collectives
+  raw = compute_s + sum(totals["raw"])
+  step = [_variant(k, compute_s + sum(ts), raw) for k, ts in totals.items() if len(ts) == len(rows)]
+  step.append(_variant("auto", compute_s + sum(c.calls * r["auto_time_s"] for r, c in zip(rows, calls)),
+                       raw))
+  choice = auto_keys.pop() if len(auto_keys) == 1 else "auto"
+  if choice not in {v["name"] for v in step}:
+    choice = "auto"
   return {"topology": top.describe(), "assumptions": assumptions(top, prof, calls),
           "calls": rows, "step": {"compute_s": compute_s, "variants": step},
-          "variants": rows[0]["variants"] if len(rows) == 1 else step,
-          "auto_choice": rows[0]["auto_choice"] if len(rows) == 1 else "auto"}
+          "variants": step, "auto_choice": choice}
+
+
+_BEST_K = "flat compressed, model's K"
+
+
+def _step_key(name: str, best_k: str | None) -> str:
+  """The step variant a call's variant adds to: its own name, except that each call's K (calls of
+  other sizes pick other K) is one step variant and zipccl's raw reductions are "zipccl raw"."""
+  if name in _REDUCTIONS.values():
+    return "zipccl raw"
+  return _BEST_K if name == best_k else name
 
 
 def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
