@@ -43,6 +43,6 @@ run_pair "$PYENV_ROOT/versions/3.13.0/bin/python" .venv-py313 0.12.0.1 || status
 run_pair "$PYENV_ROOT/versions/3.12.1/bin/python" .venv-py312 0.11.2 \
   tests/test_collectives.py tests/test_adversarial_collectives.py tests/test_dropin.py tests/test_ragged.py \
   tests/test_ragged_collective.py tests/test_fp8.py tests/test_fp8_collectives.py tests/test_examples.py \
-  tests/test_transform.py tests/test_moe_nnx.py || status=1
+  tests/test_transform.py tests/test_moe_nnx.py tests/test_model.py || status=1
 
 exit $status

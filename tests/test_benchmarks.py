@@ -184,6 +184,11 @@ def test_collectives_benchmark_smoke(tmp_path):
         assert r["wire_bytes_calibrated"] <= r["wire_bytes_compressed"]
         if r["dtype"] == "bfloat16":  # Gaussian BF16 must cross the wire smaller than raw
             assert r["wire_bytes_compressed"] < r["wire_bytes_raw"], r
+        # the model's prediction beside the measurement, from the profile calibrated in the run
+        m = r["model"]
+        assert m["raw_s"] > 0 and m["compressed_s"] > 0 and r["profile"]["links"]["x"], r
+        assert m["compressed_over_raw"] == pytest.approx(m["compressed_s"] / m["raw_s"])
+        assert r["model_over_measured"] == pytest.approx(m["compressed_over_raw"] / r["compressed_over_best_raw"])
 
 
 MESH_FIELDS = ("mesh", "axes", "collective", "algorithm", "compress", "plan", "median_s", "spread_s",
