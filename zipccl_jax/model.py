@@ -34,6 +34,17 @@ collective are not modelled). A training step is its collectives, one after anot
 ``--compute-ms`` of work that does not overlap them (0: the step's communication alone).
 
 What is assumed, not measured, is labelled as such in every result (``assumptions``).
+
+From Python::
+
+  from zipccl_jax import model
+  from zipccl_jax.profile import LinkModel
+
+  top = model.Topology(16, 8, inter=LinkModel(15e-6, model.parse_rate("400Gbit/s")),
+                       intra=LinkModel(5e-6, model.parse_rate("450GB/s")))
+  res = model.predict_step(top, model.workload("moe_dispatch", 64 << 20, top.devices))
+  res["auto_choice"]          # the step variant compress="auto" runs
+  res["calls"][0]["variants"]  # [{"name": "raw", "time_s": ..., "speedup_vs_raw": 1.0}, ...]
 """
 
 from __future__ import annotations
