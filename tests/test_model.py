@@ -137,6 +137,40 @@ def test_command_writes_json_and_png(tmp_path, capsys, name, workload):
   assert res["assumptions"]["codec"]["bfloat16"]["source"]
 
 
+def test_python_dash_m_runs_the_command(tmp_path):
+  """The module entry point, as the README calls it, with the installed package (no source tree)."""
+  import os
+  import subprocess
+  import sys
+  where = str(pathlib.Path(zipccl_jax.__file__).parents[1])  # the package this suite tests
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join(filter(None, [where, os.environ.get("PYTHONPATH")])))
+  out = tmp_path / "out.json"
+  p = subprocess.run([sys.executable, "-m", "zipccl_jax.model"] + TOPOLOGIES["h100_16x8_400g"]
+                     + ["--json", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                     timeout=300)
+  assert p.returncode == 0, p.stderr
+  assert "RuntimeWarning" not in p.stderr and "auto compresses below" in p.stdout
+  res = json.loads(out.read_text())
+  assert res["auto_choice"] in {v["name"] for v in res["variants"]}
+  assert res["assumptions"]["links"].startswith("per device, inter: --inter, intra: --intra")
+
+
+def test_codec_flag_changes_the_prediction():
+  """--codec ENCODE,DECODE (GB/s) for --dtype replaces the profile's codec, and says so."""
+  base = ["--hosts", "16", "--per-host", "8", "--intra", "450GB/s", "--inter", "200Gbit/s"]
+  parse = zm._parser().parse_args
+  slow = zm.predict_step(zm.topology_from_args(parse(base + ["--codec", "11,7"])),
+                         [zm.Call("d", "all_to_all", 64 << 20)], crossovers=False)
+  fast = zm.predict_step(zm.topology_from_args(parse(base)), [zm.Call("d", "all_to_all", 64 << 20)],
+                         crossovers=False)
+  assert slow["assumptions"]["codec"]["bfloat16"]["source"] == "given (--codec)"
+  assert slow["assumptions"]["codec"]["bfloat16"]["encode_GB_s"] == pytest.approx(11)
+  assert slow["auto_choice"] == "raw" and fast["auto_choice"] != "raw"
+  with pytest.raises(ValueError, match="--codec"):
+    zm.topology_from_args(parse(base + ["--codec", "fast"]))
+
+
 def test_command_refuses_bad_flags(capsys):
   assert zm.main(["--hosts", "2", "--per-host", "8", "--inter", "100Gbit/s"]) == 2
   assert "--intra" in capsys.readouterr().err

@@ -127,6 +127,7 @@ class Topology:
     shared_link: the devices share one `inter` link (each sends at ``bandwidth / n``).
     base: the profile the rest comes from (codec, ratios, min_gain, fallback risk); None: the
       active one (:func:`zipccl_jax.get_profile`: calibrated, ``$ZIPCCL_PROFILE``, or defaults).
+    link_source: where `inter` and `intra` come from (reported in ``assumptions``).
   """
   hosts: int
   per_host: int
@@ -136,6 +137,7 @@ class Topology:
   codec: dict | None = None
   shared_link: bool = False
   base: Profile | None = None
+  link_source: str = "given"
 
   def __post_init__(self):
     if int(self.hosts) < 1 or int(self.per_host) < 1:
@@ -466,8 +468,8 @@ def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
           "capacity_ratio": {c.name: prof.ratio("capacity_ratio", c.role, np.dtype(np_dtype(c.dtype)))
                              for c in calls if np.dtype(np_dtype(c.dtype)) in CODED_DTYPES},
           "min_gain": prof.min_gain, "fallback_risk": prof.fallback_risk,
-          "links": "per device, as given; flat collectives over both levels: zipccl_jax.model "
-                   "docstring; no overlap of compute and communication"}
+          "links": f"per device, {top.link_source}; flat collectives over both levels: "
+                   "zipccl_jax.model docstring; no overlap of compute and communication"}
 
 
 def sweep(top: Topology, calls: list[Call], scales, rates_Bps, *, compute_s: float = 0.0) -> dict:
@@ -520,20 +522,23 @@ def topology_from_args(a) -> Topology:
   """The topology of the command's flags; what they leave out comes from the base profile."""
   base = Profile.load(a.profile) if a.profile else get_profile()
   plat = platform_key(a.device or base.platform or "gpu")
-  link, _ = base.link(None, "*", plat)
+  link, where = base.link(None, "*", plat)
   inter = LinkModel(a.inter_latency_us * 1e-6 if a.inter_latency_us is not None else link.latency_s,
                     parse_rate(a.inter) if a.inter else link.bandwidth_Bps)
+  source = ["inter: " + ("--inter" if a.inter else f"the profile's link ({where})")]
   intra = None
   if a.per_host > 1:
     if a.intra:
       intra = LinkModel(a.intra_latency_us * 1e-6, parse_rate(a.intra))
+      source.append("intra: --intra")
     elif FAST in base.links:
-      intra = base.link(FAST, "*", plat)[0]
+      intra, where = base.link(FAST, "*", plat)
+      source.append(f"intra: the profile's link ({where})")
     else:
       raise ValueError("zipccl_jax.model: --per-host > 1 needs --intra (the base profile has no "
                        f"{FAST!r} link)")
   return Topology(a.hosts, a.per_host, inter, intra, plat, _codec_arg(a.codec, a.dtype),
-                  a.shared_link, base)
+                  a.shared_link, base, ", ".join(source))
 
 
 def _table(result: dict) -> str:
