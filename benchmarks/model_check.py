@@ -45,13 +45,15 @@ MESH_VARIANTS = {"flat_raw": "flat raw", "flat_compressed": "flat compressed",
 
 
 def _zs():
+    """zipccl_jax.model, imported when first needed: benchmarks/collectives.py imports this file in its
+    workers before they set XLA_FLAGS, and importing zipccl_jax imports jax."""
     import zipccl_jax.model as zm  # the installed package, as every benchmark
     return zm
 
 
-def LinkModel(latency_s: float, bandwidth_Bps: float):  # noqa: N802 (the profile's class)
-    from zipccl_jax.profile import LinkModel as _Link
-    return _Link(latency_s, bandwidth_Bps)
+def _link(latency_s: float, bandwidth_Bps: float):
+    from zipccl_jax.profile import LinkModel
+    return LinkModel(latency_s, bandwidth_Bps)
 
 
 def testbed_profile():
@@ -169,7 +171,7 @@ def training_step(prof) -> list[dict]:
         by = {r["variant"]: r for r in runs if r["rate_gbit"] == rate}
         compute = statistics.median(c for run in by["uncompressed"]["run_step_cpu_s"] for c in run[1:])
         mbps = flat[rate]  # the flat sweep's loopback TCP at this rate (the step's run measured none)
-        top = zm.Topology(4, 1, LinkModel(lat, mbps * 1e6), platform="cpu", shared_link=True, base=prof)
+        top = zm.Topology(4, 1, _link(lat, mbps * 1e6), platform="cpu", shared_link=True, base=prof)
         preds = [zm.predict_call(top, c) for c in calls]
         raw = compute + sum(c.calls * p["zipccl_raw_time_s"] for c, p in zip(calls, preds))
         comp = compute + sum(c.calls * _variant(p, "flat compressed K=1") for c, p in zip(calls, preds))
@@ -210,8 +212,8 @@ def at_scale() -> list[dict]:
     for name, nbytes, label in SCALE_WORKLOADS:
         for gpus in SCALE_GPUS:
             for gbit in SCALE_GBIT:
-                top = zm.Topology(max(1, gpus // 8), min(8, gpus), LinkModel(15e-6, gbit * 1e9 / 8),
-                                  LinkModel(5e-6, 450e9), platform="gpu", base=Profile())
+                top = zm.Topology(max(1, gpus // 8), min(8, gpus), _link(15e-6, gbit * 1e9 / 8),
+                                  _link(5e-6, 450e9), platform="gpu", base=Profile())
                 calls = zm.workload(name, nbytes, top.devices)
                 res = zm.predict_step(top, calls, crossovers=gpus > 8)
                 step = {v["name"]: v for v in res["step"]["variants"]}
@@ -311,7 +313,7 @@ def hierarchical_all_to_all(nbytes: int = 64 << 20) -> list[dict]:
     rows = []
     for gpus in HIER_GPUS:
         for gbit in HIER_GBIT:
-            top = zm.Topology(gpus // 8, 8, LinkModel(15e-6, gbit * 1e9 / 8), LinkModel(5e-6, 450e9),
+            top = zm.Topology(gpus // 8, 8, _link(15e-6, gbit * 1e9 / 8), _link(5e-6, 450e9),
                               platform="gpu", base=Profile())
             p = zm.predict_call(top, zm.Call("dispatch", "all_to_all", nbytes))
             best = {kind: min(v["time_s"] for v in p["variants"] if v["name"].startswith(kind))
