@@ -483,8 +483,8 @@ def sweep(top: Topology, calls: list[Call], scales, rates_Bps, *, compute_s: flo
     cs = [dataclasses.replace(c, nbytes=_rescale(c, top.devices, t.devices)) for c in calls]
     pts = []
     for bw in rates_Bps:
-      s = predict_step(t.with_inter(bw), cs, compute_s=compute_s, crossovers=False)
-      pts.append((_gbit(bw), s["step"]["variants"][0]["time_s"] / s["step"]["variants"][2]["time_s"]))
+      step = predict_step(t.with_inter(bw), cs, compute_s=compute_s, crossovers=False)["step"]
+      pts.append((_gbit(bw), next(v["speedup_vs_raw"] for v in step["variants"] if v["name"] == "auto")))
     out[t.devices] = pts
   return out
 
