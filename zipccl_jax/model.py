@@ -64,8 +64,8 @@ from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.profile import (DEFAULT_CODEC, CodecModel, LinkModel, Profile, get_profile,
                                 np_dtype, platform_key)
 
-__all__ = ["Topology", "Call", "WORKLOADS", "workload", "predict_call", "predict_step", "sweep",
-           "parse_rate", "parse_bytes", "main"]
+__all__ = ["Topology", "Call", "WORKLOADS", "workload", "predict_call", "predict_step", "crossover",
+           "sweep", "parse_rate", "parse_bytes", "main"]
 
 SLOW, FAST = "host", "local"
 OPS = ("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute")
@@ -369,9 +369,10 @@ def _auto_compresses(top: Topology, call: Call) -> bool:
 
 
 def crossover(top: Topology, call: Call, lo: float = 1e7, hi: float = 1e13) -> float | None:
-  """The inter-host bandwidth (bytes/s per device) below which ``compress="auto"`` compresses
-  `call` (log-scale bisection between `lo` and `hi`); None when it compresses at neither end or at
-  both (then no single crossover in the range)."""
+  """The inter-host bandwidth (bytes/s, as `top.inter`: per device, or the shared link's with
+  ``shared_link``) below which ``compress="auto"`` runs a compressed variant of `call` (log-scale
+  bisection between `lo` and `hi`); None when it does at neither end or at both (then no single
+  crossover in the range)."""
   a, b = _auto_compresses(top.with_inter(lo), call), _auto_compresses(top.with_inter(hi), call)
   if a == b:
     return None
