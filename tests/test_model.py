@@ -58,6 +58,8 @@ def test_topology_refuses_what_it_cannot_model():
     zm.Topology(1, 1, LinkModel(1e-5, 50e9))
   with pytest.raises(ValueError, match="op must be"):
     zm.Call("x", "all_reduce", 1024)
+  with pytest.raises(ValueError, match="dtype"):
+    zm.Call("x", "all_to_all", 1024, dtype="bfloat17")
   with pytest.raises(ValueError, match="role"):
     zm.Call("x", "all_to_all", 1024, role="weights")
   with pytest.raises(ValueError, match="workload"):

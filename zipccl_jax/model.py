@@ -238,6 +238,11 @@ class Call:
       raise ValueError(f"zipccl_jax.model: role must be 'activation' or 'gradient', got {self.role!r}")
     if int(self.nbytes) < 1 or int(self.calls) < 1:
       raise ValueError(f"zipccl_jax.model: nbytes and calls must be >= 1 ({self.name})")
+    try:
+      np_dtype(self.dtype)
+    except TypeError:
+      raise ValueError(f"zipccl_jax.model: dtype must name a numpy or ml_dtypes type, got "
+                       f"{self.dtype!r} ({self.name})") from None
 
 
 def _moe_dispatch(nbytes: int, dtype: str, layers: int) -> list[Call]:
@@ -608,8 +613,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--workload", default="moe_dispatch",
                  help="moe_dispatch, fsdp or a JSON list of calls (" + "; ".join(
                      f"{k}: {v}" for k, v in WORKLOADS.items()) + ")")
-  p.add_argument("--bytes", default="64MiB", help="the workload's size (default 64MiB)")
-  p.add_argument("--dtype", default="bfloat16")
+  p.add_argument("--bytes", default="64MiB", help="the workload's size (default 64MiB; a JSON "
+                 "workload has its own)")
+  p.add_argument("--dtype", default="bfloat16", help="the workload's element type (bfloat16)")
   p.add_argument("--layers", type=int, default=1, help="layers per step (each the workload's calls)")
   p.add_argument("--compute-ms", type=float, default=0.0, help="work per step not overlapped")
   p.add_argument("--json", help="write the prediction here")
