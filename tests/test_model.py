@@ -35,7 +35,8 @@ def _check_module():
 
 
 @pytest.mark.parametrize("text,Bps", [("400Gbit/s", 50e9), ("400Gb/s", 50e9), ("100Gbps", 12.5e9),
-                                      ("900GB/s", 900e9), ("1Gbit/s", 0.125e9), ("2.5e3Mbit/s", 312.5e6)])
+                                      ("900GB/s", 900e9), ("1Gbit/s", 0.125e9), ("2.5e3Mbit/s", 312.5e6),
+                                      ("400gbit/s", 50e9), ("25 GBps", 25e9)])
 def test_parse_rate(text, Bps):
   assert zm.parse_rate(text) == pytest.approx(Bps)
 

@@ -75,19 +75,19 @@ OPS = ("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute")
 # --------------------------------------------------------------------------- #
 
 _RATE_UNITS = {"b/s": 1 / 8, "bit/s": 1 / 8, "bps": 1 / 8, "B/s": 1.0, "Bps": 1.0}
-_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}  # either case: no rate is in milli-units
 _SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20,
                "GiB": 2**30}
 
 
 def parse_rate(text: str) -> float:
   """Bytes per second of a rate such as ``"400Gbit/s"``, ``"400Gb/s"``, ``"900GB/s"``, ``"100Gbps"``
-  (bits: ``b``, ``bit``, ``bps``; bytes: ``B``)."""
-  m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kKMGT]?)(b/s|bit/s|bps|B/s|Bps)\s*", str(text))
+  (bits: ``b``, ``bit``, ``bps``; bytes: ``B``, ``Bps``; the prefix k, M, G or T in either case)."""
+  m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kKmMgGtT]?)(b/s|bit/s|bps|B/s|Bps)\s*", str(text))
   if not m:
     raise ValueError(f"zipccl_jax.model: a rate is a number, a prefix (k, M, G, T) and a unit (bit/s, "
                      f"b/s, bps or B/s), e.g. 400Gbit/s or 900GB/s; got {text!r}")
-  v = float(m.group(1)) * _PREFIX[m.group(2)] * _RATE_UNITS[m.group(3)]
+  v = float(m.group(1)) * _PREFIX[m.group(2).lower()] * _RATE_UNITS[m.group(3)]
   if not v > 0:
     raise ValueError(f"zipccl_jax.model: a rate must be > 0, got {text!r}")
   return v
