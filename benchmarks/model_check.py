@@ -129,8 +129,9 @@ def two_levels(prof) -> list[dict]:
         dt = np.dtype(_np_dtype(r0["dtype"]))
         elems = math.prod(r0["global_shape"]) // 8
         role = _role(r0["payload"], op)
-        anchored = dict(hierarchical.choose(op, dt, elems, ("host", "local"), ("host", "local"), (2, 4),
-                                            "auto", role, profile=prof, platform="cpu").candidates)
+        lp = hierarchical.choose(op, dt, elems, ("host", "local"), ("host", "local"), (2, 4), "auto", role,
+                                 profile=prof, platform="cpu")
+        anchored = dict(lp.candidates)
         links = zm.predict_call(top, zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, role))
         alone = {v["name"]: v["time_s"] for v in links["variants"]}
         alone["flat raw"] = links["zipccl_raw_time_s"]
@@ -141,15 +142,9 @@ def two_levels(prof) -> list[dict]:
                          "anchored_s": anchored[name], "anchored_err": _err(anchored[name], meas),
                          "links_s": alone[name], "links_err": _err(alone[name], meas)})
         rows.append({"collective": op, "variant": "auto", "meas_choice": by["auto"]["chosen"],
-                     "anchored_choice": _choice(hierarchical, op, dt, elems, role, prof),
+                     "anchored_choice": lp.candidates[0][0],
                      "links_choice": links["auto_choice"]})
     return rows
-
-
-def _choice(hierarchical, op, dt, elems, role, prof) -> str:
-    lp = hierarchical.choose(op, dt, elems, ("host", "local"), ("host", "local"), (2, 4), "auto", role,
-                             profile=prof, platform="cpu")
-    return lp.candidates[0][0]
 
 
 def _without_programs(prof):

@@ -193,6 +193,16 @@ def test_command_refuses_bad_flags(capsys):
   assert zm.main(["--workload", "nope"]) == 2
 
 
+def test_workload_file(tmp_path):
+  """A JSON workload is a list of calls; a key Call does not have is a ValueError naming the file."""
+  good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+  good.write_text(json.dumps([{"name": "a2a", "op": "all_to_all", "nbytes": 1 << 20, "calls": 2}]))
+  bad.write_text(json.dumps([{"name": "a2a", "op": "all_to_all", "bytes": 1 << 20}]))
+  assert zm.workload(str(good), 0, 8) == [zm.Call("a2a", "all_to_all", 1 << 20, calls=2)]
+  with pytest.raises(ValueError, match="bad.json"):
+    zm.workload(str(bad), 0, 8)
+
+
 def test_crossover_is_where_auto_switches():
   top = zm.Topology(4, 1, LinkModel(1e-4, GBIT), platform="cpu", shared_link=True)
   call = zm.Call("dispatch", "all_to_all", 5 << 20)
@@ -275,6 +285,13 @@ def test_testbed_dispatch_ratio_within_15_percent(check):
 def test_flat_sweep_within_15_percent_where_the_link_binds(check):
   _, flat, _, _ = check
   assert len(flat) == 35  # 7 cases x 5 rates
+  for r in flat:  # what the benchmark recorded in its run is what the model computes from its profile
+    rec = r["recorded_in_run"]  # (a change to the model that moves it needs the run again)
+    assert rec["compressed_over_raw"] == pytest.approx(r["pred_ratio"], rel=1e-9), r
+    assert rec["auto_choice"] == r["auto_choice"], r
+  # the README: auto's choice was the measured better one in 34 of 35 cases
+  right = [(r["auto_choice"] == "flat compressed K=1") == (r["meas_ratio"] < 1) for r in flat]
+  assert sum(right) == 34, [(r["case"], r["rate_gbit"]) for r, ok in zip(flat, right) if not ok]
   bound = [r for r in flat if r["rate_gbit"] is not None and r["rate_gbit"] <= 2.5]
   assert max(abs(r["ratio_err"]) for r in bound) < 0.15
 

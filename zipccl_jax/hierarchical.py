@@ -403,8 +403,9 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
 
 def choose(op: str, dtype, x_elems: int, axis_name, levels, sizes, compress, role: str, *,
            site: str = "", profile=None, platform: str | None = None) -> LevelPlan:
-  """The cheapest algorithm of one two-level call (pure: what :func:`plan` runs at trace time,
-  and what :mod:`zipccl_jax.model` predicts with, so a prediction and a run cannot disagree).
+  """The cheapest algorithm of one two-level call, neither traced nor logged: what :func:`plan`
+  runs at trace time, and what :mod:`zipccl_jax.model` predicts with, so a prediction and a run
+  cannot disagree.
 
   Args:
     op: "all_gather", "psum_scatter" or "all_to_all".

@@ -208,9 +208,9 @@ def _flat_links(H: int, L: int, inter: LinkModel, intra: LinkModel) -> dict:
   # ring all_gather: every edge of the ring carries n - 1 shards, a host's edge out of it through
   # its L devices' links together (one ring per device's link, each a 1/L slice)
   ag = min(L * inter.bandwidth_Bps, intra.bandwidth_Bps)
-  cross = LinkModel(inter.latency_s, inter.bandwidth_Bps)  # ppermute rounds, flag psums
-  return {"all_to_all": LinkModel(lat, a2a), "all_gather": LinkModel(lat, ag),
-          "ppermute": cross, "psum": cross, "*": LinkModel(lat, a2a)}
+  a2a_link = LinkModel(lat, a2a)
+  return {"all_to_all": a2a_link, "all_gather": LinkModel(lat, ag), "*": a2a_link,
+          "ppermute": inter, "psum": inter}  # ppermute's rounds and flag psums cross hosts
 
 
 # --------------------------------------------------------------------------- #
@@ -280,7 +280,10 @@ def workload(name: str, nbytes: int, devices: int, *, dtype: str = "bfloat16",
   if name.endswith(".json"):
     with open(name) as f:
       rows = json.load(f)
-    return [Call(**r) for r in rows]
+    try:
+      return [Call(**r) for r in rows]
+    except TypeError as e:  # a key Call does not have, or one missing
+      raise ValueError(f"zipccl_jax.model: workload {name}: {e}") from None
   raise ValueError(f"zipccl_jax.model: workload must be one of {sorted(WORKLOADS)} or a .json "
                    f"file, got {name!r}")
 
@@ -508,8 +511,9 @@ def _rescale(call: Call, n0: int, n1: int) -> int:
 # --------------------------------------------------------------------------- #
 
 
-def _codec_arg(text: str | None, dtype: str):
-  """--codec: None, a platform name (its documented table), or "ENCODE,DECODE" GB/s for `dtype`."""
+def _codec_arg(text: str | None, dtype: str, plat: str):
+  """--codec: None, a platform name (its documented table), or "ENCODE,DECODE" GB/s for `dtype`
+  (with `plat`'s documented per-call overheads)."""
   if text is None:
     return None
   if text in DEFAULT_CODEC:
@@ -519,7 +523,7 @@ def _codec_arg(text: str | None, dtype: str):
   except ValueError:
     raise ValueError(f"zipccl_jax.model: --codec is cpu, gpu, tpu or 'ENCODE,DECODE' in GB/s, got "
                      f"{text!r}") from None
-  base = DEFAULT_CODEC["gpu"][np.dtype(np_dtype(dtype)).name]
+  base = DEFAULT_CODEC[plat][np.dtype(np_dtype(dtype)).name]
   return {np.dtype(np_dtype(dtype)).name: CodecModel(enc, dec, base.encode_overhead_s,
                                                      base.decode_overhead_s)}
 
@@ -543,7 +547,7 @@ def topology_from_args(a) -> Topology:
     else:
       raise ValueError("zipccl_jax.model: --per-host > 1 needs --intra (the base profile has no "
                        f"{FAST!r} link)")
-  return Topology(a.hosts, a.per_host, inter, intra, plat, _codec_arg(a.codec, a.dtype),
+  return Topology(a.hosts, a.per_host, inter, intra, plat, _codec_arg(a.codec, a.dtype, plat),
                   a.shared_link, base, ", ".join(source))
 
 
