@@ -346,13 +346,25 @@ def _parse_header(buf: np.ndarray):
               n_elems=n, frame_bytes=frame_bytes, reserved=rsv, checksum=csum)
 
 
-def _check_frame(buf: np.ndarray, code: int | None, n_expected: int | None):
-  """Frame-level compliance; returns (header dict, list of block byte ranges)."""
+def _frame_xxh32(frame: bytearray, ranges) -> int:
+  """Version 1's checksum: XXH32 of the whole frame (checksum field zeroed)."""
+  del ranges
+  return xxh32(frame)
+
+
+def _check_frame(buf: np.ndarray, code: int | None, n_expected: int | None, *,
+                 version: int = fmt.VERSION, checksum_of=_frame_xxh32):
+  """Frame-level compliance; returns (header dict, list of block byte ranges).
+
+  `version` and `checksum_of(frame with the field zeroed, block ranges)` are the
+  frame version's (reference_v2 passes its own); the rest is common to both.
+  """
   h = _parse_header(buf)
   if h["magic"] != fmt.MAGIC:
     _fail(f"bad magic 0x{h['magic']:08X} (expected 0x{fmt.MAGIC:08X}, 'ZCCL')")
-  if h["version"] != fmt.VERSION:
-    _fail(f"unsupported version {h['version']} (expected {fmt.VERSION})")
+  if h["version"] != version:
+    _fail(f"frame version {h['version']}, this decoder reads version {version} "
+          f"(both peers must run the same zipccl_jax)")
   if h["dtype"] not in _DTYPE_OF_CODE:
     _fail(f"invalid dtype code {h['dtype']}")
   if code is not None and h["dtype"] != code:
@@ -383,15 +395,16 @@ def _check_frame(buf: np.ndarray, code: int | None, n_expected: int | None):
   if lo_bound + int(sizes.sum()) != fb:
     _fail(f"block directory sizes add up to {lo_bound + int(sizes.sum())} bytes, "
           f"frame_bytes says {fb}")
+  ends = lo_bound + np.cumsum(sizes)
+  starts = ends - sizes
+  ranges = list(zip(starts.tolist(), ends.tolist()))
   if has_csum:
     frame = bytearray(buf[:fb].tobytes())
     frame[28:32] = b"\0\0\0\0"
-    want = xxh32(frame)
+    want = checksum_of(frame, ranges)
     if want != h["checksum"]:
       _fail(f"checksum mismatch: stored 0x{h['checksum']:08X}, computed 0x{want:08X}")
-  ends = lo_bound + np.cumsum(sizes)
-  starts = ends - sizes
-  return h, list(zip(starts.tolist(), ends.tolist()))
+  return h, ranges
 
 
 def frame_info(frame) -> dict:
@@ -543,6 +556,46 @@ def _decode_huff_blocks(blocks: list[dict], where: list[str]) -> list[np.ndarray
   return out
 
 
+def _check_block_header(blk: np.ndarray, m: int, w: int, code: int, where: str):
+  """A block's header rules (every version): returns (mode, flags) of a valid header."""
+  if blk.size < fmt.BLOCK_HEADER_BYTES:
+    _fail(f"{where}: {blk.size} bytes is smaller than a block header")
+  mode, flags, rsv, value = _BLK.unpack(blk[:fmt.BLOCK_HEADER_BYTES].tobytes())
+  if rsv:
+    _fail(f"{where}: reserved block header field is non-zero")
+  if mode == fmt.MODE_RAW:
+    if flags:
+      _fail(f"{where}: flag 0x{flags:02X} not allowed for a RAW block")
+    if value:
+      _fail(f"{where}: reserved value field of a RAW block is non-zero")
+    if blk.size != fmt.BLOCK_HEADER_BYTES + m * w:
+      _fail(f"{where}: RAW block size {blk.size} inconsistent with its {m} elements")
+  elif mode == fmt.MODE_CONST:
+    if flags:
+      _fail(f"{where}: flag 0x{flags:02X} not allowed for a CONST block")
+    if w < 4 and value >> (8 * w):
+      _fail(f"{where}: reserved upper {32 - 8 * w} bits of a CONST value are non-zero")
+    if blk.size != fmt.BLOCK_HEADER_BYTES:
+      _fail(f"{where}: CONST block size {blk.size} is not {fmt.BLOCK_HEADER_BYTES}")
+  elif mode == fmt.MODE_HUFF:
+    allowed = fmt.BLOCK_FLAG_LOW16 if code == fmt.DTYPE_F32 else 0
+    if flags & ~allowed:
+      _fail(f"{where}: flag 0x{flags:02X} not allowed for a HUFF block of "
+            f"{_DTYPE_OF_CODE[code].name}")
+    if value:
+      _fail(f"{where}: reserved value field of a HUFF block is non-zero")
+  else:
+    _fail(f"{where}: unknown block mode {mode}")
+  return mode, flags
+
+
+def _plain_block(blk: np.ndarray, m: int, w: int, mode: int) -> np.ndarray:
+  """The elements of a checked RAW or CONST block."""
+  if mode == fmt.MODE_RAW:
+    return blk[fmt.BLOCK_HEADER_BYTES:].view(f"<u{w}")
+  return np.full(m, _BLK.unpack(blk[:fmt.BLOCK_HEADER_BYTES].tobytes())[3], _UINT[w])
+
+
 def decode(frame, *, shape, dtype) -> np.ndarray:
   """Decodes one frame (exactly the readable bytes given) into an array of `shape`, `dtype`.
 
@@ -562,40 +615,14 @@ def decode(frame, *, shape, dtype) -> np.ndarray:
     where = f"block {b}"
     blk = buf[s:e]
     m = min(fmt.BLOCK_ELEMS, n - b * fmt.BLOCK_ELEMS)
-    if blk.size < fmt.BLOCK_HEADER_BYTES:
-      _fail(f"{where}: {blk.size} bytes is smaller than a block header")
-    mode, flags, rsv, value = _BLK.unpack(blk[:fmt.BLOCK_HEADER_BYTES].tobytes())
-    if rsv:
-      _fail(f"{where}: reserved block header field is non-zero")
     sl = slice(b * fmt.BLOCK_ELEMS, b * fmt.BLOCK_ELEMS + m)
-    if mode == fmt.MODE_RAW:
-      if flags:
-        _fail(f"{where}: flag 0x{flags:02X} not allowed for a RAW block")
-      if value:
-        _fail(f"{where}: reserved value field of a RAW block is non-zero")
-      if blk.size != fmt.BLOCK_HEADER_BYTES + m * w:
-        _fail(f"{where}: RAW block size {blk.size} inconsistent with its {m} elements")
-      out[sl] = blk[fmt.BLOCK_HEADER_BYTES:].view(f"<u{w}")
-    elif mode == fmt.MODE_CONST:
-      if flags:
-        _fail(f"{where}: flag 0x{flags:02X} not allowed for a CONST block")
-      if w < 4 and value >> (8 * w):
-        _fail(f"{where}: reserved upper {32 - 8 * w} bits of a CONST value are non-zero")
-      if blk.size != fmt.BLOCK_HEADER_BYTES:
-        _fail(f"{where}: CONST block size {blk.size} is not {fmt.BLOCK_HEADER_BYTES}")
-      out[sl] = value
-    elif mode == fmt.MODE_HUFF:
-      allowed = fmt.BLOCK_FLAG_LOW16 if code == fmt.DTYPE_F32 else 0
-      if flags & ~allowed:
-        _fail(f"{where}: flag 0x{flags:02X} not allowed for a HUFF block of "
-              f"{dt.name}")
-      if value:
-        _fail(f"{where}: reserved value field of a HUFF block is non-zero")
+    mode, flags = _check_block_header(blk, m, w, code, where)
+    if mode == fmt.MODE_HUFF:
       huff.append(_parse_huff(blk, m, code, flags, where))
       huff_where.append(where)
       huff_slices.append(sl)
     else:
-      _fail(f"{where}: unknown block mode {mode}")
+      out[sl] = _plain_block(blk, m, w, mode)
   for blk, sl, syms in zip(huff, huff_slices, _decode_huff_blocks(huff, huff_where)):
     out[sl] = merge_symbols(syms, blk["raw"], code, blk["low16"])
   return out.view(dt).reshape(shape)
