@@ -63,6 +63,7 @@ PUBLIC: dict[str, Callable] = {}
 def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, name,
                 role=None, groups=None):
   """Plans, records and runs `recipe` on every leaf of `x` (role: None = the recipe's)."""
+  defaults.check_call(recipe.op, compress, capacity, transport)  # at the door, whatever the plan
   compress, capacity = defaults.resolve(compress, capacity)
   fwd_cap, bwd_cap = split_capacity(capacity)
   site = call_site(recipe.op, name)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from zipccl_jax import _exchange, _ragged, accounting, strategy
+from zipccl_jax import _exchange, _ragged, accounting, defaults, strategy
 from zipccl_jax import format as fmt
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axes_of, axis_size, call_site, vary_together
@@ -110,6 +110,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     2 rows from rank 0 at 0 and 1 of its own at 2:
     rank 0: result = [1, 3, 0, 0]     rank 1: result = [2, 2, 4, 0]
   """
+  defaults.check_call(_OP, compress, capacity)  # at the door, whatever the plan
   if axis_index_groups is not None:  # sent uncompressed, as the other collectives send groups
     return _ragged.exchange(operand, output, input_offsets, send_sizes, output_offsets,
                             recv_sizes, axis_name=axis_name, axis_index_groups=axis_index_groups)

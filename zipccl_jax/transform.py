@@ -150,6 +150,7 @@ def _policy(compress, capacity, transport) -> _Policy:
                      f"'ragged', got {transport!r}")
   if isinstance(capacity, list):
     capacity = tuple(capacity)
+  defaults.check_capacity(capacity, "compress_collectives")
   try:
     hash(capacity)
   except TypeError:
