@@ -18,6 +18,10 @@ Its JVP rule binds the tangents as they come, so a linear argument that is not d
 fails to bind; `_linear_call_jvp` instantiates those zeros first. Its transpose rule then asserts
 that every linear argument is being transposed; `_linear_call_transpose` transposes the known
 ones too and drops their cotangents.
+
+What JAX evaluates of a linear_call's callee again (impl, lowering, batching) runs in
+`_ours.scope`: the jax.lax collectives there are zipccl_jax's own, never rewritten by
+`compress_collectives` (module `_ours`).
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from typing import Callable
 import jax
 from jax._src import custom_derivatives as _cd
 from jax._src import ad_util
-from jax._src.interpreters import ad, batching
+from jax._src.interpreters import ad, batching, mlir
 
-from zipccl_jax import _compat
+from zipccl_jax import _compat, _ours
 
 __all__ = ["linear"]
 
@@ -107,3 +111,15 @@ def _linear_call_transpose(cts, *args, num_callee_consts, num_res, **params):
 
 if _jax_linear_call_transpose is _cd._linear_call_transpose_rule:
   ad.primitive_transposes[_cd.linear_call_p] = _linear_call_transpose
+
+
+# The rules of linear_call_p that evaluate its callee's jaxpr again (impl, lowering, batching; the
+# JVP binds it twice) run in `_ours.scope`. (A transpose, traced later by JAX, is the caller's:
+# zipccl_jax's collectives pass theirs in `_ours.ours`.)
+_linear_call_impl = getattr(_cd, "_linear_call_impl", None)
+if _linear_call_impl is not None and _cd.linear_call_p.impl is _linear_call_impl:
+  _cd.linear_call_p.def_impl(_ours.ours(_linear_call_impl))
+  mlir.register_lowering(_cd.linear_call_p,
+                         mlir.lower_fun(_ours.ours(_linear_call_impl), multiple_results=True))
+for _rules in (ad.primitive_jvps, batching.fancy_primitive_batchers):
+  _rules[_cd.linear_call_p] = _ours.ours(_rules[_cd.linear_call_p])

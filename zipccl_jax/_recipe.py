@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from zipccl_jax import _exchange, accounting, defaults, hierarchical, strategy
+from zipccl_jax import _exchange, _ours, accounting, defaults, hierarchical, strategy
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axis_size, call_site, check_groups, lax_only_reason, tree_apply
 from zipccl_jax.capacity import CODED_DTYPES, piece_capacities, split_capacity
@@ -60,6 +60,7 @@ class Recipe:
 PUBLIC: dict[str, Callable] = {}
 
 
+@_ours.ours  # the jax.lax collectives it binds are ours (never rewritten by compress_collectives)
 def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, name,
                 role=None, groups=None):
   """Plans, records and runs `recipe` on every leaf of `x` (role: None = the recipe's)."""
@@ -101,8 +102,8 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
     call = Call(recipe.op, axis_name, params, p.capacity if p.compress else 0,
                  p.transport or transport, site, (compress, bwd_cap), grp, p.algorithm, p.pieces)
     x = recipe.prepare(call, x)
-    return linear(functools.partial(recipe.impl, call), functools.partial(recipe.transpose, call),
-                  x)
+    return linear(functools.partial(recipe.impl, call),
+                  _ours.ours(functools.partial(recipe.transpose, call)), x)
 
   return tree_apply(leaf, x, site)
 

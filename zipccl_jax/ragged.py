@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from zipccl_jax import _exchange, _ragged, accounting, defaults, strategy
+from zipccl_jax import _exchange, _ours, _ragged, accounting, defaults, strategy
 from zipccl_jax import format as fmt
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axes_of, axis_size, call_site, vary_together
@@ -63,6 +63,7 @@ class _Call:
   backward: tuple  # (compress, capacity) of the transposed exchange
 
 
+@_ours.ours  # the jax.lax collectives it binds are ours (never rewritten by compress_collectives)
 def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
                       axis_name, axis_index_groups=None, compress="auto", capacity=None,
                       name=None):
@@ -150,7 +151,8 @@ def _modeled_bytes(operand, output, n: int, m: int, plan):
 def _bind(call: _Call, operand, output, *idx):
   """`_impl`, declared linear in (operand, output) with `_ragged_all_to_all_transpose_rule`."""
   return linear(lambda ops, *i: _impl(call, *ops, *i),
-                functools.partial(_ragged_all_to_all_transpose_rule, call, operand.shape[0]),
+                _ours.ours(functools.partial(_ragged_all_to_all_transpose_rule, call,
+                                             operand.shape[0])),
                 (operand, output), *idx)
 
 
