@@ -37,10 +37,10 @@ from jax._src.interpreters import partial_eval as pe
 
 from zipccl_jax import _ours
 
-__all__ = ["linear"]
+__all__ = ["linear", "wire_of"]
 
 
-def linear(impl: Callable, transpose: Callable, x, *res):
+def linear(impl: Callable, transpose: Callable, x, *res, wire=None):
   """`impl(x, *res)` for an `impl` linear in the pytree `x`, whose transpose is `transpose(ct, *res)`.
 
   `res` are non-linear arguments (index tables: integers, no tangent) that both functions read;
@@ -56,6 +56,9 @@ def linear(impl: Callable, transpose: Callable, x, *res):
     ``linear_call`` (0.12, since jax-ml/jax b4e876a49b) closes its thunk over the call's
     arguments, which the jaxpr then keeps alive, so ``jax_check_tracer_leaks`` reports a leaked
     trace for every call.
+
+  `wire` (a `_roofline.Wire`, or None) rides on the transpose thunk: the roofline rule of a
+  collective of ours reads it (`wire_of`).
   """
   res_leaves, res_tree = jax.tree.flatten(res)
   x_leaves, x_tree = jax.tree.flatten(x)
@@ -75,10 +78,16 @@ def linear(impl: Callable, transpose: Callable, x, *res):
       return jax.tree.leaves(ct_x)
     return pe.separate_consts(jax.make_jaxpr(t_fun)(res_avals, list(callee.out_avals)))
 
+  transpose_thunk.zipccl_wire = wire  # what the call moves, for its roofline rule (`_roofline`)
   out = _cd.linear_call_p.bind(*consts, *res_leaves, *x_leaves, callee=callee,
                                transpose_thunk=transpose_thunk, num_callee_consts=0,
                                num_res=n_consts + len(res_leaves))
   return jax.tree.unflatten(out_tree, out)
+
+
+def wire_of(transpose_thunk):
+  """The `wire` a linear_call of `linear` was given (None: another linear_call, or none given)."""
+  return getattr(transpose_thunk, "zipccl_wire", None)
 
 
 def _linear_call_batch(axis_data, args, dims, *, callee, transpose_thunk, num_callee_consts,
@@ -94,6 +103,8 @@ def _linear_call_batch(axis_data, args, dims, *, callee, transpose_thunk, num_ca
                                   instantiate=True)
     return b_t, t_consts
 
+  if (wire := wire_of(transpose_thunk)) is not None:
+    b_transpose_thunk.zipccl_wire = wire.batched(size)
   out = _cd.linear_call_p.bind(*args, callee=b_callee, transpose_thunk=b_transpose_thunk,
                                num_callee_consts=num_callee_consts, num_res=num_res)
   return out, [0] * len(out)

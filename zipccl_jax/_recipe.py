@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from zipccl_jax import _exchange, _ours, accounting, defaults, hierarchical, strategy
+from zipccl_jax import _exchange, _ours, _roofline, accounting, defaults, hierarchical, strategy
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axis_size, call_site, check_groups, lax_only_reason, tree_apply
 from zipccl_jax.capacity import CODED_DTYPES, piece_capacities, split_capacity
@@ -101,11 +101,18 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
       return recipe.lax_fn(x, axis_name, params, grp)
     call = Call(recipe.op, axis_name, params, p.capacity if p.compress else 0,
                  p.transport or transport, site, (compress, bwd_cap), grp, p.algorithm, p.pieces)
+    wire = _wire(recipe, call, x, raw_b, wire_b if p.compress else raw_b)
     x = recipe.prepare(call, x)
     return linear(functools.partial(recipe.impl, call),
-                  _ours.ours(functools.partial(recipe.transpose, call)), x)
+                  _ours.ours(functools.partial(recipe.transpose, call)), x, wire=wire)
 
   return tree_apply(leaf, x, site)
+
+
+def _wire(recipe: Recipe, call: Call, x, raw_b: int, sent_b: int) -> _roofline.Wire:
+  """What `call` moves, for its roofline rule: jax.lax's call of it and the bytes each sends."""
+  return _roofline.wire(lambda v: recipe.lax_fn(v, call.axis_name, call.params, call.groups), x,
+                        raw_b, sent_b)
 
 
 def _wire_capacity(p, x, m: int) -> int:

@@ -86,7 +86,7 @@ from zipccl_jax import _exchange, _recipe, accounting
 from zipccl_jax._recipe import (Call, Recipe, check_positional, raw_path, run, size_of,
                                 transposed)
 from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_split,
-                               check_vma_on, itemsize, lax_ppermute, vary)
+                               check_vma_on, itemsize, lax_ppermute, perm_argument, vary)
 from zipccl_jax.observation import record_frames
 
 __all__ = ["all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean",
@@ -616,8 +616,8 @@ def ppermute(x, axis_name, perm, *, compress=None, capacity=None, transport="aut
     rank 0 sends frame(a) to rank 1, rank 1 sends frame(b) to rank 0; then
     rank 0: y = [b0, b1]      rank 1: y = [a0, a1]
   """
-  return run(_PPERMUTE, x, axis_name, perm, compress=compress, capacity=capacity,
-                     transport=transport, name=name)
+  return run(_PPERMUTE, x, axis_name, perm_argument(perm, "ppermute"), compress=compress,
+             capacity=capacity, transport=transport, name=name)
 
 
 def _ppermute_params(x, n, axis_name, perm):
