@@ -16,8 +16,8 @@ here, on import, where ``jax.experimental.roofline`` imports (`_compat.roofline_
   reads and writes. Other targets keep the rule they had (or none).
 * ``zipccl_count`` (the runtime counter of `accounting`): nothing.
 
-A ragged_all_to_all's send sizes are not static: its estimate is jax.lax.all_to_all's of the whole
-operand, an upper bound (jax registers no rule for jax.lax.ragged_all_to_all).
+ragged_all_to_all passes no `Wire` (its send sizes are not static, and jax registers no rule for
+jax.lax.ragged_all_to_all either): its linear_call gets its callee's estimate, which the conds hide.
 """
 
 from __future__ import annotations
