@@ -68,9 +68,9 @@ Differences from ``jax.lax`` (deliberate)
 * ``axis_index_groups`` (all_to_all, all_gather, psum_scatter; psum raises
   ``NotImplementedError`` inside shard_map, as ``jax.lax.psum`` does): sent uncompressed, as raw
   bits (``psum_scatter`` keeps the documented order, ranks being positions in a group).
-* A compiled program holds our custom calls and byte exchanges: cost and roofline estimates,
-  and HLO inspection, see those rather than ``jax.lax``'s collectives; ``jax.export`` needs
-  :func:`zipccl_jax.export_disabled_checks`.
+* A compiled program holds our custom calls and byte exchanges: HLO inspection sees those; roofline
+  estimates are ``jax.lax``'s with the bytes we send plus the codec's (:mod:`zipccl_jax._roofline`);
+  ``jax.export`` needs :func:`zipccl_jax.export_disabled_checks`.
 * :func:`zipccl_jax.set_runtime_stats` does not count calls inside a partially automatic
   ``shard_map`` (a side-effecting op cannot be replicated there), and counts a rematerialized
   collective once per execution.
