@@ -76,8 +76,8 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
   ``recv_sizes[i]`` rows) at ``all_to_all(output_offsets)[i]`` and keeps ``output`` elsewhere.
 
   Args:
-    operand: (N, *row) bfloat16/float16/float32 rows to send (other dtypes go raw).
-    output: (M, *row), same dtype: the rows not written keep these bits.
+    operand: ``(N, *row)`` bfloat16/float16/float32 rows to send (other dtypes go raw).
+    output: ``(M, *row)``, same dtype: the rows not written keep these bits.
     input_offsets, send_sizes, output_offsets, recv_sizes: (K,) integer arrays, ``K = n * spd``
       with ``n = axis_size(axis_name)``; ``spd`` slices per destination, gaps allowed. As in
       jax.lax, ``send_sizes == all_to_all(recv_sizes)`` and every slice must fit its buffer.
@@ -90,7 +90,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     name: call-site name for :func:`zipccl_jax.stats`.
 
   Returns:
-    (M, *row): ``output`` with the received rows written.
+    ``(M, *row)``: ``output`` with the received rows written.
 
   The call is linear in ``(operand, output)`` (:mod:`zipccl_jax._linear`): ``jax.jvp`` and
   ``jax.linearize`` send the tangents through the same compressed exchange; the transpose
