@@ -101,3 +101,50 @@ def test_a_jitted_function_lowered_under_the_policy_binds_nothing_twice():
   assert sorted(zj.stats()) == want
   np.testing.assert_array_equal(np.asarray(got).view(np.uint16),
                                 np.asarray(jax.jit(_smap(body))(x)).view(np.uint16))
+
+
+def test_a_programs_sites_survive_reset_and_jax_caches_and_xla_dce():
+  """After reset_stats(), a cached step is neither traced nor lowered again (no code of ours runs): the
+  program itself names its sites (stats(program), explain(program=...)), the same as the first time; a
+  collective whose result is unused (traced, so in stats(), but dropped by jax's DCE before lowering, or
+  by XLA) is not among the program's sites."""
+  def body(x):
+    lax.all_gather(x[:8], AXIS, tiled=True)  # result unused: XLA drops it
+    return lax.all_to_all(x, AXIS, 0, 0, tiled=True)
+
+  step = jax.jit(zj.compress_collectives(_smap(body), compress=True))
+  x = _x()
+  zj.reset_stats()
+  first = step.lower(x)
+  traced_sites = sorted(zj.stats())
+  compiled = first.compile()
+  kept = sorted(zj.stats(compiled))
+  assert len(traced_sites) == 2 and len(kept) == 1 and kept[0].startswith("all_to_all@"), (traced_sites, kept)
+  table = zj.explain(program=compiled)
+  zj.reset_stats()
+  again = step.lower(x)  # cached: nothing of ours runs
+  assert zj.stats() == {}
+  assert sorted(zj.stats(again)) == sorted(zj.stats(step.trace(x))) == sorted(zj.stats(first)) == kept
+  assert sorted(zj.stats(again.compile())) == kept and zj.explain(program=again.compile()) == table
+  assert zj.stats(compiled)[kept[0]].compressed and kept[0] in table
+
+
+def test_compress_true_sends_small_messages_raw_and_says_so():
+  """A frame that would not be smaller than the raw chunk: the site goes raw (no encode), explain() says
+  why; a byte-count capacity is obeyed as given."""
+  small = _smap(lambda x: lax.all_gather(x[:2, :64], AXIS, tiled=True)[: x.shape[0]].repeat(1, 0))
+  x = _x()
+  zj.reset_stats()
+  text = jax.jit(zj.compress_collectives(small, compress=True)).lower(x).compile().as_text()
+  (name, st), = zj.stats().items()
+  assert not st.compressed and st.wire_bytes == st.raw_bytes and "zipccl_encode" not in text, st
+  assert "would not be smaller than the raw chunk" in zj.explain(name)
+  forced = _smap(lambda x: zj.all_gather(x[:2, :64], AXIS, tiled=True, compress=True, capacity=512))
+  assert "zipccl_encode" in jax.jit(forced).lower(x).compile().as_text()
+
+
+def test_explain_says_why_auto_codes_nothing_on_cpu():
+  from zipccl_jax import strategy
+  strategy.reset_decisions()
+  jax.jit(zj.compress_collectives(_smap(_BODIES["all_to_all"]))).lower(_x())
+  assert "note: compress='auto' coded nothing" in zj.explain() and "compress=True" in zj.explain()

@@ -95,18 +95,24 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
                       pieces=pin_pieces if recipe.op in strategy.PIPELINED_OPS else None,
                       message_elems=x.size)
     raw_b, wire_b = recipe.wire(x, n, params, _wire_capacity(p, x, m), p.algorithm)
-    accounting.record(site, recipe.op, x, n, p, raw_b, wire_b)
-    lax_direct = raw_reason and raw_reason != "axis_index_groups" and recipe.lax_when_forced_raw
-    if np.dtype(x.dtype) not in CODED_DTYPES or lax_direct:
-      return recipe.lax_fn(x, axis_name, params, grp)
-    call = Call(recipe.op, axis_name, params, p.capacity if p.compress else 0,
-                 p.transport or transport, site, (compress, bwd_cap), grp, p.algorithm, p.pieces)
-    wire = _wire(recipe, call, x, raw_b, wire_b if p.compress else raw_b)
-    x = recipe.prepare(call, x)
-    return linear(functools.partial(recipe.impl, call),
-                  _ours.ours(functools.partial(recipe.transpose, call)), x, wire=wire)
+    with accounting.site_scope(accounting.record(site, recipe.op, x, n, p, raw_b, wire_b)):
+      return _bind(recipe, p, x, raw_reason, Call(
+          recipe.op, axis_name, params, p.capacity if p.compress else 0, p.transport or transport,
+          site, (compress, bwd_cap), grp, p.algorithm, p.pieces), (raw_b, wire_b))
 
   return tree_apply(leaf, x, site)
+
+
+def _bind(recipe: Recipe, p, x, raw_reason, call: Call, sent):
+  """The planned call: jax.lax where nothing of ours runs, else a linear function (`sent`: the
+  bytes one device sends, jax.lax's and ours, for its roofline rule)."""
+  lax_direct = raw_reason and raw_reason != "axis_index_groups" and recipe.lax_when_forced_raw
+  if np.dtype(x.dtype) not in CODED_DTYPES or lax_direct:
+    return recipe.lax_fn(x, call.axis_name, call.params, call.groups)
+  wire = _wire(recipe, call, x, sent[0], sent[1] if p.compress else sent[0])
+  x = recipe.prepare(call, x)
+  return linear(functools.partial(recipe.impl, call),
+                _ours.ours(functools.partial(recipe.transpose, call)), x, wire=wire)
 
 
 def _wire(recipe: Recipe, call: Call, x, raw_b: int, sent_b: int) -> _roofline.Wire:

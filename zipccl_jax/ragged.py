@@ -132,10 +132,11 @@ def _ragged_call(operand, output, idx, *, axis_name, compress, capacity, backwar
   m = bound * math.prod(operand.shape[1:])
   p = strategy.plan(_OP, operand.dtype, m, axis_size=n, compress=compress, capacity=capacity,
                     role=role, site=site, axis_name=axis_name, transport="ragged")
-  accounting.record(site, _OP, operand, n, p, *_modeled_bytes(operand, output, n, m, p))
+  key = accounting.record(site, _OP, operand, n, p, *_modeled_bytes(operand, output, n, m, p))
   call = _Call(axis_name, n, spd, bound, p.capacity if p.compress else 0, site, backward)
   args = vary_together(axes_of(axis_name), operand, output, *idx)
-  return _bind(call, *args)
+  with accounting.site_scope(key):
+    return _bind(call, *args)
 
 
 def _modeled_bytes(operand, output, n: int, m: int, plan):

@@ -35,6 +35,19 @@ async ``*_start`` collectives, and everything zipccl_jax itself already passes t
 A collective zipccl_jax runs gives ``jax.lax``'s bits (data movement) or the documented ordered
 sum (reductions), forward and under ``grad``; its call site in `stats` and `explain` is the file
 and line of the original ``jax.lax`` call.
+
+Comparing bits with the untransformed function: one case differs around a collective, not in it.
+In a BF16 row-parallel layer (a dot in F32, rounded to BF16, then ``psum_scatter`` or ``psum``),
+XLA:CPU may fuse the unrounded F32 dot output into the reduce-scatter it widens to F32 next to
+jax.lax's collective, and cannot next to ours, so the bits can differ even with
+``compress=False``. Put the rounding behind ``jax.lax.optimization_barrier`` in the layer
+(``y = lax.optimization_barrier(y.astype(jnp.bfloat16))`` before the collective) and both reduce
+the same BF16 values.
+
+zipccl_jax's own ``jax.lax`` calls (frames, raw paths, fallbacks, the transposes JAX traces
+during the backward pass) are never rewritten, however and whenever they are traced (`_ours`).
+With ``compress=True`` a call whose frame would not be smaller than its raw chunk goes raw
+(``explain()`` says so); with ``"auto"`` on a CPU box nothing is coded (``explain()`` says why).
 """
 
 from __future__ import annotations
