@@ -78,7 +78,7 @@ def test_cuda_problems_of_a_faked_build(monkeypatch):
   assert "runs CUDA 13" in p and "built with CUDA 12.9" in p and "reinstall zipccl_jax" in p
   no_kernels = dict(build, cuda_kernels=False, cuda_toolkit="", cuda_note="nvcc not found")
   (p,) = info_mod._cuda(no_kernels, "jax-cuda12-plugin 0.10.2")["problems"]
-  assert "no CUDA kernels: nvcc not found" in p
+  assert "no CUDA kernels (nvcc not found): reinstall zipccl_jax now that the plugin is here" in p
 
 
 def test_cpu_code_paths_match_the_build_machine():
