@@ -116,8 +116,9 @@ def ppermute_requires_list_or_tuple() -> bool:
 def check_ppermute_perm_type(perm, api: str) -> None:
   """TypeError where the running jax.lax.ppermute refuses `perm`'s type."""
   if not isinstance(perm, (list, tuple)) and ppermute_requires_list_or_tuple():
-    raise TypeError(f"zipccl_jax.{api}: `perm` must be a list or a tuple, as jax.lax.ppermute (jax "
-                    f"{jax.__version__}) requires. Got perm of type {type(perm)}")
+    # jax's own sentence first (its tests match on it), then ours
+    raise TypeError(f"`perm` passed to `jax.lax.ppermute` must be a list or a tuple, got {type(perm)} "
+                    f"(zipccl_jax.{api} follows jax.lax.ppermute of jax {jax.__version__})")
 
 
 # --- Roofline ----------------------------------------------------------------------------------------------

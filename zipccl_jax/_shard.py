@@ -130,8 +130,8 @@ def check_ppermute_order(axis_name, api: str) -> None:
     mesh_order = tuple(axes[i] for i in order)
     raise RuntimeError(
         f"zipccl_jax.{api}: axis_name {axes} is not in the mesh's order {mesh_order}, which "
-        f"jax.lax.ppermute (jax {jax.__version__}) refuses: pass the axes in the mesh's order, or "
-        "number the ranks in the tuple's order with "
+        f"jax.lax.ppermute (jax {jax.__version__}) refuses. Make sure that the axis_name passed to "
+        "jax.lax.ppermute is in the mesh's order, or number the ranks in the tuple's order with "
         "jax.config.update('jax_raise_on_ppermute_sort_diff', False)")
 
 
