@@ -173,11 +173,8 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
     d["THREADS"] = kThreads;
     d["ITEM_THREADS"] = kItemThreads;
     d["ELEMS_PER_THREAD"] = kElemsPerThread;
-    d["ROUND_SYMS"] = kRoundSyms;
-    d["DECODE_THREADS"] = kDecodeThreads;
-    d["MERGE_ELEMS"] = kMergeElems;
-    d["BIT_STAGE_WORDS"] = kBitStageWords;
-    d["RAW_STAGE_WORDS"] = kRawStageWords;
+    d["SEG_THREADS"] = kSegThreads;
+    d["TILE_ELEMS"] = kTileElems;
     d["SCRATCH_ALIGN"] = kScratchAlign;
     d["BLOCK_STATS_BYTES"] = sizeof(BlockStats);
     d["BLOCK_PLAN_BYTES"] = sizeof(zipccl::BlockPlan);

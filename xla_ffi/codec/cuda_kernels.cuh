@@ -17,6 +17,9 @@
   X(zipccl_hist_u16, HistKernel<uint16_t>)              \
   X(zipccl_hist_u32, HistKernel<uint32_t>)              \
   X(zipccl_plan, PlanKernel)                            \
+  X(zipccl_units_u8, UnitsKernel<uint8_t>)              \
+  X(zipccl_units_u16, UnitsKernel<uint16_t>)            \
+  X(zipccl_units_u32, UnitsKernel<uint32_t>)            \
   X(zipccl_scan, ScanKernel)                            \
   X(zipccl_write_u8, WriteKernel<uint8_t>)              \
   X(zipccl_write_u16, WriteKernel<uint16_t>)            \
