@@ -345,6 +345,16 @@ struct FiberCta {
     sync();
     return r;
   }
+  // __shfl_sync: v of lane `src` of the caller's warp; a CTA barrier here, like ballot.
+  ZIPCCL_EMU_NOINSTR uint32_t shfl(uint32_t v, uint32_t src) {
+    s->slot[t] = v;
+    sync();
+    const uint32_t r = uint32_t(s->slot[(t & ~31u) + (src & 31u)]);
+    sync();
+    return r;
+  }
+  // __syncwarp: a CTA barrier here (a warp's threads are not a unit of the scheduler).
+  ZIPCCL_EMU_NOINSTR void warp_sync() { sync(); }
   ZIPCCL_EMU_NOINSTR uint32_t exclusive_sum(uint32_t v, uint32_t* aggregate) {
     s->slot[t] = v;
     sync();

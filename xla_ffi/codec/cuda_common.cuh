@@ -11,10 +11,11 @@
 //   cuda_launch.cuh  launch sequences (RunEncode/RunDecode) and the host API
 //
 // Everything a kernel does lives in a `Run` template over a "CTA" type that
-// provides the thread index, barriers, a CTA-wide exclusive scan and a warp
-// ballot (ballot(pred): the mask of the lanes of the caller's warp whose pred
-// is non-zero; every thread of the CTA must reach each ballot, because the
-// emulator's ballot is a CTA barrier):
+// provides the thread index, barriers, a CTA-wide exclusive scan and warp
+// primitives (ballot(pred): the mask of the lanes of the caller's warp whose
+// pred is non-zero; shfl(v, src): lane src's v; warp_sync()); every thread of
+// the CTA must reach each warp primitive, because the emulator runs them as
+// CTA barriers:
 //   - codec/kernels.cu instantiates the bodies with DeviceCta (threadIdx,
 //     __syncthreads, a warp-shuffle scan) inside extern "C" __global__ entries,
 //     compiled by NVRTC; codec/kernels_host.cc runs the launch sequence

@@ -97,6 +97,16 @@ ZIPCCL_HD uint32_t MergeElem(int s, const uint8_t* q, bool low16) {
   return Merge32(s, q[0] | (uint32_t(q[1]) << 8) | (uint32_t(q[2]) << 16));
 }
 
+// The element of symbol s with its raw bytes packed little-endian in r (the
+// raw bytes MergeElem reads from memory).
+template <typename T>
+ZIPCCL_HD uint32_t MergePacked(int s, uint32_t r, bool low16) {
+  if (sizeof(T) == 1) return Merge8(s);
+  if (sizeof(T) == 2) return Merge16(s, r & 0xFFu);
+  if (low16) return Merge16(s, r & 0xFFu) << 16;
+  return Merge32(s, r & 0xFFFFFFu);
+}
+
 // 4. Block decoder: one CTA of kSegThreads per block.
 //    - Thread 0 checks the block header, parses the table and segment
 //      directory (ParseHuffLayout), checks Kraft and derives the canonical
@@ -105,27 +115,39 @@ ZIPCCL_HD uint32_t MergeElem(int s, const uint8_t* q, bool low16) {
 //      table in shared memory (DecodeEntryAt: entries tid, tid + 128, ...), so
 //      the fill is balanced whatever the code lengths and every entry is
 //      written once, behind one barrier.
-//    - Warp w decodes segment w, kSegmentSteps steps; at step t lane l decodes
-//      element 32 t + l: it looks its code up in the bits it holds; the lanes
-//      that need a unit (NeedsUnit: the code is longer than their bits, or
-//      matches none) take the segment's next units, in lane order, from one
-//      cursor (a ballot and a population count: no per-lane offsets, and the
-//      warp's unit loads are contiguous), and look up again; the non-zero
-//      elements take their raw bytes the same way (a second ballot); the warp
-//      stores its 32 elements side by side. A lane that fails (no code, the
-//      segment's units or non-zero count exhausted) stops, and its warp with
-//      it (a third ballot).
-//    - After the loop each segment must have used exactly its seg_units units
-//      and seg_nnz raw slots (else kErrStream, for any segment of the block),
-//      and every lane's leftover bits must be zero (else kErrReserved). A
-//      rejected block's elements are overwritten by zipccl_poison.
+//    - Warp w decodes segment w in rounds of kRoundSteps steps; at step t lane
+//      l decodes element 32 t + l. Decode phase: a lane looks its code up in
+//      the bits it holds; the lanes that need a unit (NeedsUnit) take the
+//      segment's next units, in lane order, from one cursor (a ballot and a
+//      population count: no per-lane offsets), and look up again. The units
+//      come from a window in registers: lane k holds units base + k, + 32 and
+//      + 64 (coalesced loads issued a window ahead), and a lane reads unit
+//      `slot` from lane (slot - base) mod 32 with two shuffles, so no global
+//      load is on the chain of lookups. Each step's symbols go to shared
+//      memory with the ballot of its non-zero elements. Merge phase: lane l
+//      joins the round's symbols of its lane with their raw bytes (the raw
+//      index is a running count over the round's ballots, so the loads are
+//      independent of each other) and the warp stores 32 elements side by
+//      side per step.
+//    - A lane that fails (no code, the segment's units or raw slots
+//      exhausted) ends its warp's decoding at the end of the round. After the
+//      rounds each segment must have used exactly its seg_units units and
+//      seg_nnz raw slots (else kErrStream, for any segment of the block), and
+//      every lane's leftover bits must be zero (else kErrReserved). A rejected
+//      block's elements are overwritten by zipccl_poison.
+constexpr int kRoundSteps = 32;
+static_assert(kSegmentSteps % kRoundSteps == 0, "rounds tile a segment");
+
 template <typename T>
 struct DecodeBlockKernel {
   static constexpr const char* kName = "zipccl_decode_block";
   static constexpr int kBlockThreads = kSegThreads;
   using Params = DecodeParams;
+  static constexpr uint16_t kNoSym = 0xFFFF;  // a lane with no element at that step
   struct Shared {
     DecodeEntry table[kTableSize];
+    uint16_t syms[kMaxSegmentsPerBlock][kRoundSteps][kLanes];  // a round's symbols, per warp
+    uint32_t nz[kMaxSegmentsPerBlock][kRoundSteps];            // and each step's non-zero ballot
     uint8_t lens[kNumSymbols];
     CanonicalCode code;
     uint16_t sorted[kNumSymbols];
@@ -198,7 +220,13 @@ struct DecodeBlockKernel {
     for (uint32_t i = tid; i < uint32_t(kTableSize); i += kSegThreads)
       sm.table[i] = DecodeEntryAt(i, sm.code, sm.sorted);
     cta.sync();
-    const uint32_t warp = tid / kLanes, lane = tid % kLanes, below = (1u << lane) - 1;
+    const int status = DecodeSegment(cta, sm, blk, m, out);
+    if (status != kOk && tid == 0) AtomicMinGlobal(&p.berr[f], BlockErrorKey(b, status));
+  }
+  // Warp w's segment (above); every thread returns the block's status.
+  template <class Cta>
+  ZIPCCL_HD static int DecodeSegment(Cta& cta, Shared& sm, const uint8_t* blk, uint64_t m, uint8_t* out) {
+    const uint32_t tid = cta.tid(), warp = tid / kLanes, lane = tid % kLanes, below = (1u << lane) - 1;
     const int seg = int(warp);
     const HuffLayout& L = sm.L;
     const bool has_seg = seg < L.n_segs;
@@ -209,50 +237,76 @@ struct DecodeBlockKernel {
     const uint8_t* raw = blk + L.raw_off + uint64_t(has_seg ? L.seg_raw0[seg] : 0) * raw_w;
     const bool low16 = (sm.flags & kBlockFlagLow16) != 0;
     uint8_t* const os = out + (uint64_t(seg) << kSegmentLog2) * sizeof(T);
-    uint32_t buf = 0, nbits = 0;           // the lane's next bits (first in bit 0), zeros above
-    uint32_t cursor = 0, raw_cursor = 0;   // the warp's next unit and raw slots
+    auto unit_at = [&](uint32_t i) -> uint32_t {
+      return i < seg_units ? uint32_t(units[2 * uint64_t(i)]) | (uint32_t(units[2 * uint64_t(i) + 1]) << 8) : 0u;
+    };
+    uint32_t base = 0, win0 = unit_at(lane), win1 = unit_at(kLanes + lane), win2 = unit_at(2 * kLanes + lane);
+    uint32_t buf = 0, nbits = 0;          // the lane's next bits (first in bit 0), zeros above
+    uint32_t cursor = 0, raw_cursor = 0;  // the warp's next unit and raw slots
     bool bad = false, warp_bad = false;
-    for (int t = 0; t < kSegmentSteps; ++t) {
-      const uint32_t e = uint32_t(t) * kLanes + lane;
-      const bool active = !warp_bad && e < seg_m;
-      DecodeEntry ent = sm.table[buf & (kTableSize - 1)];
-      const bool need = active && NeedsUnit(ent, nbits);
-      const uint32_t need_mask = cta.ballot(need);
-      if (need) {
-        const uint32_t slot = cursor + Popc(need_mask & below);
-        if (slot >= seg_units) {
-          bad = true;
-        } else {
-          const uint8_t* q = units + 2 * uint64_t(slot);
-          buf |= (uint32_t(q[0]) | (uint32_t(q[1]) << 8)) << nbits;  // nbits <= 25: no bits lost
-          nbits += kUnitBits;
-          ent = sm.table[buf & (kTableSize - 1)];
-          if (NeedsUnit(ent, nbits)) bad = true;
+    for (int r = 0; r < kSegmentSteps / kRoundSteps; ++r) {
+      for (int j = 0; j < kRoundSteps; ++j) {  // decode phase
+        const uint32_t e = uint32_t(r * kRoundSteps + j) * kLanes + lane;
+        const bool active = !warp_bad && !bad && e < seg_m;
+        DecodeEntry ent = sm.table[buf & (kTableSize - 1)];
+        const bool need = active && NeedsUnit(ent, nbits);
+        const uint32_t need_mask = cta.ballot(need);
+        const uint32_t slot = cursor + Popc(need_mask & below), off = slot - base;  // off < 64
+        const uint32_t lo = cta.shfl(win0, off % kLanes), hi = cta.shfl(win1, off % kLanes);
+        if (need) {
+          if (slot >= seg_units) {
+            bad = true;
+          } else {
+            buf |= (off < uint32_t(kLanes) ? lo : hi) << nbits;  // nbits <= 25: no bits lost
+            nbits += kUnitBits;
+            ent = sm.table[buf & (kTableSize - 1)];
+            if (NeedsUnit(ent, nbits)) bad = true;
+          }
         }
+        cursor += Popc(need_mask);
+        if (cursor - base >= uint32_t(kLanes)) {  // uniform over the warp: slide the window
+          base += kLanes;
+          win0 = win1;
+          win1 = win2;
+          win2 = unit_at(base + 2 * kLanes + lane);
+        }
+        const bool ok = active && !bad;
+        if (ok) {
+          buf >>= ent.len;
+          nbits -= ent.len;
+        }
+        sm.syms[warp][j][lane] = ok ? ent.sym : kNoSym;
+        const uint32_t nz_mask = cta.ballot(ok && ent.sym != kZeroSymbol);
+        if (lane == 0) sm.nz[warp][j] = nz_mask;
       }
-      cursor += Popc(need_mask);
-      const bool ok = active && !bad;
-      if (ok) {
-        buf >>= ent.len;
-        nbits -= ent.len;
-      }
-      const bool nz = ok && ent.sym != kZeroSymbol;
-      const uint32_t nz_mask = cta.ballot(nz);
-      uint32_t v = 0;
-      if (nz) {
-        const uint32_t ri = raw_cursor + Popc(nz_mask & below);
-        if (ri >= seg_nnz) bad = true;
-        else v = MergeElem<T>(ent.sym, raw + uint64_t(ri) * raw_w, low16);
-      }
-      raw_cursor += Popc(nz_mask);
-      if (ok && !bad) StoreElem<T>(os + uint64_t(e) * sizeof(T), v);
       warp_bad = cta.ballot(bad) != 0;
+      cta.warp_sync();  // the round's symbols and ballots, from every lane of the warp
+      for (int j = 0; j < kRoundSteps && !warp_bad; ++j) {  // merge phase
+        const uint32_t e = uint32_t(r * kRoundSteps + j) * kLanes + lane;
+        const uint32_t nz = sm.nz[warp][j], ri = raw_cursor + Popc(nz & below);
+        const int s = sm.syms[warp][j][lane];
+        raw_cursor += Popc(nz);
+        if (s == kNoSym) continue;
+        uint32_t v = 0;
+        if (s != kZeroSymbol) {
+          if (ri >= seg_nnz) {
+            bad = true;
+            continue;
+          }
+          uint32_t packed = 0;
+          for (int k = 0; k < raw_w; ++k) packed |= uint32_t(raw[uint64_t(ri) * raw_w + k]) << (8 * k);
+          v = MergePacked<T>(s, packed, low16);
+        }
+        StoreElem<T>(os + uint64_t(e) * sizeof(T), v);
+      }
+      warp_bad = cta.ballot(bad) != 0;
+      cta.warp_sync();  // the merge has read the round's symbols before the next round writes them
     }
     if (has_seg && !warp_bad && (cursor != seg_units || raw_cursor != seg_nnz)) bad = true;
     const bool pad = buf != 0;  // a lane's leftover bits after its last code are reserved
     int status = cta.sync_or(bad) ? kErrStream : kOk;
     if (cta.sync_or(pad) && status == kOk) status = kErrReserved;
-    if (status != kOk && tid == 0) AtomicMinGlobal(&p.berr[f], BlockErrorKey(b, status));
+    return status;
   }
 };
 
