@@ -59,7 +59,6 @@ nb::dict EncodeLayoutDict(const EncodeLayout& L) {
   d["n"] = L.n;
   d["blocks_per_frame"] = L.nb;
   d["total_blocks"] = L.total;
-  d["stats_off"] = L.stats_off;
   d["plans_off"] = L.plans_off;
   d["sizes_off"] = L.sizes_off;
   d["offsets_off"] = L.offsets_off;
@@ -176,7 +175,6 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
     d["SEG_THREADS"] = kSegThreads;
     d["TILE_ELEMS"] = kTileElems;
     d["SCRATCH_ALIGN"] = kScratchAlign;
-    d["BLOCK_STATS_BYTES"] = sizeof(BlockStats);
     d["BLOCK_PLAN_BYTES"] = sizeof(zipccl::BlockPlan);
     return d;
   });

@@ -254,14 +254,6 @@ ZIPCCL_HD uint32_t LoadWordClipped(const uint8_t* word, const uint8_t* lo, const
 }
 
 // ---- Parameters ---------------------------------------------------------------
-// Per-block statistics of the histogram pass (what PlanBlock needs).
-struct BlockStats {
-  uint32_t hist[kNumSymbols];
-  uint32_t first;      // bits of the block's first element
-  uint32_t all_equal;  // every element equals `first`
-  uint32_t low16;      // float32 only: every element has zero low 16 bits
-};
-
 struct EncodeParams {
   const uint8_t* x;    // frames * n elements
   uint64_t frames, n, nb, total;  // nb blocks per frame, total = frames * nb
@@ -272,7 +264,6 @@ struct EncodeParams {
   void* nbytes;        // frames sizes, int32 or int64
   bool nbytes64;
   const uint8_t* skip; // [frames] or null: non-zero = not a frame (zero row, size 0)
-  BlockStats* stats;   // [total]
   BlockPlan* plans;    // [total]
   uint64_t* sizes;     // [total + 1]: block_bytes, then 0
   uint64_t* offsets;   // [total + 1]: exclusive prefix sum of sizes
@@ -301,7 +292,7 @@ ZIPCCL_HD uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a;
 
 struct EncodeLayout {
   uint64_t frames, n, nb, total;
-  uint64_t stats_off, plans_off, sizes_off, offsets_off, hashes_off;
+  uint64_t plans_off, sizes_off, offsets_off, hashes_off;
   uint64_t scratch_bytes;  // 0 when there is no block to code
 };
 
@@ -334,7 +325,6 @@ inline EncodeLayout MakeEncodeLayout(uint64_t frames, uint64_t n) {
   L.total = frames * L.nb;
   if (L.total == 0) return L;  // only frame headers: no scratch
   uint64_t at = 0;
-  L.stats_off = CarveSection(&at, L.total * sizeof(BlockStats));
   L.plans_off = CarveSection(&at, L.total * sizeof(BlockPlan));
   CarveScanSections(&at, &L);
   L.hashes_off = CarveSection(&at, L.total * sizeof(uint32_t));
@@ -376,7 +366,6 @@ inline EncodeParams MakeEncodeParams(const EncodeLayout& L, const void* x, uint8
   p.nbytes64 = nbytes64;
   p.skip = skip;
   if (L.total) {
-    p.stats = reinterpret_cast<BlockStats*>(scratch + L.stats_off);
     p.plans = reinterpret_cast<BlockPlan*>(scratch + L.plans_off);
     p.sizes = reinterpret_cast<uint64_t*>(scratch + L.sizes_off);
     p.offsets = reinterpret_cast<uint64_t*>(scratch + L.offsets_off);

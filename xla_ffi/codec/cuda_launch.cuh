@@ -31,9 +31,7 @@ template <class Launcher>
 void RunEncode(Launcher& l, const EncodeParams& p) {
   if (p.frames == 0) return;
   if (p.total) {
-    WithElemType(p.dtype, [&](auto t) { l.template Launch<HistKernel<decltype(t)>>(p.total, p); });
-    l.template Launch<PlanKernel>(p.total + 1, p);
-    WithElemType(p.dtype, [&](auto t) { l.template Launch<UnitsKernel<decltype(t)>>(p.total, p); });
+    WithElemType(p.dtype, [&](auto t) { l.template Launch<AnalyseKernel<decltype(t)>>(p.total + 1, p); });
     l.template Launch<ScanKernel>(1, ScanParams{p.sizes, p.offsets, p.total + 1});
     WithElemType(p.dtype, [&](auto t) { l.template Launch<WriteKernel<decltype(t)>>(p.total, p); });
   }
