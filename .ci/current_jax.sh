@@ -2,7 +2,8 @@
 # The current JAX releases, installed the way a user has them (issue 26): a venv that already holds its JAX,
 # then `pip install '.[test]'`, which must keep that JAX (no downgrade, no upgrade), then the tests.
 #   Python 3.13.0 + jax 0.12.0.1 (the newest): the whole suite.
-#   Python 3.12.1 + jax 0.11.2 (the GPU image's pair): the collective, drop-in, ragged, FP8 and example tests.
+#   Python 3.12.1 + jax 0.11.2 (the GPU image's pair): the collective, drop-in, ragged, FP8 and example tests,
+#   and those of tracer-leak checking, roofline and ppermute's arguments (issue 37).
 # (Python 3.11 + jax 0.10.2 is the README's command, run by .ci/run before this.)
 # Both interpreters come from pyenv ($(pyenv root)/versions/), present on every machine of this kind.
 # Exits non-zero if any install, JAX check or test fails; prints pytest's summary line of each run.
@@ -43,6 +44,7 @@ run_pair "$PYENV_ROOT/versions/3.13.0/bin/python" .venv-py313 0.12.0.1 || status
 run_pair "$PYENV_ROOT/versions/3.12.1/bin/python" .venv-py312 0.11.2 \
   tests/test_collectives.py tests/test_adversarial_collectives.py tests/test_dropin.py tests/test_ragged.py \
   tests/test_ragged_collective.py tests/test_fp8.py tests/test_fp8_collectives.py tests/test_examples.py \
-  tests/test_transform.py tests/test_moe_nnx.py tests/test_model.py || status=1
+  tests/test_transform.py tests/test_moe_nnx.py tests/test_model.py tests/test_tracer_leaks.py \
+  tests/test_roofline.py tests/test_ppermute_arguments.py || status=1
 
 exit $status

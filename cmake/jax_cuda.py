@@ -97,8 +97,9 @@ def choose(plug: tuple[int, str, str] | None, found: list[tuple[Path, str]]) -> 
     for p, v in found:
       if v.split(".")[0] == str(major):
         return p, v, f"NVRTC {v}, the newest found (no JAX CUDA plugin installed)"
-  return None, "", (f"no NVRTC found (tried: {tried}); pip install nvidia-cuda-nvrtc (CUDA 13) or "
-                    "nvidia-cuda-nvrtc-cu12 (CUDA 12), or set ZIPCCL_NVRTC")
+  return None, "", (f"no NVRTC found (tried: {tried}): a CPU-only build. For the CUDA kernels install JAX's "
+                    "CUDA plugin first (pip install 'jax[cuda12]'), or build with ZIPCCL_CUDA=13 (or 12) "
+                    "pip install ., or set ZIPCCL_NVRTC to a libnvrtc.so")
 
 
 def main() -> None:

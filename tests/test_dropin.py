@@ -87,6 +87,7 @@ def reference(op, *, grad=False):
 
 X = gaussian((N * 16, 64), 1)
 T = gaussian((N * 16, 64), 2)
+XL = gaussian((N * 16, 512), 3)
 
 
 # --------------------------------------------------------------------------------------------------------- #
@@ -365,7 +366,7 @@ def test_symbolic_shapes_go_raw_through_jax_lax():
 @pytest.mark.parametrize("op", OPS)
 def test_export_of_compressed_code_round_trips(op):
   f = ours(op, compress=True)
-  x = put(X)
+  x = put(XL)  # chunks of 1024 elements: X's 128-element all_to_all chunks would not shrink, so they go raw
   exp = jax.export.export(f, disabled_checks=zj.export_disabled_checks())(x)
   assert any(t in exp.mlir_module() for t in ("zipccl_encode", "zipccl_decode"))
   again = jax.export.deserialize(exp.serialize())

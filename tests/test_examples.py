@@ -188,3 +188,38 @@ def test_fsdp_unpack_gradient_is_the_concatenated_cotangents():
     assert got.dtype == want.dtype and got.shape == (bucket.padded,)
     assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
     assert not np.any(np.asarray(got, np.float32)[bucket.numel:])  # the padding gets no gradient
+
+
+def test_the_demo_reports_what_compression_bought(tmp_path):
+    """Without --quiet, a compressed run trains the same steps again with --no-compress and with --backend lax and
+    says: bit-identical or not, bytes on the wire against raw, time per step against both, and on CPU why."""
+    out = tmp_path / "demo.json"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "moe_flax" / "train.py"), "--steps", "2",
+                        "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "bit-identical to --no-compress (zipccl_jax, compress=False): yes" in p.stdout, p.stdout
+    assert "bit-identical to jax.lax (--backend lax): " in p.stdout
+    assert "bytes on the wire: " in p.stdout and "% saved)" in p.stdout
+    assert "ms with --no-compress" in p.stdout and "ms with jax.lax" in p.stdout
+    assert "on CPU the devices share this machine's cores" in p.stdout
+    import json
+    cmp = json.loads(out.read_text())["comparison"]
+    assert cmp["no_compress"]["losses_bit_identical"] and cmp["no_compress"]["params_bit_identical"]
+
+
+@pytest.mark.parametrize("example,args,message", [
+    ("moe_flax", ["--steps", "0"], "train.py: error: --steps must be >= 1, got 0"),
+    ("moe_flax", ["--mesh", "2y4"], "train.py: error: --mesh must be AxB"),
+    ("dense_fsdp", ["--steps", "-1"], "train.py: error: --steps must be >= 1, got -1"),
+    ("moe_nnx", ["--experts", "6"], "train.py: error: --experts must be a positive multiple of the 'expert' axis (4)"),
+    ("moe_nnx", ["--steps", "0"], "train.py: error: --steps must be >= 1, got 0"),
+    ("moe_nnx", ["--steps", "x"], "train.py: error: argument --steps: invalid int value: 'x'"),
+])
+def test_bad_flags_are_refused_in_one_line(example, args, message):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / example / "train.py"), *args], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith(message), p.stderr

@@ -78,7 +78,7 @@ def test_cuda_problems_of_a_faked_build(monkeypatch):
   assert "runs CUDA 13" in p and "built with CUDA 12.9" in p and "reinstall zipccl_jax" in p
   no_kernels = dict(build, cuda_kernels=False, cuda_toolkit="", cuda_note="nvcc not found")
   (p,) = info_mod._cuda(no_kernels, "jax-cuda12-plugin 0.10.2")["problems"]
-  assert "no CUDA kernels: nvcc not found" in p
+  assert "no CUDA kernels (nvcc not found): reinstall zipccl_jax now that the plugin is here" in p
 
 
 def test_cpu_code_paths_match_the_build_machine():
@@ -89,3 +89,24 @@ def test_cpu_code_paths_match_the_build_machine():
   if d["native"]:
     assert ("avx512_vbmi2" in d["code_paths"]) == vbmi2, (d, vbmi2)
   assert set(d["code_paths"]) <= {"avx512_vbmi2"}
+
+
+def test_info_from_a_source_tree_loads_the_installed_extension(tmp_path):
+  """`python -m zipccl_jax.info` in a checkout's root imports the tree, which has no compiled extension: the
+  extension of the zipccl_jax installed elsewhere on sys.path is loaded instead (`_ffi.extension`)."""
+  import shutil
+  src = Path(zipccl_jax.__file__).parent
+  tree, site = tmp_path / "checkout", tmp_path / "site"
+  shutil.copytree(src, tree / "zipccl_jax", ignore=shutil.ignore_patterns("_zipccl*", "__pycache__"))
+  (site / "zipccl_jax").mkdir(parents=True)
+  shutil.copy(ext.__file__, site / "zipccl_jax" / Path(ext.__file__).name)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(site))
+  r = subprocess.run([sys.executable, "-m", "zipccl_jax.info"], cwd=tree, env=env, capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  assert json.loads(r.stdout)["version"] == zipccl_jax.__version__
+  # with no installed copy at all, the error says what to do
+  r = subprocess.run([sys.executable, "-m", "zipccl_jax.info"], cwd=tree, env=dict(env, PYTHONPATH=""),
+                     capture_output=True, text=True, timeout=300)
+  if r.returncode != 0:  # (an installed zipccl_jax in this Python's site-packages is found too)
+    assert "Install it into this Python: `pip install .`" in r.stderr, r.stderr

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -289,7 +290,7 @@ def test_flat_sweep_within_15_percent_where_the_link_binds(check):
     rec = r["recorded_in_run"]  # (a change to the model that moves it needs the run again)
     assert rec["compressed_over_raw"] == pytest.approx(r["pred_ratio"], rel=1e-9), r
     assert rec["auto_choice"] == r["auto_choice"], r
-  # the README: auto's choice was the measured better one in 34 of 35 cases
+  # README.md and benchmarks/README.md: auto's choice was the measured better one in 34 of 35 cases
   right = [(r["auto_choice"] == "flat compressed K=1") == (r["meas_ratio"] < 1) for r in flat]
   assert sum(right) == 34, [(r["case"], r["rate_gbit"]) for r, ok in zip(flat, right) if not ok]
   bound = [r for r in flat if r["rate_gbit"] is not None and r["rate_gbit"] <= 2.5]
@@ -315,6 +316,24 @@ def test_two_levels_anchored_within_30_percent_and_auto_agrees(check):
 
 def test_readme_quotes_the_validation(check):
   mod, flat, mesh, step = check
-  text = (REPO / "README.md").read_text()
+  text = (REPO / "benchmarks" / "README.md").read_text()  # "How well the model predicts what we measured"
   for line in mod.markdown(flat, mesh, step).splitlines():
-    assert line in text, f"README does not quote benchmarks/model_check.py's row:\n{line}"
+    assert line in text, f"benchmarks/README.md does not quote benchmarks/model_check.py's row:\n{line}"
+
+
+def test_png_without_matplotlib_still_writes_the_json(tmp_path, monkeypatch, capsys):
+  """--png where matplotlib is missing: the table, then the JSON, then one line naming the extra (exit 1)."""
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+  out, png = tmp_path / "out.json", tmp_path / "out.png"
+  rc = zm.main(["--hosts", "2", "--bytes", "1MiB", "--json", str(out), "--png", str(png)])
+  cap = capsys.readouterr()
+  assert rc == 1 and "auto compresses below" in cap.out and not png.exists()
+  assert cap.err.strip().splitlines() == [
+      f"error: --png needs matplotlib: pip install 'zipccl_jax[plot]' (or pip install matplotlib); the "
+      f"prediction is in {out}"]
+  assert "sweep" in json.loads(out.read_text())
+
+
+def test_an_uncoded_dtype_says_it_is_not_compressed(capsys):
+  assert zm.main(["--hosts", "2", "--bytes", "1MiB", "--dtype", "int8"]) == 0
+  assert "note: int8 is not compressed" in capsys.readouterr().out

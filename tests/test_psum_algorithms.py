@@ -152,9 +152,10 @@ def _hlo_collectives(f, x):
 
 def test_compiled_hlo_of_each_algorithm():
   """gather-sum: one all-gather of uint8 frames; a2a-sum+gather: an all-to-all and an all-gather of
-  frames; raw: the same collectives on the bit patterns (no float all-reduce in either)."""
+  frames; raw: the same collectives on the bit patterns (no float all-reduce in either). Chunks of 2 KiB:
+  compress=True sends raw a chunk whose frame would not be smaller (1024 elements: 256-byte chunks)."""
   mesh = _mesh()
-  xs = jax.device_put(_per_device((1024,), ml_dtypes.bfloat16), NamedSharding(mesh, P("i")))
+  xs = jax.device_put(_per_device((8192,), ml_dtypes.bfloat16), NamedSharding(mesh, P("i")))
   assert sorted(_hlo_collectives(_psum_fn(mesh, "gather-sum", True), xs)) == [("all-gather", "u8")]
   assert sorted(_hlo_collectives(_psum_fn(mesh, "a2a-sum+gather", True), xs)) == [
       ("all-gather", "u8"), ("all-to-all", "u8")]

@@ -200,7 +200,9 @@ def test_cuda_lowering_moves_coded_frames_with_ragged_all_to_all():
   mesh = mesh8()
   spec = P(AXIS)
   case = random_case(0, spd=2, payload="gaussian")
-  f = jax.jit(jax.shard_map(lambda *a: zrag(*(x[0] for x in a), compress=True)[None], mesh=mesh,
+  # frames of 24 rows x 3 bf16 (144 B) are smaller raw than a default capacity, which compress=True sends
+  # raw: a byte-count capacity codes them all the same
+  f = jax.jit(jax.shard_map(lambda *a: zrag(*(x[0] for x in a), compress=True, capacity=160)[None], mesh=mesh,
                             in_specs=spec, out_specs=spec))
   args = [jax.device_put(a, NamedSharding(mesh, spec)) for a in case]
   cuda = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text(dialect="hlo")

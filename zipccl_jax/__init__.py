@@ -32,7 +32,8 @@ from zipccl_jax._info import info
 from zipccl_jax.observation import observe
 from zipccl_jax.profile import Profile, get_profile, load_profile, set_profile, use_profile
 from zipccl_jax.ragged import ragged_all_to_all
-from zipccl_jax.strategy import decisions, explain
+from zipccl_jax.introspect import explain
+from zipccl_jax.strategy import decisions
 from zipccl_jax.transform import compress_collectives
 
 __version__ = "0.1.0"

@@ -8,6 +8,8 @@ on; `check_supported` (called first thing on import) refuses one outside the ran
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import re
 
 import jax
@@ -92,3 +94,51 @@ def ppermute_in_any_order():
   it in the tuple's order; jax 0.10.2 always accepts it: nothing to change)."""
   flag = _sort_flag()
   return flag(False) if flag is not None else contextlib.nullcontext()
+
+
+# --- ppermute's perm ---------------------------------------------------------------------------------------
+# jax 0.11 / 0.12: jax.lax.ppermute refuses a perm that is not a list or a tuple (a zip, a generator, an array)
+# with a TypeError, before it binds anything; jax 0.10.2 takes any iterable of pairs. Seen by calling it on an
+# empty pytree (0.10.2 then binds nothing and returns). The other perm checks (pairs, int indices in [-n, n),
+# no repeats) are the same in every supported jax (_shard.check_perm). Goes with jax 0.10 (then: the check,
+# always).
+
+@functools.lru_cache(maxsize=None)
+def ppermute_requires_list_or_tuple() -> bool:
+  """Whether jax.lax.ppermute refuses a perm that is not a list or a tuple."""
+  try:
+    jax.lax.ppermute((), "zipccl_compat_probe", iter(()))
+  except TypeError:
+    return True
+  return False
+
+
+def check_ppermute_perm_type(perm, api: str) -> None:
+  """TypeError where the running jax.lax.ppermute refuses `perm`'s type."""
+  if not isinstance(perm, (list, tuple)) and ppermute_requires_list_or_tuple():
+    raise TypeError(f"zipccl_jax.{api}: `perm` must be a list or a tuple, as jax.lax.ppermute (jax "
+                    f"{jax.__version__}) requires. Got perm of type {type(perm)}")
+
+
+# --- Roofline ----------------------------------------------------------------------------------------------
+# jax.experimental.roofline (every supported jax; the same register_roofline API, rules called as
+# rule(ctx, *shapes, **params) and its interpreter _roofline_interpreter(name, jaxpr, mesh)). jax 0.10.2's
+# imports absl, which jax does not depend on (0.11+ logs with the standard library): without absl-py there is
+# no roofline to register rules with. Goes with jax 0.10 (then: import it).
+
+def roofline_module():
+  """The module jax.experimental.roofline.roofline (rules, RooflineResult, the interpreter), or None where
+  it cannot be imported (jax 0.10.2 without absl-py)."""
+  try:
+    return importlib.import_module("jax.experimental.roofline.roofline")  # the package's `roofline` is
+  except ImportError:                                                       # the function of that name
+    return None
+
+
+def ffi_call_primitive():
+  """The primitive jax.ffi.ffi_call binds (jax._src.ffi.ffi_call_p in every supported jax), or None."""
+  try:
+    from jax._src import ffi as _jffi
+  except ImportError:  # pragma: no cover - internal module moved
+    return None
+  return getattr(_jffi, "ffi_call_p", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -21,17 +22,45 @@ COUNT_TARGET = "zipccl_count"  # runtime call/fallback counter (accounting.py), 
 
 
 def extension():
-  """The `zipccl_jax._zipccl` module, with a clear error if it was not built."""
+  """The `zipccl_jax._zipccl` module, with a clear error if it was not built.
+
+  From a source checkout (`python -m zipccl_jax.info` in the repository root puts the tree, which has
+  no compiled extension, first on sys.path), the extension of the zipccl_jax installed in this
+  environment is loaded instead: the Python code is the tree's, the codec the installed build's."""
   try:
     from zipccl_jax import _zipccl
   except ImportError as e:
-    here = os.path.dirname(os.path.abspath(__file__))
-    raise ImportError(
-        f"zipccl_jax._zipccl (the compiled codec) is not in {here}. "
-        "Install the package with `pip install .`; if you did, this import found the source "
-        "tree instead (e.g. `python -m pytest` from the repository root puts it first on "
-        "sys.path): run `pytest` instead.") from e
+    _zipccl = _installed_extension()
+    if _zipccl is None:
+      here = os.path.dirname(os.path.abspath(__file__))
+      raise ImportError(
+          f"zipccl_jax._zipccl (the compiled codec) is not in {here}, and no installed zipccl_jax was "
+          f"found on sys.path for {sys.executable}. Install it into this Python: `pip install .` from "
+          "the repository root (CPU; see README.md, Install, for GPUs).") from e
   return _zipccl
+
+
+def _installed_extension():
+  """The compiled extension of another zipccl_jax on sys.path (the installed one), loaded as
+  `zipccl_jax._zipccl`; None if there is none."""
+  import importlib.machinery
+  import importlib.util
+  here = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+  for entry in sys.path:
+    pkg = os.path.join(entry or os.getcwd(), "zipccl_jax")
+    if not os.path.isdir(pkg) or os.path.realpath(pkg) == here:
+      continue
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+      path = os.path.join(pkg, "_zipccl" + suffix)
+      if os.path.isfile(path):
+        spec = importlib.util.spec_from_file_location("zipccl_jax._zipccl", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["zipccl_jax._zipccl"] = module
+        setattr(sys.modules["zipccl_jax"], "_zipccl", module)
+        _log.debug("zipccl_jax: the source tree %s has no extension; loaded %s", here, path)
+        return module
+  return None
 
 
 def runtime_ffi_api() -> str | None:

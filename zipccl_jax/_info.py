@@ -65,7 +65,9 @@ def _cuda(build: dict, plugin: str | None) -> dict:
       problems.append(f"{plugin} runs CUDA {want}, but the kernels were built with CUDA {cuda['toolkit']}: "
                       "reinstall zipccl_jax (pip install .) next to the plugin")
   if plugin and not cuda["kernels"]:
-    problems.append(f"{plugin} is installed but this build has no CUDA kernels: {build['cuda_note']}")
+    problems.append(f"{plugin} is installed but this build has no CUDA kernels ({build['cuda_note']}): reinstall "
+                    "zipccl_jax now that the plugin is here (pip install --force-reinstall --no-deps .), and the "
+                    "build compiles them with NVRTC of the plugin's CUDA major")
   cuda["problems"] = problems
   return cuda
 

@@ -12,6 +12,11 @@ GPU/TPU or, on CPU, an emulation made of one padded ``jax.lax.all_to_all``::
              recv_sizes[s*spd + j] rows and lands at off_[s*spd + j]; rows that are
              not written keep ``output``'s bits
 
+There is no pure ``jax.lax`` reference to compare against on CPU: XLA:CPU cannot run
+``jax.lax.ragged_all_to_all`` at all, so this emulation stands in for it there (tests check it
+against a NumPy model written from jax.lax's documented pseudocode, tests/test_ragged.py, and the
+dropless example against its unsharded model; the native collective only runs on GPU/TPU).
+
 ``bound`` is a static number of rows that bounds what one sender sends one destination:
 ``min(M, spd * N)`` for ``operand`` (N, ...) and ``output`` (M, ...), which holds for every
 call whose result jax.lax defines (the slices a receiver gets do not overlap, so they hold

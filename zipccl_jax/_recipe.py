@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from zipccl_jax import _exchange, accounting, defaults, hierarchical, strategy
+from zipccl_jax import _exchange, _ours, _roofline, accounting, defaults, hierarchical, strategy
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axis_size, call_site, check_groups, lax_only_reason, tree_apply
 from zipccl_jax.capacity import CODED_DTYPES, piece_capacities, split_capacity
@@ -60,9 +60,11 @@ class Recipe:
 PUBLIC: dict[str, Callable] = {}
 
 
+@_ours.ours  # the jax.lax collectives it binds are ours (never rewritten by compress_collectives)
 def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, name,
                 role=None, groups=None):
   """Plans, records and runs `recipe` on every leaf of `x` (role: None = the recipe's)."""
+  defaults.check_call(recipe.op, compress, capacity, transport)  # at the door, whatever the plan
   compress, capacity = defaults.resolve(compress, capacity)
   fwd_cap, bwd_cap = split_capacity(capacity)
   site = call_site(recipe.op, name)
@@ -93,17 +95,30 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
                       pieces=pin_pieces if recipe.op in strategy.PIPELINED_OPS else None,
                       message_elems=x.size)
     raw_b, wire_b = recipe.wire(x, n, params, _wire_capacity(p, x, m), p.algorithm)
-    accounting.record(site, recipe.op, x, n, p, raw_b, wire_b)
-    lax_direct = raw_reason and raw_reason != "axis_index_groups" and recipe.lax_when_forced_raw
-    if np.dtype(x.dtype) not in CODED_DTYPES or lax_direct:
-      return recipe.lax_fn(x, axis_name, params, grp)
-    call = Call(recipe.op, axis_name, params, p.capacity if p.compress else 0,
-                 p.transport or transport, site, (compress, bwd_cap), grp, p.algorithm, p.pieces)
-    x = recipe.prepare(call, x)
-    return linear(functools.partial(recipe.impl, call), functools.partial(recipe.transpose, call),
-                  x)
+    with accounting.site_scope(accounting.record(site, recipe.op, x, n, p, raw_b, wire_b)):
+      return _bind(recipe, p, x, raw_reason, Call(
+          recipe.op, axis_name, params, p.capacity if p.compress else 0, p.transport or transport,
+          site, (compress, bwd_cap), grp, p.algorithm, p.pieces), (raw_b, wire_b))
 
   return tree_apply(leaf, x, site)
+
+
+def _bind(recipe: Recipe, p, x, raw_reason, call: Call, sent):
+  """The planned call: jax.lax where nothing of ours runs, else a linear function (`sent`: the
+  bytes one device sends, jax.lax's and ours, for its roofline rule)."""
+  lax_direct = raw_reason and raw_reason != "axis_index_groups" and recipe.lax_when_forced_raw
+  if np.dtype(x.dtype) not in CODED_DTYPES or lax_direct:
+    return recipe.lax_fn(x, call.axis_name, call.params, call.groups)
+  wire = _wire(recipe, call, x, sent[0], sent[1] if p.compress else sent[0])
+  x = recipe.prepare(call, x)
+  return linear(functools.partial(recipe.impl, call),
+                _ours.ours(functools.partial(recipe.transpose, call)), x, wire=wire)
+
+
+def _wire(recipe: Recipe, call: Call, x, raw_b: int, sent_b: int) -> _roofline.Wire:
+  """What `call` moves, for its roofline rule: jax.lax's call of it and the bytes each sends."""
+  return _roofline.wire(lambda v: recipe.lax_fn(v, call.axis_name, call.params, call.groups), x,
+                        raw_b, sent_b)
 
 
 def _wire_capacity(p, x, m: int) -> int:

@@ -6,6 +6,7 @@ Nothing here moves data; every function runs at trace time (or adds a `pcast`).
 from __future__ import annotations
 
 import math
+import operator
 import os
 import sys
 
@@ -121,12 +122,13 @@ def lax_ppermute(x, axis_name, perm):
 
 
 def check_ppermute_order(axis_name, api: str) -> None:
-  """ValueError where the running jax.lax.ppermute refuses `axis_name` (a tuple out of the mesh's
-  order, jax 0.11+ with ``jax_raise_on_ppermute_sort_diff`` on): a drop-in refuses it too."""
+  """RuntimeError (jax.lax.ppermute's) where the running jax.lax.ppermute refuses `axis_name` (a
+  tuple out of the mesh's order, jax 0.11+ with ``jax_raise_on_ppermute_sort_diff`` on): a drop-in
+  refuses it too."""
   axes, order, _ = _ppermute_order(axis_name)
   if order != sorted(order) and _compat.ppermute_rejects_unsorted_tuple():
     mesh_order = tuple(axes[i] for i in order)
-    raise ValueError(
+    raise RuntimeError(
         f"zipccl_jax.{api}: axis_name {axes} is not in the mesh's order {mesh_order}, which "
         f"jax.lax.ppermute (jax {jax.__version__}) refuses: pass the axes in the mesh's order, or "
         "number the ranks in the tuple's order with "
@@ -266,25 +268,40 @@ def lax_only_reason(x, axis_name) -> str | None:
   return None
 
 
+def perm_argument(perm, api: str):
+  """`perm` as jax.lax.ppermute takes it: refused where the running jax refuses its type
+  (`_compat.check_ppermute_perm_type`); an iterator, which jax 0.10.2 takes, read once."""
+  _compat.check_ppermute_perm_type(perm, api)
+  return perm if isinstance(perm, (list, tuple)) else list(perm)
+
+
 def check_perm(perm, n, api, axis_name=None):
-  """`perm` as a tuple of (source, destination) int pairs in range, without repeats; over
-  `axis_name`, an axis order the running jax.lax.ppermute refuses is refused (check_ppermute_order)."""
+  """`perm` checked as the running jax.lax.ppermute checks it, as (source, destination) pairs in
+  [0, n): its type (`_compat.check_ppermute_perm_type`), two per pair (ValueError), int indices
+  (TypeError), no source or destination twice modulo n (ValueError), each in [-n, n), a negative
+  one counting from the end (IndexError); over `axis_name`, an axis order jax.lax.ppermute refuses
+  (`check_ppermute_order`)."""
   if axis_name is not None:
     check_ppermute_order(axis_name, api)
-  try:
-    pairs = [(int(s), int(d)) for s, d in perm]
-  except (TypeError, ValueError):
-    raise TypeError(f"zipccl_jax.{api}: perm must be a sequence of (source, destination) int "
-                    f"pairs, got {perm!r}") from None
-  srcs = [s for s, _ in pairs]
-  dsts = [d for _, d in pairs]
-  for v in srcs + dsts:
-    if not 0 <= v < n:
-      raise ValueError(f"zipccl_jax.{api}: perm index {v} is out of range for an axis of "
-                       f"size {n}")
+  _compat.check_ppermute_perm_type(perm, api)
+  perm = tuple(map(tuple, perm))
+  pairs = [(_int_index(s, api), _int_index(d, api)) for s, d in perm]
+  srcs = [s % n for s, _ in pairs]
+  dsts = [d % n for _, d in pairs]
   if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
-    raise ValueError(f"zipccl_jax.{api}: perm has a repeated source or destination: {pairs}")
-  return tuple(pairs)
+    raise ValueError(f"zipccl_jax.{api}: ppermute sources and destinations must be unique, got "
+                     f"{perm}.")
+  for v in (i for pair in pairs for i in pair):
+    if not -n <= v < n:
+      raise IndexError(f"zipccl_jax.{api}: perm index {v} is out of range for an axis of size {n}")
+  return tuple(zip(srcs, dsts))
+
+
+def _int_index(v, api: str) -> int:
+  try:
+    return operator.index(v)
+  except TypeError:
+    raise TypeError(f"zipccl_jax.{api}: perm indices must be integers, got {v!r}") from None
 
 
 def itemsize(x) -> int:

@@ -16,6 +16,7 @@ Kinds are HLO op names; the `jax.lax` names (``all_to_all``, ``all_gather``, ``p
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import re
@@ -31,10 +32,12 @@ from jax._src.interpreters import batching, mlir
 from zipccl_jax import _ffi
 
 __all__ = ["sent_bytes", "hlo_collectives", "hlo_wire_bytes", "CallSiteStats", "stats",
-           "totals", "reset_stats", "set_runtime_stats", "FALLBACK_SCOPE"]
+           "totals", "reset_stats", "set_runtime_stats", "FALLBACK_SCOPE", "SITE_SCOPE"]
 
 # The named scope of every raw-fallback branch (_exchange.in_fallback); hlo_collectives reads it.
 FALLBACK_SCOPE = "zipccl_raw_fallback"
+# The named scope of the ops one recorded call binds, followed by the record's key (`record`).
+SITE_SCOPE = "zipccl_site_"
 
 _KIND = {"all_to_all": "all-to-all", "ragged_all_to_all": "ragged-all-to-all",
          "psum_scatter": "reduce-scatter", "all_gather": "all-gather", "psum": "all-reduce",
@@ -226,11 +229,25 @@ def runtime_counts() -> dict:
   return _ffi.extension().runtime_counts()
 
 
-def stats() -> dict[str, CallSiteStats]:
-  """A snapshot of the per-call-site statistics."""
+def stats(program=None) -> dict[str, CallSiteStats]:
+  """The per-call-site statistics: of the sites traced since :func:`reset_stats`, or of a program.
+
+  Args:
+    program: None, or a program: ``jax.jit(f).trace(x)``, ``.lower(x)``, ``.lower(x).compile()``
+      (or its HLO text). Its call sites are read from the program itself (each recorded call's
+      ops carry its record's key in their HLO metadata), so they are there after
+      :func:`reset_stats`, also when JAX reused a cached trace without running zipccl_jax's code
+      again; and a compiled program lists only the sites XLA kept.
+
+  Without a program, a site traced again counts its ``traces``; a cached step is not traced
+  again (pass the program). Runtime counters (:func:`set_runtime_stats`) are added either way.
+  """
+  sites = None if program is None else program_sites(program)  # may lower: outside the lock
   with _STATS_LOCK:
     counts = runtime_counts() if _SITE_IDS else {}
-    return {k: _with_runtime_counts(v, counts) for k, v in _STATS.items()}
+    if sites is None:
+      return {k: _with_runtime_counts(v, counts) for k, v in _STATS.items()}
+    return {s.name: _with_runtime_counts(s, counts) for s, _ in sites.values()}
 
 
 def totals() -> dict[str, int]:
@@ -251,7 +268,7 @@ def totals() -> dict[str, int]:
 
 
 def reset_stats() -> None:
-  """Forgets all call sites and counters."""
+  """Forgets all call sites and counters (a program's sites stay readable: ``stats(program)``)."""
   with _STATS_LOCK:
     _STATS.clear()
     if _SITE_IDS:
@@ -264,8 +281,9 @@ def forget_site(name: str) -> None:
     _STATS.pop(name, None)
 
 
-def record(name, op, x, n, plan, raw_bytes, wire_bytes):
-  """Records one trace of call site `name` (`plan`: strategy.Plan; bytes per device per call)."""
+def record(name, op, x, n, plan, raw_bytes, wire_bytes) -> str:
+  """Records one trace of call site `name` (`plan`: strategy.Plan; bytes per device per call);
+  returns the record's key: bind the call's ops in `site_scope(key)`."""
   with _STATS_LOCK:
     s = _STATS.get(name)
     traces = s.traces if s is not None else 0
@@ -276,6 +294,46 @@ def record(name, op, x, n, plan, raw_bytes, wire_bytes):
         compressed=plan.compress, capacity=plan.capacity, raw_bytes=int(raw_bytes),
         wire_bytes=int(wire_bytes if plan.compress else raw_bytes), reason=plan.reason,
         traces=traces + 1, calls=calls, fallbacks=fallbacks)
+    rec = dataclasses.replace(_STATS[name], traces=1, calls=0, fallbacks=0)
+    key = hashlib.sha1(repr((rec, _DECISION_OF.get(name))).encode()).hexdigest()[:12]
+    _PROGRAM_SITES[key] = (rec, _DECISION_OF.get(name))
+    return key
+
+
+# Every record, for good (reset_stats keeps them): key -> (stats, the site's decision). The key is
+# a digest of the record, so a site traced again with the same outcome writes the same program.
+_PROGRAM_SITES: dict[str, tuple] = {}
+_DECISION_OF: dict = {}  # site -> its latest strategy.Decision (strategy logs it before `record`)
+_KEY = re.compile(SITE_SCOPE + r"([0-9a-f]{12})")
+
+
+def note_decision(d) -> None:
+  with _STATS_LOCK:
+    _DECISION_OF[d.site] = d
+
+
+def site_scope(key: str):
+  """The named scope of a recorded call's ops: its key reaches the HLO metadata (`program_sites`)."""
+  return jax.named_scope(SITE_SCOPE + key)
+
+
+def program_text(program) -> str:
+  """HLO text of a program that keeps the ops' scope names: a compiled one's (metadata), a lowered
+  one's with debug info; a traced one is lowered (from jax's cache) for the default platform."""
+  if isinstance(program, str):
+    return program
+  if hasattr(program, "lower") and not hasattr(program, "compile"):
+    program = program.lower()
+  try:
+    return program.as_text(debug_info=True)  # jax.stages.Lowered
+  except TypeError:
+    return program.as_text()  # jax.stages.Compiled: op_name metadata
+
+
+def program_sites(program) -> dict:
+  """{key: (CallSiteStats, Decision or None)} of the recorded calls whose ops are in `program`."""
+  keys = set(_KEY.findall(program_text(program)))
+  return {k: _PROGRAM_SITES[k] for k in sorted(keys) if k in _PROGRAM_SITES}
 
 
 def _site_id(name: str) -> int:

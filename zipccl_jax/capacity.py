@@ -58,18 +58,18 @@ def padded_capacity(n_elems: int, dtype, *, ratio: float | None = None,
   a fraction of the raw size plus a margin, measured per 64K-element chunk on
   Gaussian data and on shared/corpus:
 
-  ============  =====================================  =======  ========
-  dtype         measured (max over chunks)             act.     gradient
-  ============  =====================================  =======  ========
-  bfloat16      Gaussian 0.664-0.670, activations and  0.70     0.74
-                params <= 0.69 (MoE expert_out 0.725),
-                activation grads <= 0.714, weight
-                grads <= 0.704 (lm_head 0.740)
-  float16       Gaussian 0.845-0.857                   0.86     0.88
-  float32       Gaussian 0.832, corpus <= 0.841        0.85     0.86
-  float8_e4m3fn corpus (amax-scaled) <= 0.864          0.87     0.89
-  float8_e5m2   corpus (amax-scaled) <= 0.736          0.74     0.76
-  ============  =====================================  =======  ========
+  ==============  =======================================  =======  ========
+  dtype           measured (max over chunks)               act.     gradient
+  ==============  =======================================  =======  ========
+  bfloat16        Gaussian 0.664-0.670, activations and    0.70     0.74
+                  params <= 0.69 (MoE expert_out 0.725),
+                  activation grads <= 0.714, weight
+                  grads <= 0.704 (lm_head 0.740)
+  float16         Gaussian 0.845-0.857                     0.86     0.88
+  float32         Gaussian 0.832, corpus <= 0.841          0.85     0.86
+  float8_e4m3fn   corpus (amax-scaled) <= 0.864            0.87     0.89
+  float8_e5m2     corpus (amax-scaled) <= 0.736            0.74     0.76
+  ==============  =======================================  =======  ========
 
   The other float8 variants follow ``_F8_ACTIVATION``.
 

@@ -68,9 +68,9 @@ Differences from ``jax.lax`` (deliberate)
 * ``axis_index_groups`` (all_to_all, all_gather, psum_scatter; psum raises
   ``NotImplementedError`` inside shard_map, as ``jax.lax.psum`` does): sent uncompressed, as raw
   bits (``psum_scatter`` keeps the documented order, ranks being positions in a group).
-* A compiled program holds our custom calls and byte exchanges: cost and roofline estimates,
-  and HLO inspection, see those rather than ``jax.lax``'s collectives; ``jax.export`` needs
-  :func:`zipccl_jax.export_disabled_checks`.
+* A compiled program holds our custom calls and byte exchanges: HLO inspection sees those; roofline
+  estimates are ``jax.lax``'s with the bytes we send plus the codec's (:mod:`zipccl_jax._roofline`);
+  ``jax.export`` needs :func:`zipccl_jax.export_disabled_checks`.
 * :func:`zipccl_jax.set_runtime_stats` does not count calls inside a partially automatic
   ``shard_map`` (a side-effecting op cannot be replicated there), and counts a rematerialized
   collective once per execution.
@@ -86,7 +86,7 @@ from zipccl_jax import _exchange, _recipe, accounting
 from zipccl_jax._recipe import (Call, Recipe, check_positional, raw_path, run, size_of,
                                 transposed)
 from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_split,
-                               check_vma_on, itemsize, lax_ppermute, vary)
+                               check_vma_on, itemsize, lax_ppermute, perm_argument, vary)
 from zipccl_jax.observation import record_frames
 
 __all__ = ["all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean",
@@ -616,8 +616,8 @@ def ppermute(x, axis_name, perm, *, compress=None, capacity=None, transport="aut
     rank 0 sends frame(a) to rank 1, rank 1 sends frame(b) to rank 0; then
     rank 0: y = [b0, b1]      rank 1: y = [a0, a1]
   """
-  return run(_PPERMUTE, x, axis_name, perm, compress=compress, capacity=capacity,
-                     transport=transport, name=name)
+  return run(_PPERMUTE, x, axis_name, perm_argument(perm, "ppermute"), compress=compress,
+             capacity=capacity, transport=transport, name=name)
 
 
 def _ppermute_params(x, n, axis_name, perm):

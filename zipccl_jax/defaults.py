@@ -17,6 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
+
+import numpy as np
+
+from zipccl_jax.format import FRAME_HEADER_BYTES
 
 __all__ = ["use_defaults", "get_defaults"]
 
@@ -44,7 +49,7 @@ def use_defaults(*, compress=_UNSET, capacity=_UNSET):
   if compress is not _UNSET:
     new["compress"] = check_compress(compress, "use_defaults")
   if capacity is not _UNSET:
-    new["capacity"] = capacity
+    new["capacity"] = check_capacity(capacity, "use_defaults")
   token = _DEFAULTS.set(new)
   try:
     yield
@@ -57,6 +62,48 @@ def check_compress(compress, api: str):
   if compress is not True and compress is not False and compress != "auto":
     raise ValueError(f"zipccl_jax.{api}: compress must be True, False or 'auto', got {compress!r}")
   return compress
+
+
+TRANSPORTS = ("auto", "padded", "ragged")
+_CAPACITY_FORMS = "an int, a float, 'observed' or None"
+
+
+def check_call(api: str, compress, capacity, transport="auto") -> None:
+  """A collective's ``compress``, ``capacity`` and ``transport``, checked when it is called, whatever
+  the plan then decides (a typo must not wait for the cost model to choose compression): a
+  ValueError or TypeError naming ``zipccl_jax.<api>`` and the argument. None means the default."""
+  if compress is not None:
+    check_compress(compress, api)
+  check_transport(transport, api)
+  check_capacity(capacity, api)
+
+
+def check_transport(transport, api: str):
+  if not isinstance(transport, str) or transport not in TRANSPORTS:
+    raise ValueError(f"zipccl_jax.{api}: transport must be 'auto', 'padded' or 'ragged', got {transport!r}")
+  return transport
+
+
+def check_capacity(capacity, api: str):
+  """`capacity` if it is a form every collective accepts (None, bytes >= a frame header, a
+  fraction > 0, "observed", or a ``(forward, backward)`` pair of those); else the error."""
+  if isinstance(capacity, (tuple, list)):
+    if len(capacity) != 2:
+      raise ValueError(f"zipccl_jax.{api}: a capacity pair must be (forward, backward), got {capacity!r}")
+    for c in capacity:
+      check_capacity(c, api)
+    return capacity
+  if capacity is None or (isinstance(capacity, str) and capacity == "observed"):
+    return capacity
+  if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, float, np.integer, np.floating)):
+    raise TypeError(f"zipccl_jax.{api}: capacity must be {_CAPACITY_FORMS}, got {capacity!r}")
+  if isinstance(capacity, (int, np.integer)) and capacity < FRAME_HEADER_BYTES:
+    raise ValueError(f"zipccl_jax.{api}: capacity must be >= {FRAME_HEADER_BYTES} bytes (a frame's "
+                     f"header), got {capacity}")
+  if isinstance(capacity, (float, np.floating)) and not (math.isfinite(capacity) and capacity > 0):
+    raise ValueError(f"zipccl_jax.{api}: capacity ratio must be > 0 (a fraction of the raw bytes), "
+                     f"got {capacity}")
+  return capacity
 
 
 def resolve(compress, capacity):

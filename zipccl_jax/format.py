@@ -81,8 +81,9 @@ def dtype_code(dtype, *, arg: str = "dtype") -> int:
   try:
     return DTYPE_CODES[dt]
   except KeyError:
+    what = f"dtype={dt.name} is" if arg == "dtype" else f"{arg} has dtype {dt.name}, which is"
     raise TypeError(
-        f"zipccl_jax: {arg} has dtype {dt.name}; the codec supports {SUPPORTED_NAMES} "
+        f"zipccl_jax: {what} not coded; the codec codes {SUPPORTED_NAMES} "
         "(send other dtypes through jax.lax directly)") from None
 
 

@@ -549,12 +549,20 @@ def _all_to_all_mixed(x, args, lp, capacity, site: str):
   m = x.size // n
   rows = jnp.moveaxis(x, split, 0).reshape(n, m)       # the encoder's operand, as flat's
   plan = strategy.plan("all_to_all", dt, m, axis_size=n, compress=True, capacity=capacity,
-                       role=lp.role, site=site, axis_name=lp.slow)
+                       role=lp.role, site=site, axis_name=lp.slow, frame_may_exceed_raw=True)
   C, B = plan.capacity, m * dt.itemsize
   tail = (m - _exchange.mixed_head_elems(C, m, dt)) * dt.itemsize   # bytes per own-host row
   sent = accounting.sent_bytes
-  accounting.record(site, "all_to_all", rows, n, plan, sent("all-to-all", n * B, n),
-                    sent("all-to-all", n * C, n) + sent("all-to-all", L * tail, L))
+  key = accounting.record(site, "all_to_all", rows, n, plan, sent("all-to-all", n * B, n),
+                          sent("all-to-all", n * C, n) + sent("all-to-all", L * tail, L))
+  with accounting.site_scope(key):
+    return _mixed_exchange(rows, x, lp, args, site, C)
+
+
+def _mixed_exchange(rows, x, lp, args, site, C):
+  """The mixed-slot exchange of `rows` (x's chunks) at capacity `C`, in the site's scope."""
+  split, concat, tiled = args
+  dt = np.dtype(x.dtype)
   record_frames(site, "all_to_all", lambda: rows)
   axes = (lp.slow, lp.fast)
   xs_shape = (x.shape[split],) + x.shape[:split] + x.shape[split + 1:]
@@ -637,7 +645,13 @@ def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
   plan = strategy.plan("all_to_all", dt, m, axis_size=n, compress=compress, capacity=capacity,
                        role=role, site=site, axis_name=lp.slow)
   raw_b = len(rounds) * m * dt.itemsize
-  accounting.record(site, "all_to_all", rows, n, plan, raw_b, len(rounds) * plan.capacity)
+  key = accounting.record(site, "all_to_all", rows, n, plan, raw_b, len(rounds) * plan.capacity)
+  with accounting.site_scope(key):
+    return _rounds_exchange(rows, plan, route, own, lp, site)
+
+
+def _rounds_exchange(rows, plan, route, own, lp, site):
+  """The rounds exchange of `rows` as `plan` says, in the site's scope."""
   if not plan.compress:
     accounting.count(site, jnp.bool_(False))
     return _exchange.raw_rounds(rows, **route)

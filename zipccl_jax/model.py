@@ -576,10 +576,7 @@ def _table(result: dict) -> str:
 
 
 def _plot(curves: dict, path: str, title: str) -> None:
-  try:
-    import matplotlib
-  except ImportError:
-    raise SystemExit("zipccl_jax.model: --png needs matplotlib (pip install matplotlib)") from None
+  import matplotlib  # main() checked that it is there
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -638,15 +635,36 @@ def main(argv=None) -> int:
     return 2
   result = predict_step(top, calls, compute_s=a.compute_ms * 1e-3)
   print(_table(result))
+  for name in sorted({c.dtype for c in calls if np.dtype(np_dtype(c.dtype)) not in CODED_DTYPES}):
+    print(f"note: {name} is not compressed (the codec codes bfloat16, float16, float32 and the float8 "
+          "types): every variant of its calls is raw")
+  curves = None
   if a.png:
     scales = sorted({int(v) for v in a.scales.split(",")} | {top.devices})
     rates = [10 ** (1 + i / 8) * 1e9 / 8 for i in range(0, 21)]  # 10 .. 3162 Gbit/s
     curves = sweep(top, calls, scales, rates, compute_s=a.compute_ms * 1e-3)
     result["sweep"] = {str(k): v for k, v in curves.items()}
-    _plot(curves, a.png, f"{a.workload}, {a.bytes} ({top.platform}, {top.per_host} per host)")
-  if a.json:
+  if a.json:  # before the plot: a plot that fails leaves the prediction written
     with open(a.json, "w") as f:
       json.dump(result, f, indent=1)
+  if curves is not None:
+    return _write_plot(curves, a, top)
+  return 0
+
+
+def _write_plot(curves: dict, a, top: Topology) -> int:
+  """--png: the plot, or one line saying what is missing (exit status 1; the table and --json stand)."""
+  try:
+    import matplotlib  # noqa: F401
+  except ImportError:
+    print("error: --png needs matplotlib: pip install 'zipccl_jax[plot]' (or pip install matplotlib)"
+          + (f"; the prediction is in {a.json}" if a.json else ""), file=sys.stderr)
+    return 1
+  try:
+    _plot(curves, a.png, f"{a.workload}, {a.bytes} ({top.platform}, {top.per_host} per host)")
+  except OSError as e:
+    print(f"error: --png {a.png}: {e}", file=sys.stderr)
+    return 1
   return 0
 
 

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from zipccl_jax import _exchange, _ragged, accounting, strategy
+from zipccl_jax import _exchange, _ours, _ragged, accounting, defaults, strategy
 from zipccl_jax import format as fmt
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axes_of, axis_size, call_site, vary_together
@@ -63,6 +63,7 @@ class _Call:
   backward: tuple  # (compress, capacity) of the transposed exchange
 
 
+@_ours.ours  # the jax.lax collectives it binds are ours (never rewritten by compress_collectives)
 def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
                       axis_name, axis_index_groups=None, compress="auto", capacity=None,
                       name=None):
@@ -75,8 +76,8 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
   ``recv_sizes[i]`` rows) at ``all_to_all(output_offsets)[i]`` and keeps ``output`` elsewhere.
 
   Args:
-    operand: (N, *row) bfloat16/float16/float32 rows to send (other dtypes go raw).
-    output: (M, *row), same dtype: the rows not written keep these bits.
+    operand: ``(N, *row)`` bfloat16/float16/float32 rows to send (other dtypes go raw).
+    output: ``(M, *row)``, same dtype: the rows not written keep these bits.
     input_offsets, send_sizes, output_offsets, recv_sizes: (K,) integer arrays, ``K = n * spd``
       with ``n = axis_size(axis_name)``; ``spd`` slices per destination, gaps allowed. As in
       jax.lax, ``send_sizes == all_to_all(recv_sizes)`` and every slice must fit its buffer.
@@ -89,7 +90,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     name: call-site name for :func:`zipccl_jax.stats`.
 
   Returns:
-    (M, *row): ``output`` with the received rows written.
+    ``(M, *row)``: ``output`` with the received rows written.
 
   The call is linear in ``(operand, output)`` (:mod:`zipccl_jax._linear`): ``jax.jvp`` and
   ``jax.linearize`` send the tangents through the same compressed exchange; the transpose
@@ -110,6 +111,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     2 rows from rank 0 at 0 and 1 of its own at 2:
     rank 0: result = [1, 3, 0, 0]     rank 1: result = [2, 2, 4, 0]
   """
+  defaults.check_call(_OP, compress, capacity)  # at the door, whatever the plan
   if axis_index_groups is not None:  # sent uncompressed, as the other collectives send groups
     return _ragged.exchange(operand, output, input_offsets, send_sizes, output_offsets,
                             recv_sizes, axis_name=axis_name, axis_index_groups=axis_index_groups)
@@ -130,10 +132,11 @@ def _ragged_call(operand, output, idx, *, axis_name, compress, capacity, backwar
   m = bound * math.prod(operand.shape[1:])
   p = strategy.plan(_OP, operand.dtype, m, axis_size=n, compress=compress, capacity=capacity,
                     role=role, site=site, axis_name=axis_name, transport="ragged")
-  accounting.record(site, _OP, operand, n, p, *_modeled_bytes(operand, output, n, m, p))
+  key = accounting.record(site, _OP, operand, n, p, *_modeled_bytes(operand, output, n, m, p))
   call = _Call(axis_name, n, spd, bound, p.capacity if p.compress else 0, site, backward)
   args = vary_together(axes_of(axis_name), operand, output, *idx)
-  return _bind(call, *args)
+  with accounting.site_scope(key):
+    return _bind(call, *args)
 
 
 def _modeled_bytes(operand, output, n: int, m: int, plan):
@@ -149,7 +152,8 @@ def _modeled_bytes(operand, output, n: int, m: int, plan):
 def _bind(call: _Call, operand, output, *idx):
   """`_impl`, declared linear in (operand, output) with `_ragged_all_to_all_transpose_rule`."""
   return linear(lambda ops, *i: _impl(call, *ops, *i),
-                functools.partial(_ragged_all_to_all_transpose_rule, call, operand.shape[0]),
+                _ours.ours(functools.partial(_ragged_all_to_all_transpose_rule, call,
+                                             operand.shape[0])),
                 (operand, output), *idx)
 
 

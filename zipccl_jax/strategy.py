@@ -104,7 +104,7 @@ Each decision is logged at DEBUG level on the ``zipccl_jax.strategy`` logger::
   zipccl all_to_all site=a2a@model.py:12: compressed (est 1.230 ms vs raw 1.610 ms; ratio 0.70, bw 0.125 GB/s)
 
 and kept in a log: :func:`decisions` (site -> :class:`Decision`) and
-:func:`explain` (a table, or one site's reasoning).
+:func:`zipccl_jax.explain` (a table, or one site's reasoning; :mod:`zipccl_jax.introspect`).
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ import threading
 
 import numpy as np
 
+from zipccl_jax import accounting
 from zipccl_jax import format as fmt
 from zipccl_jax.accounting import sent_bytes
 from zipccl_jax.capacity import (BLOCK_SLACK_BYTES, CODED_DTYPES, padded_capacity,
@@ -124,7 +125,7 @@ from zipccl_jax.capacity import (BLOCK_SLACK_BYTES, CODED_DTYPES, padded_capacit
 from zipccl_jax.profile import (Profile, axis_key, current_platform, get_profile, np_dtype,
                                 platform_key)
 
-__all__ = ["Decision", "Plan", "plan", "decide", "explain", "decisions", "reset_decisions", "log_decision",
+__all__ = ["Decision", "Plan", "plan", "decide", "decisions", "reset_decisions", "log_decision",
            "crossover_bandwidth", "observed_capacity"]
 
 _LOG = logging.getLogger("zipccl_jax.strategy")
@@ -191,48 +192,13 @@ def reset_decisions() -> None:
 
 def log_decision(d: Decision) -> None:
   """Records a decision made outside :func:`decide` (a two-level call's algorithm, hierarchical.py)."""
-  with _DECISIONS_LOCK:
-    _DECISIONS[d.site] = d
-  if _LOG.isEnabledFor(logging.DEBUG):
-    _LOG.debug("%s", d.summary())
+  _record(d)
 
 
 def forget_decision(site: str) -> None:
   """Drops one call site's decision (calibrate's internal measurement)."""
   with _DECISIONS_LOCK:
     _DECISIONS.pop(site, None)
-
-
-def explain(site: str | None = None) -> str:
-  """Why each call site went raw or compressed.
-
-  ``explain()`` is a table of every decision logged; ``explain(site)`` the
-  full reasoning for one site (KeyError if it was never traced).
-  """
-  ds = decisions()
-  if site is not None:
-    d = ds[site]
-    lines = [d.summary()]
-    for f in dataclasses.fields(d):
-      v = getattr(d, f.name)
-      if isinstance(v, float):
-        v = f"{v:.6g}"
-      lines.append(f"  {f.name:17s} {v}")
-    return "\n".join(lines)
-  hdr = (f"{'site':40s} {'op':12s} {'dtype':8s} {'chunk B':>9s} {'n':>3s} {'choice':10s} "
-         f"{'cap B':>9s} {'est ms':>8s} {'raw ms':>8s} {'ratio':>5s} reason")
-  rows = [hdr]
-  for s, d in sorted(ds.items()):
-    raw_chunk = d.chunk_elems * np.dtype(np_dtype(d.dtype)).itemsize
-    rows.append(f"{s[:40]:40s} {d.op:12s} {d.dtype:8s} {raw_chunk:9d} {d.axis_size:3d} "
-                f"{_choice(d):10s} {d.capacity:9d} "
-                f"{d.est_compressed_s * 1e3:8.3f} {d.est_raw_s * 1e3:8.3f} {d.ratio:5.2f} "
-                f"{d.reason}")
-  return "\n".join(rows)
-
-
-def _choice(d: Decision) -> str:
-  return ("compressed" if d.compress else "raw") + (f" K={d.pieces}" if d.pieces > 1 else "")
 
 
 # op -> (phases [(link collective, chunks in the operand, coded)], encode chunks, decode chunks)
@@ -442,6 +408,7 @@ def _record(d: Decision) -> None:
   if d.site is not None:
     with _DECISIONS_LOCK:
       _DECISIONS[d.site] = d
+    accounting.note_decision(d)  # kept with the site's record in the program (accounting.record)
   if _LOG.isEnabledFor(logging.DEBUG):
     _LOG.debug("%s", d.summary())
 
@@ -604,7 +571,8 @@ class Plan:
 def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity,
          role: str = "activation", site: str | None = None, axis_name=None,
          transport: str = "auto", raw_reason: str | None = None, algorithm: str | None = None,
-         pieces: int | None = None, message_elems: int | None = None) -> Plan:
+         pieces: int | None = None, message_elems: int | None = None,
+         frame_may_exceed_raw: bool = False) -> Plan:
   """The single place that decides raw vs. compressed for one call, and logs it.
 
   Args:
@@ -623,9 +591,13 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
     raw_reason: the call goes raw for this reason (``to="reduced"``, an empty perm); logged.
     algorithm, pieces, message_elems: as :func:`decide`'s (``algorithm``/``pieces`` pinned by
       :func:`zipccl_jax.use_algorithm`).
+    frame_may_exceed_raw: ``compress=True`` codes even where a frame would not be smaller than
+      the raw chunk (hierarchical's mixed slots, which have no raw plan of their own).
 
   ``compress=True`` and ``False`` are obeyed as given (capacity from ``capacity=`` or
-  :func:`~zipccl_jax.padded_capacity`). ``"auto"`` asks the cost model (:func:`decide`), which
+  :func:`~zipccl_jax.padded_capacity`), but for one case: where that capacity (a frame's bytes)
+  is not smaller than the raw chunk and ``capacity=`` is not a byte count, the call goes raw and
+  the decision log says so (a small message: coding it would send more than raw). ``"auto"`` asks the cost model (:func:`decide`), which
   also picks the capacity (observed per call site, else the active profile's ratio) and, off
   CPU, the transport. Every decision is logged (:func:`explain`). The plan carries psum's
   algorithm and the number of pieces of the decision that was logged.
@@ -647,7 +619,8 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
                        raw_reason=reason, algorithm=algorithm, pieces=pieces))
     return last[-1]
 
-  p = _plan(op, dtype, chunk_elems, compress, capacity, role, site, log, raw_reason)
+  p = _plan(op, dtype, chunk_elems, compress, capacity, role, site, log, raw_reason,
+            frame_may_exceed_raw)
   if not last:
     return p
   d = last[-1]
@@ -661,7 +634,7 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
                              pieces=d.pieces if p.compress else 1, decision=p.decision and d)
 
 
-def _plan(op, dtype, chunk_elems, compress, capacity, role, site, log, raw_reason) -> Plan:
+def _plan(op, dtype, chunk_elems, compress, capacity, role, site, log, raw_reason, exceed) -> Plan:
   if compress is not True and compress is not False and compress != "auto":
     raise ValueError(f"zipccl_jax.{op}: compress must be True, False or 'auto', got {compress!r}")
   observed = isinstance(capacity, str)
@@ -681,19 +654,25 @@ def _plan(op, dtype, chunk_elems, compress, capacity, role, site, log, raw_reaso
     d = log(compress)
     return Plan(False, reason=d.reason if not coded else "empty")
   if compress is True:
-    return _plan_compressed(op, dt, chunk_elems, capacity, observed, role, site, log)
+    return _plan_compressed(op, dt, chunk_elems, capacity, observed, role, site, log, exceed)
   d = log("auto", capacity)
   if not d.compress:
     return Plan(False, reason=d.reason, decision=d)
   return Plan(True, d.capacity, "auto: " + d.reason, transport=d.transport, decision=d)
 
 
-def _plan_compressed(op, dt, m, capacity, observed, role, site, log) -> Plan:
-  """compress=True: the capacity observed for `site` (if asked and known), else `capacity=`."""
+def _plan_compressed(op, dt, m, capacity, observed, role, site, log, exceed=False) -> Plan:
+  """compress=True: the capacity observed for `site` (if asked and known), else `capacity=`; raw
+  where such a frame would not be smaller than the raw chunk (but for a byte count `capacity=`)."""
   cap = observed_capacity(get_profile(), site, op, dt, m) if observed else None
   reason = ("compress=True" if not observed else "compress=True, observed capacity"
             if cap is not None else "compress=True, nothing observed: default capacity")
   if cap is None:
     cap = resolve_capacity(capacity, m, dt, role)
+  if cap >= m * dt.itemsize and not exceed and not isinstance(capacity, (int, np.integer)):
+    why = (f"compress=True, sent raw: a frame ({cap} B) would not be smaller than the raw chunk "
+           f"({m * dt.itemsize} B)")
+    log(True, cap, reason=why)
+    return Plan(False, reason=why)
   log(True, cap)
   return Plan(True, cap, reason)

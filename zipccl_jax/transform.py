@@ -35,6 +35,19 @@ async ``*_start`` collectives, and everything zipccl_jax itself already passes t
 A collective zipccl_jax runs gives ``jax.lax``'s bits (data movement) or the documented ordered
 sum (reductions), forward and under ``grad``; its call site in `stats` and `explain` is the file
 and line of the original ``jax.lax`` call.
+
+Comparing bits with the untransformed function: one case differs around a collective, not in it.
+In a BF16 row-parallel layer (a dot in F32, rounded to BF16, then ``psum_scatter`` or ``psum``),
+XLA:CPU may fuse the unrounded F32 dot output into the reduce-scatter it widens to F32 next to
+jax.lax's collective, and cannot next to ours, so the bits can differ even with
+``compress=False``. Put the rounding behind ``jax.lax.optimization_barrier`` in the layer
+(``y = lax.optimization_barrier(y.astype(jnp.bfloat16))`` before the collective) and both reduce
+the same BF16 values.
+
+zipccl_jax's own ``jax.lax`` calls (frames, raw paths, fallbacks, the transposes JAX traces
+during the backward pass) are never rewritten, however and whenever they are traced (`_ours`).
+With ``compress=True`` a call whose frame would not be smaller than its raw chunk goes raw
+(``explain()`` says so); with ``"auto"`` on a CPU box nothing is coded (``explain()`` says why).
 """
 
 from __future__ import annotations
@@ -49,7 +62,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from zipccl_jax import collectives, defaults, ragged
+from zipccl_jax import _ours, collectives, defaults, ragged
 from zipccl_jax._shard import call_site
 from zipccl_jax.capacity import CODED_DTYPES
 
@@ -57,9 +70,6 @@ __all__ = ["compress_collectives"]
 
 # The policy under which a function is traced: part of jax.jit's cache key (`jax.make_user_context`).
 _POLICY = jax.make_user_context(None)
-# Set while zipccl_jax runs a rewritten collective: the jax.lax collectives it binds itself (uint8
-# payloads, raw fallbacks, jax.lax-only cases) must not be rewritten again.
-_BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("zipccl_transform_bypass", default=False)
 _NOT_OURS = object()
 # Call sites named in this trace: one jax.lax call on a pytree binds once per leaf from the same line,
 # so the second and later leaves of a line are named "op@file:line[k]" (as zipccl_jax's own pytree
@@ -135,12 +145,12 @@ def compress_collectives(fn: Callable | None = None, *, compress="auto", capacit
 def _traced(fn, args, kwargs):
   """fn(*args, **kwargs) with rewriting on (also inside a zipccl collective: a custom rule's trace)
   and a fresh call-site count."""
-  bypass, sites = _BYPASS.set(False), _SITES.set({})
+  sites = _SITES.set({})
   try:
-    return fn(*args, **kwargs)
+    with _ours.user_code():
+      return fn(*args, **kwargs)
   finally:
     _SITES.reset(sites)
-    _BYPASS.reset(bypass)
 
 
 def _policy(compress, capacity, transport) -> _Policy:
@@ -150,6 +160,7 @@ def _policy(compress, capacity, transport) -> _Policy:
                      f"'ragged', got {transport!r}")
   if isinstance(capacity, list):
     capacity = tuple(capacity)
+  defaults.check_capacity(capacity, "compress_collectives")
   try:
     hash(capacity)
   except TypeError:
@@ -235,15 +246,12 @@ def _rewritten_bind(name: str, rule: Callable, all_operands: bool, multiple_resu
                     original: Callable) -> Callable:
   def bind(*args, **params):
     policy = _POLICY.value
-    if policy is None or _BYPASS.get() or params.get("axis_index_groups") is not None:
+    if policy is None or _ours.active() or params.get("axis_index_groups") is not None:
       return original(*args, **params)
-    if not _coded(*(args if all_operands else args[:1])):
-      return original(*args, **params)
-    token = _BYPASS.set(True)
-    try:
+    if not _coded(*(args if all_operands else args[:1])) or _ours.bound_by_us():
+      return original(*args, **params)  # not coded, or a raw path of ours (`_ours`)
+    with _ours.scope():
       out = rule(policy, args, params)
-    finally:
-      _BYPASS.reset(token)
     if out is _NOT_OURS:
       return original(*args, **params)
     return out[0] if isinstance(out, list) and not multiple_results else out
@@ -271,7 +279,7 @@ def _under(policy: _Policy, f):
 def _custom_rule_bind(original: Callable) -> Callable:
   def bind(*args, subfuns, **params):
     policy = _POLICY.value
-    if policy is not None and not _BYPASS.get():
+    if policy is not None and not _ours.active():
       subfuns = tuple(_under(policy, f) for f in subfuns)
     return original(*args, subfuns=subfuns, **params)
 

@@ -1,6 +1,7 @@
 """Process setup shared by the examples.  Imports no JAX: it must run before JAX is imported."""
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -10,6 +11,13 @@ import sys
 import time
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose refusal of a flag is one line (not the whole usage): `prog: error: ... (see --help)`."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def add_process_args(p) -> None:
@@ -49,9 +57,8 @@ def example_main(argv, doc: str, configure, **defaults) -> int:
     `defaults` (mesh, layers, experts) go to trainer.add_common_args; `configure(args, trainer)` then
     checks the example's own arguments and runs it. JAX is imported only after the device count is set.
     """
-    import argparse
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_process_args(p)
     pre, _ = p.parse_known_args(argv)  # the process flags first: the device count precedes `import jax`
     if pre.spawn:

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import pathlib
 import sys
 import time
 
@@ -26,7 +27,7 @@ from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import data as data_lib
-from . import fsdp
+from . import fsdp, report
 from .comm import Comm
 from .model import Config, Transformer
 
@@ -96,6 +97,9 @@ def add_common_args(p: argparse.ArgumentParser, *, mesh: str, layers: int, exper
     g = p.add_argument_group("output")
     g.add_argument("--json", default=None, metavar="FILE", help="write losses and byte counts to FILE")
     g.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    g.add_argument("--no-compare", dest="compare", action="store_false",
+                   help="skip the comparison after a compressed run (the same steps again with --no-compress and "
+                        "with --backend lax: bit-identical or not, bytes, time per step)")
     g.add_argument("--profile", default=None, metavar="DIR",
                    help="write a jax.profiler trace of steps 2.. (process 0 only) to DIR")
 
@@ -112,12 +116,22 @@ def config_from_args(args) -> Config:
 def parse_capacity(s: str | None):
     if not s:
         return None
-    v = tuple(float(x) for x in s.split(","))
+    try:
+        v = tuple(float(x) for x in s.split(","))
+    except ValueError:
+        raise ValueError(f"--capacity must be F or F,B (fractions of the raw bytes), got {s!r}") from None
+    if len(v) > 2 or not all(0 < x for x in v):
+        raise ValueError(f"--capacity must be F or F,B with fractions > 0, got {s!r}")
     return v[0] if len(v) == 1 else v
 
 
 def parse_mesh(s: str) -> tuple[int, int]:
-    a, b = (int(v) for v in s.lower().split("x"))
+    try:
+        a, b = (int(v) for v in s.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--mesh must be AxB (two positive ints, e.g. 2x4), got {s!r}") from None
+    if a < 1 or b < 1:
+        raise ValueError(f"--mesh must be AxB (two positive ints, e.g. 2x4), got {s!r}")
     return a, b
 
 
@@ -231,13 +245,50 @@ def make_step(cfg: Config, mesh, plan, buckets, specs, comm: Comm, optimizer, *,
 # driver
 
 
+def check_args(args) -> None:
+    """One line (SystemExit) for a flag no run can use, before anything is built."""
+    for flag, ok, want in (
+            ("--steps", args.steps >= 1, ">= 1"), ("--batch-per-device", args.batch_per_device >= 1, ">= 1"),
+            ("--seq-len", args.seq_len >= 2, ">= 2"), ("--layers", args.layers >= 1, ">= 1"),
+            ("--heads", args.heads >= 1 and args.d_model % args.heads == 0, "a divisor of --d-model"),
+            ("--d-model", args.d_model >= 1, ">= 1"), ("--d-ff", args.d_ff >= 1, ">= 1"),
+            ("--experts", args.experts >= 0, ">= 0"), ("--moe-every", args.moe_every >= 1, ">= 1"),
+            ("--top-k", args.experts == 0 or 1 <= args.top_k <= args.experts, "in 1..--experts"),
+            ("--capacity-factor", args.capacity_factor > 0, "> 0"), ("--lr", math.isfinite(args.lr), "finite"),
+            ("--calibrate-steps", args.calibrate_steps >= 0, ">= 0"),
+            ("--grad-capacity", args.grad_capacity >= 0, ">= 0 (0: zipccl_jax's default)"),
+            ("--capacity-margin", args.capacity_margin >= 0, ">= 0")):
+        if not ok:
+            refuse(f"{flag} must be {want}, got {getattr(args, flag[2:].replace('-', '_'))}")
+    if args.corpus_bytes <= args.seq_len + 1:
+        refuse(f"--corpus-bytes must be more than --seq-len + 1, got {args.corpus_bytes}")
+    try:
+        parse_capacity(args.capacity)
+        parse_mesh(args.mesh)
+    except ValueError as e:
+        refuse(str(e))
+
+
+def refuse(message: str):
+    """Exits with one line, as argparse refuses a flag: `train.py: error: ...`."""
+    raise SystemExit(f"{pathlib.Path(sys.argv[0]).name}: error: {message}")
+
+
 def run(args, *, name: str, plan, expert_axis: str | None, axis_names: tuple[str, str]) -> dict:
+    check_args(args)
     shape = parse_mesh(args.mesh)
     if math.prod(shape) != jax.device_count():
         raise SystemExit(f"--mesh {args.mesh} needs {math.prod(shape)} devices, have {jax.device_count()}")
     mesh = jax.make_mesh(shape, axis_names)
     with jax.set_mesh(mesh):
-        return _run(args, mesh, name=name, plan=plan, expert_axis=expert_axis)
+        result = _run(args, mesh, name=name, plan=plan, expert_axis=expert_axis)
+        if report.wanted(args, args.backend, args.compress != "off"):
+            result["comparison"] = report.compare(result, lambda **o: _run(
+                report.rerun_args(args, **o), mesh, name=name, plan=plan, expert_axis=expert_axis))
+    if args.json and jax.process_index() == 0:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    return result
 
 
 def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
@@ -245,8 +296,7 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
 
     cfg = config_from_args(args)
     if expert_axis and cfg.num_experts % mesh.shape[expert_axis]:
-        raise SystemExit(f"--experts {cfg.num_experts} must be a multiple of the expert axis "
-                         f"{mesh.shape[expert_axis]}")
+        refuse(f"--experts must be a multiple of the expert axis ({mesh.shape[expert_axis]}), got {cfg.num_experts}")
     lead = jax.process_index() == 0
     show = lead and not args.quiet
 
@@ -370,9 +420,6 @@ def _run(args, mesh, *, name: str, plan, expert_axis: str | None) -> dict:
     result["hlo_sent_bytes_per_device_step"] = hlo_sent
     if show:
         print_summary(result)
-    if args.json and lead:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
     return result
 
 

@@ -149,8 +149,30 @@ def batches(seq_len, batch, seed):
     yield np.stack([corpus[i:i + seq_len + 1] for i in start])
 
 
+class OneLineParser(argparse.ArgumentParser):
+  """A refused flag is one line (`train.py: error: ... (see --help)`), not the whole usage."""
+
+  def error(self, message):
+    self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def check(cfg, ap, expert_axis=4):
+  """Refuses, in one line, a flag no run can use (before anything is built)."""
+  for flag, ok, want in (
+      ("--steps", cfg.steps >= 1, ">= 1"), ("--batch-per-device", cfg.batch_per_device >= 1, ">= 1"),
+      ("--seq-len", cfg.seq_len >= 2, ">= 2"), ("--layers", cfg.layers >= 1, ">= 1"),
+      ("--d-ff", cfg.d_ff >= 1, ">= 1"), ("--d-model", cfg.d_model >= 1, ">= 1"),
+      ("--heads", cfg.heads >= 1 and cfg.d_model % cfg.heads == 0, "a divisor of --d-model"),
+      ("--experts", cfg.experts >= expert_axis and cfg.experts % expert_axis == 0,
+       f"a positive multiple of the 'expert' axis ({expert_axis})"),
+      ("--top-k", 1 <= cfg.top_k <= cfg.experts, "in 1..--experts"),
+      ("--capacity-factor", cfg.capacity_factor > 0, "> 0")):
+    if not ok:
+      ap.error(f"{flag} must be {want}, got {getattr(cfg, flag[2:].replace('-', '_'))}")
+
+
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--steps", type=int, default=20)
   ap.add_argument("--no-compress", dest="compress", action="store_false", help="plain jax.lax collectives")
   ap.add_argument("--json", help="write losses and bytes to this file")
@@ -167,6 +189,7 @@ def main(argv=None):
   ap.add_argument("--capacity-factor", type=float, default=1.25)
   ap.add_argument("--aux-weight", type=float, default=0.01)
   cfg = ap.parse_args(argv)
+  check(cfg, ap)
 
   mesh = jax.make_mesh((2, 4), ("data", "expert"))
   model = Transformer(cfg, nnx.Rngs(cfg.seed))
