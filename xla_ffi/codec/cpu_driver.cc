@@ -9,7 +9,7 @@
 #include "huffman.h"
 #include "xxhash32.h"
 
-// AVX-512 (F, BW, VL, VBMI, VBMI2) paths: the encoder's 32 lanes of a segment
+// AVX-512 (F, BW, VL, VBMI, VBMI2) and GFNI paths: the encoder's 32 lanes of a segment
 // step in one register (vpermi2b table lookups, vpcompressw / vpexpandw for the
 // units' slots), the decoder's 32 lanes with gathers for the table and
 // vpexpandw loads for the refills ("the lanes that need a unit take the next
@@ -18,7 +18,7 @@
 // portable loops, which produce the same bytes and the same verdicts
 // (SetVectorPaths(false) selects them at run time, for the tests).
 #if defined(__AVX512VBMI2__) && defined(__AVX512VBMI__) && defined(__AVX512VL__) && \
-    defined(__AVX512BW__) && defined(__BMI2__)
+    defined(__AVX512BW__) && defined(__BMI2__) && defined(__GFNI__)
 #define ZIPCCL_CPU_VBMI2 1
 #include <immintrin.h>
 // GCC 12 takes the intrinsics' deliberately undefined pass-through operands
@@ -458,6 +458,7 @@ struct SegmentIn {
   uint32_t su;           // seg_units
   uint32_t m;            // elements
   uint16_t* syms;        // where its symbols go
+  uint16_t* win;         // vector path: each step's windows (for the symbols of long codes)
 };
 
 // Portable: step by step, lane by lane, branch-free but for the errors. A lane
@@ -494,63 +495,72 @@ Status DecodeSegmentScalar(const DecodeEntry* table, const SegmentIn& s) {
 }
 
 #if ZIPCCL_CPU_VBMI2
-// The vector decoder keeps a segment's 32 lanes in 16-bit lanes of three
+// The vector decoder runs a segment's 32 lanes in 16-bit lanes of three
 // registers: each lane's bits as lo (the first 16) and hi (the next, at most
-// 10), and their count nb. A table entry is sym | len << 9 (0: none). The first
-// lookup level is the low 8 bits, 256 entries in eight registers (vpermi2b, as
-// the encoder's code table): it resolves every code of at most 8 bits; the
-// lanes whose bits begin a longer code, or none, take the full 2048-entry table
-// with a gather ("escapes", rare on real data).
+// 10), and their count nb. The serial chain of a step needs only the code's
+// length, which comes without a branch or a gather: the low 8 bits index a
+// 256-byte length table (vpermi2b), which holds the length of every code of at
+// most 8 bits; a longer code, or none, is told apart by comparing the 11-bit
+// window W, read first bit highest (GFNI reverses the bits), with the
+// canonical code's limits (the windows of the codes of length <= l are
+// [0, limit[l]), FORMAT.md's canonical order). Each step also stores the
+// symbols of the codes of at most 8 bits (a table like the encoder's, off the
+// chain) and the windows, from which LongSymbols completes the others.
 struct VecDecodeTable {
-  __m512i t[8];               // first level, by the low 8 bits (len 0: escape)
-  uint32_t full[kTableSize];  // by the low 11 bits, for the gathers (len 0: no code)
+  __m512i len8[4];            // code length by the low 8 bits, 0 when longer or none
+  __m512i sym8[8];            // sym | 0x8000-free u16 by the low 8 bits; 0xFFFF when longer
+  uint16_t lim8, lim9, lim10, lim11;  // limits in the 11-bit window, first bit highest
+  uint32_t full[kTableSize];  // sym by the low 11 bits, for the gathers of long codes
 };
 
-inline uint16_t VecEntry(const DecodeEntry& d) { return d.len ? uint16_t(d.sym | (d.len << 9)) : 0; }
-
-inline void BuildVecDecodeTable(const DecodeEntry* table, VecDecodeTable* vt) {
-  alignas(64) uint16_t first[256];
-  for (int i = 0; i < 256; ++i) first[i] = table[i].len <= 8 ? VecEntry(table[i]) : 0;
-  for (int i = 0; i < 8; ++i) vt->t[i] = _mm512_load_si512(first + 32 * i);
-  for (int i = 0; i < kTableSize; ++i) vt->full[i] = VecEntry(table[i]);
+inline void BuildVecDecodeTable(const DecodeEntry* table, const uint8_t* lens, VecDecodeTable* vt) {
+  alignas(64) uint8_t len8[256];
+  alignas(64) uint16_t sym8[256];
+  for (int i = 0; i < 256; ++i) {
+    const bool shortc = table[i].len && table[i].len <= 8;
+    len8[i] = shortc ? table[i].len : 0;
+    sym8[i] = shortc ? table[i].sym : 0xFFFF;
+  }
+  for (int i = 0; i < 4; ++i) vt->len8[i] = _mm512_load_si512(len8 + 64 * i);
+  for (int i = 0; i < 8; ++i) vt->sym8[i] = _mm512_load_si512(sym8 + 32 * i);
+  for (int i = 0; i < kTableSize; ++i) vt->full[i] = table[i].sym;
+  uint32_t count[kMaxCodeLen + 1] = {0};
+  for (int s = 0; s < kNumSymbols; ++s) ++count[lens[s]];
+  uint32_t code = 0, limit[kMaxCodeLen + 1];
+  for (int l = 1; l <= kMaxCodeLen; ++l) {  // canonical: first[l] = (first[l-1] + count[l-1]) << 1
+    code = (code + (l > 1 ? count[l - 1] : 0)) << (l > 1 ? 1 : 0);
+    limit[l] = (code + count[l]) << (kMaxCodeLen - l);
+  }
+  vt->lim8 = uint16_t(limit[8]);
+  vt->lim9 = uint16_t(limit[9]);
+  vt->lim10 = uint16_t(limit[10]);
+  vt->lim11 = uint16_t(limit[11]);  // <= 2048 (Kraft, checked before)
 }
 
-inline __m512i Lookup8(const VecDecodeTable& vt, __m512i lo) {
-  const __m512i w = _mm512_and_si512(_mm512_slli_epi16(lo, 1), _mm512_set1_epi16(0x7E));
-  const __m512i idx = _mm512_or_si512(_mm512_or_si512(w, _mm512_slli_epi16(w, 8)),
-                                      _mm512_set1_epi16(0x0100));
-  const __m512i r0 = _mm512_permutex2var_epi8(vt.t[0], idx, vt.t[1]);
-  const __m512i r1 = _mm512_permutex2var_epi8(vt.t[2], idx, vt.t[3]);
-  const __m512i r2 = _mm512_permutex2var_epi8(vt.t[4], idx, vt.t[5]);
-  const __m512i r3 = _mm512_permutex2var_epi8(vt.t[6], idx, vt.t[7]);
-  const __mmask32 b6 = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(64));
-  const __mmask32 b7 = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(128));
-  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1),
-                                 _mm512_mask_blend_epi16(b6, r2, r3));
+// The code lengths of the windows in lo (0: no code).
+inline __m512i CodeLengths(const VecDecodeTable& vt, __m512i lo) {
+  constexpr __mmask64 kLow = 0x5555555555555555ull;  // the low byte of each 16-bit lane
+  const __m512i a = _mm512_maskz_permutex2var_epi8(kLow, vt.len8[0], lo, vt.len8[1]);
+  const __m512i b = _mm512_maskz_permutex2var_epi8(kLow, vt.len8[2], lo, vt.len8[3]);
+  __m512i len = _mm512_mask_blend_epi8(_mm512_movepi8_mask(lo), a, b);
+  const __m512i rb = _mm512_gf2p8affine_epi64_epi8(lo, _mm512_set1_epi64(0x8040201008040201ll), 0);
+  const __m512i w = _mm512_srli_epi16(_mm512_shldi_epi16(rb, rb, 8), 16 - kMaxCodeLen);
+  const __mmask32 m8 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim8)));
+  const __mmask32 m9 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim9)));
+  const __mmask32 m10 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim10)));
+  const __mmask32 m11 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim11)));
+  const __m512i one = _mm512_set1_epi16(1);
+  len = _mm512_mask_mov_epi16(len, m8, _mm512_set1_epi16(9));
+  len = _mm512_mask_add_epi16(len, m9, len, one);
+  len = _mm512_mask_add_epi16(len, m10, len, one);
+  return _mm512_maskz_mov_epi16(~m11, len);
 }
 
-// e with the lanes in m replaced by their full-table entries.
-inline __m512i Escape(const VecDecodeTable& vt, __m512i e, __m512i lo, __mmask32 m) {
-  const __m512i idx = _mm512_and_si512(lo, _mm512_set1_epi16(kTableSize - 1));
-  const int* g = reinterpret_cast<const int*>(vt.full);
-  __m512i r0 = _mm512_setzero_si512(), r1 = _mm512_setzero_si512();
-  if (__mmask16(m))
-    r0 = _mm512_mask_i32gather_epi32(r0, __mmask16(m), _mm512_cvtepu16_epi32(_mm512_castsi512_si256(idx)), g, 4);
-  if (__mmask16(m >> 16))
-    r1 = _mm512_mask_i32gather_epi32(r1, __mmask16(m >> 16),
-                                     _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(idx, 1)), g, 4);
-  const __m512i r = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(r0)),
-                                       _mm512_cvtepi32_epi16(r1), 1);
-  return _mm512_mask_mov_epi16(e, m, r);
-}
-
-// K segments in lockstep (their steps are independent chains, which hides the
-// latency of each). kPartial: the segments may be short (then K is 1).
+// K segments in lockstep (their chains overlap). kPartial: the segments may
+// be short (then K is 1). Writes each step's windows (lo) to seg[k].syms.
 template <int K, bool kPartial>
 Status DecodeSegmentsVec(const VecDecodeTable& vt, const SegmentIn* seg) {
-  const __m512i lenmask = _mm512_set1_epi16(short(0xFE00));
   const __m512i one = _mm512_set1_epi16(1), c16 = _mm512_set1_epi16(16);
-  const __m512i symmask = _mm512_set1_epi16(0x1FF);
   __m512i lo[K], hi[K], nb[K];
   uint32_t cursor[K];
   __mmask32 bad = 0;
@@ -571,37 +581,34 @@ Status DecodeSegmentsVec(const VecDecodeTable& vt, const SegmentIn* seg) {
         const uint32_t e = t * kLanes;
         act = seg[k].m - e >= uint32_t(kLanes) ? act : _bzhi_u32(~0u, seg[k].m - e);
       }
-      __m512i e = Lookup8(vt, lo[k]);
-      const __mmask32 esc = _mm512_mask_testn_epi16_mask(act, e, lenmask);
-      if (esc) e = Escape(vt, e, lo[k], esc);
-      __m512i len = _mm512_srli_epi16(e, 9);
+      __m512i len = CodeLengths(vt, lo[k]);
+      // No code, or longer than the bits held: take the segment's next unit.
       const __mmask32 need = _mm512_mask_cmpge_epu16_mask(act, _mm512_sub_epi16(len, one), nb[k]);
-      if (need) {
-        const uint32_t cnt = uint32_t(__builtin_popcount(need));
-        if (cursor[k] + cnt > seg[k].su) {  // more units than seg_units: never read past them
-          over = true;
-          break;
-        }
-        const __m512i u = _mm512_maskz_expandloadu_epi16(need, seg[k].units + 2 * uint64_t(cursor[k]));
-        cursor[k] += cnt;
-        lo[k] = _mm512_or_si512(lo[k], _mm512_sllv_epi16(u, nb[k]));
-        hi[k] = _mm512_or_si512(hi[k], _mm512_srlv_epi16(u, _mm512_sub_epi16(c16, nb[k])));
-        nb[k] = _mm512_mask_add_epi16(nb[k], need, nb[k], c16);
-        __m512i e2 = Lookup8(vt, lo[k]);
-        const __mmask32 esc2 = _mm512_mask_testn_epi16_mask(need, e2, lenmask);
-        if (esc2) e2 = Escape(vt, e2, lo[k], esc2);
-        e = _mm512_mask_mov_epi16(e, need, e2);
-        len = _mm512_srli_epi16(e, 9);
-        bad |= _mm512_mask_cmpge_epu16_mask(need, _mm512_sub_epi16(len, one), nb[k]);
+      const uint32_t cnt = uint32_t(__builtin_popcount(need));
+      if (cursor[k] + cnt > seg[k].su) {  // more units than seg_units: never read past them
+        over = true;
+        break;
       }
+      const __m512i u = _mm512_maskz_expandloadu_epi16(need, seg[k].units + 2 * uint64_t(cursor[k]));
+      cursor[k] += cnt;
+      lo[k] = _mm512_or_si512(lo[k], _mm512_sllv_epi16(u, nb[k]));
+      hi[k] = _mm512_or_si512(hi[k], _mm512_srlv_epi16(u, _mm512_sub_epi16(c16, nb[k])));
+      nb[k] = _mm512_mask_add_epi16(nb[k], need, nb[k], c16);
+      len = _mm512_mask_mov_epi16(len, need, CodeLengths(vt, lo[k]));
+      bad |= _mm512_mask_cmpge_epu16_mask(act, _mm512_sub_epi16(len, one), nb[k]);
+      // The symbols (of the short codes: off the chain, in its shadow) and
+      // the windows.
       uint16_t* out = seg[k].syms + uint64_t(t) * kLanes;
-      const __m512i sym = _mm512_and_si512(e, symmask);
+      uint16_t* win = seg[k].win + uint64_t(t) * kLanes;
+      const __m512i sym = ShortSymbols(vt, lo[k]);
       if (kPartial) {
         // Lanes past the segment's end keep their bits: their padding is checked below.
         len = _mm512_maskz_mov_epi16(act, len);
         _mm512_mask_storeu_epi16(out, act, sym);
+        _mm512_mask_storeu_epi16(win, act, lo[k]);
       } else {
         _mm512_storeu_si512(out, sym);
+        _mm512_storeu_si512(win, lo[k]);
       }
       lo[k] = _mm512_shrdv_epi16(lo[k], hi[k], len);
       hi[k] = _mm512_srlv_epi16(hi[k], len);
@@ -618,6 +625,47 @@ Status DecodeSegmentsVec(const VecDecodeTable& vt, const SegmentIn* seg) {
     pad |= _mm512_test_epi16_mask(_mm512_or_si512(lo[k], hi[k]), _mm512_or_si512(lo[k], hi[k])) != 0;
   }
   return pad ? kErrReserved : kOk;
+}
+
+// The symbols of the codes at the windows lo whose codes have at most 8 bits;
+// 0xFFFF for longer codes.
+inline __m512i ShortSymbols(const VecDecodeTable& vt, __m512i lo) {
+  const __m512i x = _mm512_and_si512(_mm512_slli_epi16(lo, 1), _mm512_set1_epi16(0x7E));
+  const __m512i idx = _mm512_or_si512(_mm512_or_si512(x, _mm512_slli_epi16(x, 8)),
+                                      _mm512_set1_epi16(0x0100));
+  const __m512i r0 = _mm512_permutex2var_epi8(vt.sym8[0], idx, vt.sym8[1]);
+  const __m512i r1 = _mm512_permutex2var_epi8(vt.sym8[2], idx, vt.sym8[3]);
+  const __m512i r2 = _mm512_permutex2var_epi8(vt.sym8[4], idx, vt.sym8[5]);
+  const __m512i r3 = _mm512_permutex2var_epi8(vt.sym8[6], idx, vt.sym8[7]);
+  const __mmask32 b6 = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(64));
+  const __mmask32 b7 = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(128));
+  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1),
+                                 _mm512_mask_blend_epi16(b6, r2, r3));
+}
+
+// Completes the symbols of a decoded segment: the long codes' (0xFFFF) from
+// the full table by their windows.
+inline void LongSymbols(const VecDecodeTable& vt, uint16_t* syms, const uint16_t* win, uint32_t m) {
+  const int* g = reinterpret_cast<const int*>(vt.full);
+  const __m512i ones = _mm512_set1_epi16(-1);
+  for (uint32_t j = 0; j < m; j += 32) {
+    const __mmask32 act = m - j >= 32 ? ~__mmask32(0) : _bzhi_u32(~0u, m - j);
+    __m512i s = _mm512_maskz_loadu_epi16(act, syms + j);
+    const __mmask32 esc = _mm512_mask_cmpeq_epi16_mask(act, s, ones);
+    if (esc) {
+      const __m512i lo = _mm512_maskz_loadu_epi16(act, win + j);
+      const __m512i i11 = _mm512_and_si512(lo, _mm512_set1_epi16(kTableSize - 1));
+      __m512i g0 = _mm512_setzero_si512(), g1 = _mm512_setzero_si512();
+      if (__mmask16(esc))
+        g0 = _mm512_mask_i32gather_epi32(g0, __mmask16(esc), _mm512_cvtepu16_epi32(_mm512_castsi512_si256(i11)), g, 4);
+      if (__mmask16(esc >> 16))
+        g1 = _mm512_mask_i32gather_epi32(g1, __mmask16(esc >> 16),
+                                         _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(i11, 1)), g, 4);
+      s = _mm512_mask_mov_epi16(s, esc, _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(g0)),
+                                                           _mm512_cvtepi32_epi16(g1), 1));
+      _mm512_mask_storeu_epi16(syms + j, act, s);
+    }
+  }
 }
 #endif
 
@@ -666,7 +714,9 @@ bool MergeScalar(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t 
 #if ZIPCCL_CPU_VBMI2
 template <typename T>
 bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz, bool low16,
-              T* out) {
+              uint64_t readable, T* out) {
+  // Raw bytes are loaded whole while `readable` (the bytes from raw to the
+  // block's end) allows, else with a mask of exactly the bytes used.
   const __m512i zs = _mm512_set1_epi16(kZeroSymbol);
   uint32_t r = 0;
   if constexpr (sizeof(T) == 4) {
@@ -681,8 +731,9 @@ bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz
         const uint64_t cnt = 3 * uint64_t(__builtin_popcount(nz));
         if (rb + cnt > limit) return false;
         const uint64_t bytes = _pdep_u64(nz, 0x1111111111111111ull) * 7;
-        const __m512i rv =
-            _mm512_maskz_expand_epi8(bytes, _mm512_maskz_loadu_epi8(_bzhi_u64(~0ull, unsigned(cnt)), raw + rb));
+        const __m512i rl = rb + 64 <= readable ? _mm512_loadu_si512(raw + rb)
+                                                : _mm512_maskz_loadu_epi8(_bzhi_u64(~0ull, unsigned(cnt)), raw + rb);
+        const __m512i rv = _mm512_maskz_expand_epi8(bytes, rl);
         const __m512i v = _mm512_or_si512(rv, _mm512_slli_epi32(s, 24));
         _mm512_mask_storeu_epi32(out + j, act, _mm512_maskz_shrdi_epi32(nz, v, v, 1));
         rb += cnt;
@@ -702,8 +753,10 @@ bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz
     } else {
       // A masked load of exactly the step's raw bytes (never past the
       // segment's), spread to the non-ZERO lanes in registers.
-      const __m512i rv = _mm512_cvtepu8_epi16(
-          _mm256_maskz_expand_epi8(nz, _mm256_maskz_loadu_epi8(_bzhi_u32(~0u, cnt), raw + r)));
+      const __m256i rl = r + 32 <= readable
+                             ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw + r))
+                             : _mm256_maskz_loadu_epi8(_bzhi_u32(~0u, cnt), raw + r);
+      const __m512i rv = _mm512_cvtepu8_epi16(_mm256_maskz_expand_epi8(nz, rl));
       const __m512i v0 = _mm512_or_si512(_mm512_slli_epi16(s, 8), rv);
       const __m512i v = _mm512_maskz_shrdi_epi16(nz, v0, v0, 1);  // Rotr16, ZERO -> 0
       if constexpr (sizeof(T) == 2) {
@@ -725,6 +778,7 @@ struct DecodeScratch {
   DecodeEntry table[kTableSize];
   alignas(64) uint16_t syms[kMaxSegmentsPerBlock][kSegmentElems];
 #if ZIPCCL_CPU_VBMI2
+  alignas(64) uint16_t win[kMaxSegmentsPerBlock][kSegmentElems];
   VecDecodeTable vec;
 #endif
 };
@@ -743,7 +797,10 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, u
   SegmentIn seg[kMaxSegmentsPerBlock];
   for (int k = 0; k < L.n_segs; ++k)
     seg[k] = SegmentIn{block + L.units_off + 2 * uint64_t(L.seg_unit0[k]), L.seg_units[k],
-                       SegmentElemsOf(n, k), t->syms[k]};
+                       SegmentElemsOf(n, k), t->syms[k], nullptr};
+#if ZIPCCL_CPU_VBMI2
+  for (int k = 0; k < L.n_segs; ++k) seg[k].win = t->win[k];
+#endif
   // Every segment decodes before any verdict: a stream error anywhere
   // (kErrStream) outranks non-zero padding (kErrReserved), on every path.
   const bool vec = UseVector();
@@ -754,10 +811,11 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, u
   };
 #if ZIPCCL_CPU_VBMI2
   if (vec) {
-    BuildVecDecodeTable(t->table, &t->vec);
+    BuildVecDecodeTable(t->table, lens, &t->vec);
     int full = 0;
     while (full < L.n_segs && seg[full].m == uint32_t(kSegmentElems)) ++full;
     int k = 0;
+    for (; k + 4 <= full; k += 4) note(DecodeSegmentsVec<4, false>(t->vec, seg + k));
     for (; k + 2 <= full; k += 2) note(DecodeSegmentsVec<2, false>(t->vec, seg + k));
     for (; k < full; ++k) note(DecodeSegmentsVec<1, false>(t->vec, seg + k));
     for (; k < L.n_segs; ++k) note(DecodeSegmentsVec<1, true>(t->vec, seg + k));
@@ -774,8 +832,10 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, u
     T* o = out + (uint64_t(k) << kSegmentLog2);
     bool ok;
 #if ZIPCCL_CPU_VBMI2
-    if (vec)
-      ok = MergeVec(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, o);
+    if (vec) {
+      LongSymbols(t->vec, seg[k].syms, seg[k].win, seg[k].m);
+      ok = MergeVec(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, uint64_t(block + block_bytes - raw), o);
+    }
     else
 #endif
       ok = MergeScalar(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, o);
