@@ -15,7 +15,9 @@ through `zipccl_jax.encode`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pathlib
 import struct
 
@@ -642,11 +644,24 @@ def _path_inputs():
 PATH_INPUTS = _path_inputs()
 
 
+@contextlib.contextmanager
+def cpu_path(vector: bool):
+  """The CPU driver's AVX-512 paths (where compiled in) or its portable loops (ZIPCCL_CPU_PORTABLE)."""
+  prev = os.environ.pop("ZIPCCL_CPU_PORTABLE", None)
+  if not vector:
+    os.environ["ZIPCCL_CPU_PORTABLE"] = "1"
+  try:
+    yield
+  finally:
+    os.environ.pop("ZIPCCL_CPU_PORTABLE", None)
+    if prev is not None:
+      os.environ["ZIPCCL_CPU_PORTABLE"] = prev
+
+
 @pytest.fixture
 def portable_paths():
-  prev = ext._set_cpu_vector_paths(False)
-  yield
-  ext._set_cpu_vector_paths(prev)
+  with cpu_path(False):
+    yield
 
 
 @pytest.mark.parametrize("name,x", PATH_INPUTS, ids=[n for n, _ in PATH_INPUTS])
@@ -655,15 +670,12 @@ def test_cpu_code_paths_match_reference(name, x):
   decode them alike, on every dtype, around segment, lane and block boundaries."""
   frames = []
   for vec in (True, False):
-    prev = ext._set_cpu_vector_paths(vec)
-    try:
+    with cpu_path(vec):
       for checksum in (False, True):
         c = c_encode(x, checksum=checksum)
         assert c == ref.encode(x, checksum=checksum), (name, vec, checksum)
         assert same_bits(c_decode(c, x.size, x.dtype), x)
         frames.append(c)
-    finally:
-      ext._set_cpu_vector_paths(prev)
   assert frames[:2] == frames[2:]
 
 
@@ -683,13 +695,11 @@ def test_cpu_code_paths_same_verdicts(which):
     bad[pos] ^= rng.integers(1, 256, size=pos.size).astype(np.uint8)
     verdicts = []
     for vec in (True, False):
-      prev = ext._set_cpu_vector_paths(vec)
-      try:
-        verdicts.append(c_decode(bad, x.size, x.dtype))
-      except ValueError as e:
-        verdicts.append(str(e))
-      finally:
-        ext._set_cpu_vector_paths(prev)
+      with cpu_path(vec):
+        try:
+          verdicts.append(c_decode(bad, x.size, x.dtype))
+        except ValueError as e:
+          verdicts.append(str(e))
     try:
       r = ref.decode(bad, shape=x.shape, dtype=x.dtype)
     except ValueError:

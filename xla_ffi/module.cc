@@ -123,9 +123,6 @@ NB_MODULE(_zipccl, m) {
         "Encodes x (raw bytes) into out; returns the frame size (> out.size on overflow).");
   m.def("decode_host", &DecodeHost, nb::arg("payload"), nb::arg("dtype_code"), nb::arg("n_elems"),
         nb::arg("out"), "Decodes a frame into out (raw bytes); ValueError on a bad frame.");
-  m.def("_set_cpu_vector_paths", &zipccl::cpu::SetVectorPaths, nb::arg("enabled"),
-        "Test hook: False runs the CPU driver's portable loops even where its AVX-512 paths are compiled in "
-        "(same frames, same verdicts). Returns the previous setting.");
   m.def("max_encoded_bytes",
         [](uint64_t n_elems, int dtype) { return zipccl::MaxEncodedBytes(n_elems, uint8_t(dtype)); },
         nb::arg("n_elems"), nb::arg("dtype_code"));

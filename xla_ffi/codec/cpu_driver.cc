@@ -1,6 +1,6 @@
 #include "cpu_driver.h"
 
-#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -16,7 +16,7 @@
 // ones, in lane order" is exactly an expand-load), and vpcompressb / vpexpandb
 // for the raw bytes. The build uses -march=native; other targets take the
 // portable loops, which produce the same bytes and the same verdicts
-// (SetVectorPaths(false) selects them at run time, for the tests).
+// (ZIPCCL_CPU_PORTABLE=1 in the environment selects them, for the tests).
 #if defined(__AVX512VBMI2__) && defined(__AVX512VBMI__) && defined(__AVX512VL__) && \
     defined(__AVX512BW__) && defined(__BMI2__) && defined(__GFNI__)
 #define ZIPCCL_CPU_VBMI2 1
@@ -37,10 +37,12 @@
 namespace zipccl::cpu {
 namespace {
 
-std::atomic<bool> g_vector_paths{true};
-
+// The driver holds no writable globals (tests/test_hardening.py): the test
+// switch to the portable loops is the environment, read once per frame.
 inline bool UseVector() {
-  return ZIPCCL_CPU_VBMI2 && g_vector_paths.load(std::memory_order_relaxed);
+  if (!ZIPCCL_CPU_VBMI2) return false;
+  const char* v = std::getenv("ZIPCCL_CPU_PORTABLE");
+  return !(v && v[0] && !(v[0] == '0' && v[1] == 0));
 }
 
 // The most units a block's segments can take (every code kMaxCodeLen bits).
@@ -413,12 +415,6 @@ uint64_t EncodeBlock(const T* x, uint64_t n, BlockPlan* p, HuffmanWork* work, En
   return p->block_bytes;
 }
 
-EncodeScratch* ThreadEncodeScratch() {
-  static thread_local std::unique_ptr<EncodeScratch> sc;
-  if (!sc) sc.reset(new EncodeScratch);
-  return sc.get();
-}
-
 template <typename T>
 uint64_t EncodeTyped(const T* x, uint64_t n, uint8_t dtype, bool checksum,
                      uint8_t* out, uint64_t cap) {
@@ -427,7 +423,8 @@ uint64_t EncodeTyped(const T* x, uint64_t n, uint8_t dtype, bool checksum,
   bool fits = used <= cap;
   auto plan = std::make_unique<BlockPlan>();
   auto work = std::make_unique<HuffmanWork>();
-  EncodeScratch* sc = nb ? ThreadEncodeScratch() : nullptr;
+  std::unique_ptr<EncodeScratch> scratch(nb ? new EncodeScratch : nullptr);  // ~130 KB, per call
+  EncodeScratch* sc = scratch.get();
   for (uint64_t b = 0; b < nb; ++b) {
     const T* xb = x + (b << kBlockLog2);
     const uint64_t nbe = BlockElems(n, b);
@@ -844,12 +841,6 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, u
   return kOk;
 }
 
-DecodeScratch* ThreadDecodeScratch() {
-  static thread_local std::unique_ptr<DecodeScratch> sc;
-  if (!sc) sc.reset(new DecodeScratch);
-  return sc.get();
-}
-
 template <typename T>
 DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, uint64_t n,
                          T* out) {
@@ -869,7 +860,7 @@ DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
     return {kErrChecksum, -1};
   if (total != frame_bytes) return {kErrFrameSize, -1};
 
-  DecodeScratch* scratch = nullptr;  // only for HUFF blocks
+  std::unique_ptr<DecodeScratch> scratch;  // ~280 KB, per call, only for HUFF blocks
   for (uint64_t b = 0; b < nb; ++b) {
     const uint64_t bb = Load32(in + kFrameHeaderBytes + b * kDirEntryBytes);
     const uint64_t nbe = BlockElems(n, b);
@@ -894,8 +885,8 @@ DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
     } else if (mode == kModeHuff) {
       if (flags & kBlockFlagsReserved) return {kErrReserved, int64_t(b)};
       if (value) return {kErrReserved, int64_t(b)};
-      if (!scratch) scratch = ThreadDecodeScratch();
-      st = DecodeHuffBlock(blk, bb, nbe, flags, scratch, ob);
+      if (!scratch) scratch.reset(new DecodeScratch);
+      st = DecodeHuffBlock(blk, bb, nbe, flags, scratch.get(), ob);
       if (st != kOk) return {st, int64_t(b)};
     } else {
       return {kErrBlockMode, int64_t(b)};
@@ -928,6 +919,5 @@ DecodeResult DecodeFrame(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
 
 const char* CompiledCodePaths() { return ZIPCCL_CPU_VBMI2 ? "avx512_vbmi2" : ""; }
 
-bool SetVectorPaths(bool enabled) { return g_vector_paths.exchange(enabled); }
 
 }  // namespace zipccl::cpu

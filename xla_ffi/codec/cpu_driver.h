@@ -33,10 +33,9 @@ DecodeResult DecodeFrame(const uint8_t* in_host, uint64_t in_bytes,
 // The instruction-set specific code paths compiled into this driver,
 // comma-separated ("avx512_vbmi2"); "" when only the portable loops are.
 const char* CompiledCodePaths();
-
-// Whether the instruction-set specific paths run where they are compiled in
-// (the default); false selects the portable loops, which give the same frames
-// and the same verdicts (a test hook). Returns the previous setting.
-bool SetVectorPaths(bool enabled);
+// The instruction-set specific paths run where they are compiled in, unless
+// the environment sets ZIPCCL_CPU_PORTABLE (to anything but "" or "0"): then
+// the portable loops run, which give the same frames and the same verdicts
+// (a test switch, read once per frame).
 
 }  // namespace zipccl::cpu
