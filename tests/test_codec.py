@@ -593,7 +593,7 @@ def test_checksum_roundtrip_and_corruption(dtype):
   assert h["flags"] == fmt.FLAG_CHECKSUM and h["checksum"] != 0
   plain = check_roundtrip(x)
   assert plain[32:] == frame[32:] and len(plain) == len(frame)     # only the header differs
-  for pos in (len(frame) - 1, len(frame) // 2, 40):  # a raw byte, the bitstream, the block header
+  for pos in (len(frame) - 1, len(frame) // 2, 40):  # a raw byte, the units, the block header
     bad = bytearray(frame)
     bad[pos] ^= 0x10
     with pytest.raises(DECODE_ERRORS, match="checksum"):
