@@ -62,6 +62,7 @@ nb::dict EncodeLayoutDict(const EncodeLayout& L) {
   d["plans_off"] = L.plans_off;
   d["sizes_off"] = L.sizes_off;
   d["offsets_off"] = L.offsets_off;
+  d["hashes_off"] = L.hashes_off;
   d["scratch_bytes"] = L.scratch_bytes;
   return d;
 }
@@ -76,6 +77,7 @@ nb::dict DecodeLayoutDict(const DecodeLayout& L) {
   d["berr_off"] = L.berr_off;
   d["sizes_off"] = L.sizes_off;
   d["offsets_off"] = L.offsets_off;
+  d["hashes_off"] = L.hashes_off;
   d["scratch_bytes"] = L.scratch_bytes;
   return d;
 }
