@@ -94,6 +94,18 @@ SEEDED_ADD = ("AtomicAddShared(&sm.seg_units[warp], LaneUnits(bits));",
               "sm.seg_units[warp] += LaneUnits(bits);")
 
 
+def _seeded_host(tmp_path, header: str, seed: tuple, name: str):
+  """The sanitized emulator built from a copy of the sources whose `header` (under xla_ffi/codec) has the one
+  line seed[0] replaced by seed[1]."""
+  shutil.copytree(ROOT / "xla_ffi", tmp_path / "xla_ffi")
+  shutil.copytree(ROOT / "tests" / "cc", tmp_path / "tests" / "cc")
+  path = tmp_path / "xla_ffi" / "codec" / header
+  text = path.read_text()
+  assert text.count(seed[0]) == 1, f"the seeded line moved in {header}: update the seed"
+  path.write_text(text.replace(*seed))
+  return SanitizedHost(test_cuda.HOST, binary(name, DRIVER, root=tmp_path))
+
+
 def test_race_detector_catches_a_plain_add_in_the_real_analyse_kernel(tmp_path):
   host = _seeded_host(tmp_path, "cuda_encode.cuh", SEEDED_ADD, "emulator_driver_seeded_add")
   x = test_cuda._data("gauss", 5000, test_cuda.BF16)

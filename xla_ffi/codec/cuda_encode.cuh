@@ -251,7 +251,8 @@ struct WriteKernel {
     const BlockPlan& pl = p.plans[g];
     const uint32_t tid = cta.tid();
     const uint8_t mode = pl.mode;
-    uint8_t* const dir = blk + kBlockHeaderBytes + pl.table_bytes;
+    // HUFF only: a CONST plan's table fields are not set (PlanConstBlock)
+    uint8_t* const dir = mode == kModeHuff ? blk + kBlockHeaderBytes + pl.table_bytes : blk;
     if (tid == 0) {
       Store32(frame + kFrameHeaderBytes + b * kDirEntryBytes, uint32_t(pl.block_bytes));
       WriteBlockHeader(blk, pl);
