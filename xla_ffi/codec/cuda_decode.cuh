@@ -129,11 +129,12 @@ ZIPCCL_HD uint32_t MergePacked(int s, uint32_t r, bool low16) {
 //      index is a running count over the round's ballots, so the loads are
 //      independent of each other) and the warp stores 32 elements side by
 //      side per step.
-//    - A lane that fails (no code, the segment's units or raw slots
-//      exhausted) ends its warp's decoding at the end of the round. After the
-//      rounds each segment must have used exactly its seg_units units and
-//      seg_nnz raw slots (else kErrStream, for any segment of the block), and
-//      every lane's leftover bits must be zero (else kErrReserved). A rejected
+//    - A lane that fails (no code, the segment's units exhausted) ends its
+//      warp's decoding at the end of the round. The block's verdict, in the
+//      CPU decoder's order: kErrStream if a segment failed to decode or took
+//      fewer units than seg_units; else kErrReserved if a lane's leftover bits
+//      are not zero; else kErrStream if a segment's non-ZERO symbols are not
+//      seg_nnz (the merge never reads past a segment's raw bytes). A rejected
 //      block's elements are overwritten by zipccl_poison.
 constexpr int kRoundSteps = 32;
 static_assert(kSegmentSteps % kRoundSteps == 0, "rounds tile a segment");
@@ -243,7 +244,7 @@ struct DecodeBlockKernel {
     uint32_t base = 0, win0 = unit_at(lane), win1 = unit_at(kLanes + lane), win2 = unit_at(2 * kLanes + lane);
     uint32_t buf = 0, nbits = 0;          // the lane's next bits (first in bit 0), zeros above
     uint32_t cursor = 0, raw_cursor = 0;  // the warp's next unit and raw slots
-    bool bad = false, warp_bad = false;
+    bool bad = false, warp_bad = false, raw_bad = false;
     for (int r = 0; r < kSegmentSteps / kRoundSteps; ++r) {
       for (int j = 0; j < kRoundSteps; ++j) {  // decode phase
         const uint32_t e = uint32_t(r * kRoundSteps + j) * kLanes + lane;
@@ -289,8 +290,8 @@ struct DecodeBlockKernel {
         if (s == kNoSym) continue;
         uint32_t v = 0;
         if (s != kZeroSymbol) {
-          if (ri >= seg_nnz) {
-            bad = true;
+          if (ri >= seg_nnz) {  // more non-ZERO symbols than seg_nnz: judged after the padding
+            raw_bad = true;
             continue;
           }
           uint32_t packed = 0;
@@ -299,13 +300,15 @@ struct DecodeBlockKernel {
         }
         StoreElem<T>(os + uint64_t(e) * sizeof(T), v);
       }
-      warp_bad = cta.ballot(bad) != 0;
       cta.warp_sync();  // the merge has read the round's symbols before the next round writes them
     }
-    if (has_seg && !warp_bad && (cursor != seg_units || raw_cursor != seg_nnz)) bad = true;
+    // The CPU decoder's order of verdicts: decoding errors, then padding, then the non-ZERO count.
+    if (has_seg && !warp_bad && cursor != seg_units) bad = true;
+    if (has_seg && raw_cursor != seg_nnz) raw_bad = true;
     const bool pad = buf != 0;  // a lane's leftover bits after its last code are reserved
     int status = cta.sync_or(bad) ? kErrStream : kOk;
     if (cta.sync_or(pad) && status == kOk) status = kErrReserved;
+    if (cta.sync_or(raw_bad) && status == kOk) status = kErrStream;
     return status;
   }
 };
