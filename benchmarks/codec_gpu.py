@@ -4,6 +4,11 @@
 Kernels: `zipccl_jax.encode` / `decode` of one tensor (Gaussian values, std 0.02; float8 with per-tensor amax
 scaling) per coded dtype, jitted, on the first device; GB/s of raw (uncoded) bytes per call, against a
 jitted device copy of the same bytes (`x + 0` as bits: one read, one write) timed in the same repetitions.
+Device-timed kernels (`kernels_device`, the figures to quote): per dtype and call size (bfloat16 at 4, 16,
+64 and 256 MB, the other dtypes at 64 MB), one jitted `fori_loop` runs K rounds of back-to-back calls over
+R distinct inputs (R x size >= 128 MB, so L2 cannot hold them), each call's result carried to the next
+round; the time per call is the slope between K = 2 and K = 10 rounds (host dispatch and synchronisation
+cancel), per repetition, the same for a device copy (bits XOR the round index: a real read and write).
 Collectives: all_to_all, all_gather, ppermute, psum_scatter and psum over all devices of the platform
 (one `shard_map` axis), `compress=True` against `jax.lax` on the same bfloat16 data (data movement on its
 bits; the reductions against jax.lax's own psum), for each per-device size. Every variant is timed --reps
@@ -89,6 +94,68 @@ def bench_kernels(jax, jnp, np, zj, dev, dtypes, call_bytes: int, reps: int) -> 
                   "frame_bytes": int(nbytes), "ratio": raw / int(nbytes), **summary(times), **_gbps(raw, times),
                   "copy_gb_per_s": _gbps(raw, t_copy)["gb_per_s"], "vs_copy": vs["ratio"],
                   "vs_copy_p25": vs["ratio_p25"], "vs_copy_p75": vs["ratio_p75"], "bit_exact": exact})
+  return out
+
+
+DEVICE_TIMING = ("device-timed: one jitted fori_loop of K rounds x R back-to-back calls on R distinct inputs "
+                 "(R x call bytes >= 128 MB), seconds per call = slope of the loop's wall time between K = 2 "
+                 "and K = 10 (dispatch and sync cancel), per repetition; median and [p25-p75] of the slopes")
+
+
+def _device_loops(jax, jnp, fn, xs):
+  """A jitted loop: `rounds` times, fn on every x of xs (a tuple), the results carried; returns the carry."""
+  def run(rounds, carry):
+    def body(i, c):
+      # x through an optimization barrier with the round index: the call depends on the round, so XLA
+      # cannot hoist it out of the loop (the barrier costs nothing at run time)
+      return tuple(fn(jax.lax.optimization_barrier((x, i))[0], i) for x in xs)
+    return jax.lax.fori_loop(0, rounds, body, carry)
+  return jax.jit(run)
+
+
+def bench_kernels_device(jax, jnp, np, zj, dev, cases, reps: int, working_set: int = 128 << 20) -> list[dict]:
+  """Device time per call of encode, decode and a copy: `cases` of (dtype name, call bytes); see DEVICE_TIMING."""
+  import ml_dtypes
+  out = []
+  for name, call_bytes in cases:
+    dt = np.dtype(getattr(ml_dtypes, name, name))
+    elems = call_bytes // dt.itemsize
+    r = max(2, -(-working_set // (elems * dt.itemsize)))
+    u = jnp.dtype({1: "uint8", 2: "uint16", 4: "uint32"}[dt.itemsize])
+    hosts = [_tensor(jnp, np, name, elems, seed=17 * k + len(name)) for k in range(r)]
+    xs = tuple(jax.device_put(h, dev) for h in hosts)
+    enc = jax.jit(zj.encode)
+    frames = tuple(enc(x) for x in xs)
+    payloads = tuple(f[0] for f in frames)
+    exact = all(np.array_equal(np.asarray(zj.decode(p, shape=h.shape, dtype=h.dtype)).view(u), h.view(u))
+                for p, h in zip(payloads, hosts))
+    loops = {
+        "encode": (_device_loops(jax, jnp, lambda x, i: zj.encode(x), xs), frames),
+        "decode": (_device_loops(jax, jnp, lambda p, i: zj.decode(p, shape=(elems,), dtype=dt), payloads),
+                   tuple(jnp.zeros(elems, dt) for _ in range(r))),
+        "copy": (_device_loops(jax, jnp, lambda x, i: jax.lax.bitcast_convert_type(
+            jax.lax.bitcast_convert_type(x, u) ^ i.astype(u), dt), xs), xs),
+    }
+    slopes = {k: [] for k in loops}
+    for f, carry in loops.values():
+      jax.block_until_ready(f(2, carry))  # compile
+    for _ in range(reps):
+      for k, (f, carry) in loops.items():
+        t = []
+        for rounds in (2, 10):
+          t0 = time.perf_counter()
+          jax.block_until_ready(f(rounds, carry))
+          t.append(time.perf_counter() - t0)
+        slopes[k].append(max(t[1] - t[0], 1e-9) / (8 * r))
+    raw = elems * dt.itemsize
+    frame_bytes = int(frames[0][1])
+    for k in ("encode", "decode"):
+      vs = paired_ratio(slopes["copy"], slopes[k])
+      out.append({"kernel": k, "dtype": name, "raw_bytes": raw, "frame_bytes": frame_bytes,
+                  "ratio": raw / frame_bytes, "rotating_inputs": r, "timing": "device",
+                  **summary(slopes[k]), **_gbps(raw, slopes[k]), "copy_gb_per_s": _gbps(raw, slopes["copy"])["gb_per_s"],
+                  "vs_copy": vs["ratio"], "vs_copy_p25": vs["ratio_p25"], "vs_copy_p75": vs["ratio_p75"],
+                  "samples_s": slopes[k], "copy_samples_s": slopes["copy"], "bit_exact": exact})
   return out
 
 
@@ -240,6 +307,12 @@ def _print(rec: dict) -> None:
     print(f"{k['kernel']:7s} {k['dtype']:14s} {k['raw_bytes'] / 1e6:8.2f} {k['ratio']:6.3f} "
           f"{k['gb_per_s']:8.2f} [{k['p25_gb_per_s']:.2f}-{k['p75_gb_per_s']:.2f}] {k['copy_gb_per_s']:10.2f} "
           f"{k['vs_copy']:7.3f} [{k['vs_copy_p25']:.3f}-{k['vs_copy_p75']:.3f}] {k['bit_exact']}")
+  print(f"\n{rec['device_timing']}")
+  for k in rec["kernels_device"]:
+    print(f"{k['kernel']:7s} {k['dtype']:14s} {k['raw_bytes'] / 2**20:8.1f} MiB {k['ratio']:6.3f} "
+          f"{k['gb_per_s']:8.1f} GB/s [{k['p25_gb_per_s']:.1f}-{k['p75_gb_per_s']:.1f}] copy "
+          f"{k['copy_gb_per_s']:8.1f} /copy {k['vs_copy']:.3f} [{k['vs_copy_p25']:.3f}-{k['vs_copy_p75']:.3f}] "
+          f"x{k['rotating_inputs']} {k['bit_exact']}")
   st = rec["step"]
   print(f"\nstep: {st['what']}, {st['raw_bytes'] / 1e6:.1f} MB: {st['median_s'] * 1e3:.3f} ms, "
         f"{st['gb_per_s']:.1f} GB/s [{st['p25_gb_per_s']:.1f}-{st['p75_gb_per_s']:.1f}]; alone: encode "
@@ -273,6 +346,8 @@ def main(argv=None) -> int:
                  help="MB of the MoE dispatch payload coded in one jitted step (default 64)")
   p.add_argument("--memory-mb", type=float, default=None,
                  help="MB per device of the all_to_all whose memory is measured (default 64)")
+  p.add_argument("--device-mb", default=None,
+                 help="bfloat16 call sizes (MB) of the device-timed kernels (default 4,16,64,256; --quick 0.25)")
   p.add_argument("--kernels-only", action="store_true",
                  help="the kernels' GB/s alone (no step, memory or collectives): what a profiler run needs")
   p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)  # one variant, in a child
@@ -307,18 +382,24 @@ def main(argv=None) -> int:
     rec = {"platform": a.platform, "device_kind": devs[0].device_kind, "kernels": kernels}
     print(json.dumps(rec, indent=1))
     return 0 if all(k["bit_exact"] for k in kernels) else 1
+  device_mb = [float(s) for s in (a.device_mb or ("0.25" if a.quick else "4,16,64,256")).split(",")]
+  cases = [("bfloat16", int(mb * 2**20)) for mb in device_mb]
+  cases += [(d, int(device_mb[min(2, len(device_mb) - 1)] * 2**20)) for d in dtypes if d != "bfloat16"]
+  kernels_device = bench_kernels_device(jax, jnp, np, zj, devs[0], cases, reps,
+                                        working_set=(1 << 20) if a.quick else (128 << 20))
   step = bench_step(jax, jnp, np, devs[0], int((a.step_mb or (0.25 if a.quick else 64.0)) * 1e6), reps)
   collectives = (bench_collectives(jax, jnp, np, zj, devs, [int(s * 1e6) for s in sizes_mb], a.transport, reps)
                  if len(devs) > 1 else [])
   memory = bench_memory(a.platform, int((a.memory_mb or (0.25 if a.quick else 64.0)) * 1e6) // 2 // 1024 * 1024)
   rec = {"command": "python benchmarks/codec_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
          "platform": a.platform, "devices": len(devs), "device_kind": devs[0].device_kind, "reps": reps,
-         "info": zj.info(), "load": machine_load(), "kernels": kernels, "step": step,
+         "info": zj.info(), "load": machine_load(), "kernels": kernels, "device_timing": DEVICE_TIMING,
+         "kernels_device": kernels_device, "step": step,
          "collectives": collectives, "memory": memory}
   _print(rec)
   if a.json:
     Path(a.json).write_text(json.dumps(rec, indent=1) + "\n")
-  bad = ([k for k in kernels if not k["bit_exact"]] + [c for c in collectives if not c["bit_exact"]]
+  bad = ([k for k in kernels + kernels_device if not k["bit_exact"]] + [c for c in collectives if not c["bit_exact"]]
          + ([step] if not step["bit_exact"] else []) + [m for m in memory if "error" in m])
   if bad:
     print(f"NOT bit-exact: {bad}", file=sys.stderr)

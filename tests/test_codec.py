@@ -260,33 +260,37 @@ def test_decode_from_exactly_nbytes(dtype):
     jax.block_until_ready(zj.decode(exact[:31], shape=x.shape, dtype=dtype))
 
 
-# --------------------------------------------------------------------------- zero streams
-# The CPU decoder checks all-ZERO streams (directory nnz == 0) by bit comparison and runs the others on a
-# pool of lockstep lanes, each refilled with the block's next stream as soon as its own ends. These frames
-# mix stream kinds so that lanes end at very different times; every decode reads exactly the frame.
+# --------------------------------------------------------------------------- zero segments
+# Frames whose HUFF segments (16,384 elements, one directory entry each) mix all-ZERO, mostly-ZERO and
+# zero-free segments, so that the segments' lanes run out of units at very different steps; every decode
+# reads exactly the frame.
 
-STREAM = fmt.STREAM_ELEMS
-# Per-stream layouts: Z all zero, M mostly zero (37 values), D zero-free, H zero head, S scattered zeros.
+SEGMENT = fmt.SEGMENT_ELEMS
+# Per-segment layouts: Z all zero, M mostly zero (37 values), D zero-free, H zero head, S scattered zeros.
+# Three blocks of 4, 4 and 3 segments; no block all zero (that would be CONST).
 ZERO_LAYOUTS = {
-    "moe_tails": "DDDDDDMZZZ" * 8,                    # 80 streams: (8, 160, 128) with slots 100.. empty
-    "zeros_first": "Z" * 12 + "D" * 20 + "M" * 10 + "D" * 6,
-    "alternating": "ZD" * 20 + "MH" * 6 + "S",
-    "one_data_lane": "Z" * 31 + "D" + "M" * 9 + "D",  # a lone long stream among short ones
-    "mostly_zero": "M" * 30 + "Z" + "S" * 3,
-    "random": None,                                   # 70 streams drawn at random
+    "moe_tails": "DDMZ" * 3,                          # capacity padding at the end of every block
+    "zeros_first": "DZZM" + "DZDM" + "DZS",
+    "alternating": "DZDZ" + "MHZS" + "DZH",
+    "one_data_segment": "ZZZD" + "ZZZM" + "ZZD",      # a lone long segment among short ones
+    "mostly_zero": "MMMZ" + "MMSZ" + "SZM",
+    "random": None,                                   # drawn at random (seeded), no block all Z
 }
 
 
 def _zero_layout_array(layout, dtype, n, seed, every_exponent=False):
-  """Gaussian elements with zeros laid out per stream; optionally every exponent byte in every block."""
+  """Gaussian elements with zeros laid out per segment; optionally every exponent byte in every block."""
   rng = np.random.default_rng(seed)
-  ns = -(-n // STREAM)
+  ns = -(-n // SEGMENT)
   if layout is None:
-    layout = "".join(rng.choice(list("ZMDHS"), size=ns))
+    while True:
+      layout = "".join(rng.choice(list("ZMDHS"), size=ns))
+      if all(set(layout[i:i + 4]) != {"Z"} for i in range(0, ns, 4)) and "Z" in layout:
+        break
   layout = (layout * ns)[:ns]
   x = normal(n, dtype, seed=seed)
   u = bits(x)
-  if every_exponent:  # all 256 symbols used and ZERO too: the decoder's uint16-symbol path
+  if every_exponent:  # all 256 symbols used, and ZERO too
     w = 8 * dtype.itemsize
     e = np.arange(256, dtype=np.uint64)
     # rotl(v, 1) >> (w - 8) == e: exponent byte (bf16/f32) or exponent+3 mantissa bits (f16)
@@ -294,7 +298,7 @@ def _zero_layout_array(layout, dtype, n, seed, every_exponent=False):
     for b0 in range(0, n, fmt.BLOCK_ELEMS):
       u[b0 + 7:b0 + 7 + 256 * 3:3][:min(256, (n - b0 - 7 + 2) // 3)] = v[:min(256, (n - b0 - 7 + 2) // 3)]
   for k, kind in enumerate(layout):
-    lo, hi = k * STREAM, min(n, (k + 1) * STREAM)
+    lo, hi = k * SEGMENT, min(n, (k + 1) * SEGMENT)
     zero = np.zeros(hi - lo, bool)
     if kind == "Z":
       zero[:] = True
@@ -315,9 +319,9 @@ def _zero_layout_array(layout, dtype, n, seed, every_exponent=False):
   return x, layout
 
 
-def _huff_streams(frame):
-  """(block offset, code lengths per symbol, stream directory offset, bitstream offset, [(bits, nnz)])
-  of every HUFF block."""
+def _huff_segments(frame):
+  """(block offset, code lengths per symbol, segment directory offset, units offset,
+  [(seg_units, seg_nnz)]) of every HUFF block."""
   n = header(frame)["n_elems"]
   nb = fmt.num_blocks(n)
   sizes = struct.unpack(f"<{nb}I", frame[32:32 + 4 * nb])
@@ -330,7 +334,7 @@ def _huff_streams(frame):
       lens = {256: nib[0], **{lo + i: nib[1 + i] for i in range(hi - lo + 1)}}
       d = off + 10 + (n_nib + 1) // 2
       m = min(fmt.BLOCK_ELEMS, n - b * fmt.BLOCK_ELEMS)
-      ns = -(-m // STREAM)
+      ns = -(-m // SEGMENT)
       dirs = [struct.unpack("<HH", frame[d + 4 * k:d + 4 * k + 4]) for k in range(ns)]
       out.append((off, lens, d, d + 4 * ns, dirs))
     off += size
@@ -342,15 +346,15 @@ def _encode_exact(x):
   return np.asarray(payload)[:int(nbytes)].copy()
 
 
-@pytest.mark.parametrize("every_exponent", [False, True], ids=["alias", "uint16"])
+@pytest.mark.parametrize("every_exponent", [False, True], ids=["some_exponents", "every_exponent"])
 @pytest.mark.parametrize("layout", sorted(ZERO_LAYOUTS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-def test_zero_stream_layouts_roundtrip(dtype, layout, every_exponent):
-  n = 2 * fmt.BLOCK_ELEMS + 20 * STREAM + 777     # three blocks, the last one short and ragged
+def test_zero_segment_layouts_roundtrip(dtype, layout, every_exponent):
+  n = 2 * fmt.BLOCK_ELEMS + 2 * SEGMENT + 777     # three blocks, the last one short and ragged
   x, _ = _zero_layout_array(ZERO_LAYOUTS[layout], dtype, n, seed=len(layout), every_exponent=every_exponent)
   frame = _encode_exact(x)
   assert same_bits(zj.decode(frame, shape=x.shape, dtype=dtype), x)
-  blocks = _huff_streams(frame.tobytes())
+  blocks = _huff_segments(frame.tobytes())
   assert len(blocks) == 3
   assert any(nnz == 0 for *_, dirs in blocks for _, nnz in dirs)  # they exercise what they are meant to
   for _, lens, _, _, dirs in blocks:
@@ -358,34 +362,36 @@ def test_zero_stream_layouts_roundtrip(dtype, layout, every_exponent):
     assert all(lens.get(s, 0) > 0 for s in range(256)) == every_exponent
 
 
-def _stream_mutations(frame):
-  """Malformed variants of a frame, each targeting a stream the directory says is all ZERO. Every block
-  size stays consistent, so only the stream checks can catch them."""
-  blocks = _huff_streams(frame.tobytes())
+def _segment_mutations(frame):
+  """Malformed variants of a frame, each targeting a segment the directory says is all ZERO. Every block
+  size stays consistent, so only the segment checks can catch them."""
+  blocks = _huff_segments(frame.tobytes())
   out = []
-  for off, lens, d, bs, dirs in blocks:
+  for off, lens, d, us, dirs in blocks:
     zs = [k for k, (_, nnz) in enumerate(dirs) if nnz == 0]
     ds = [k for k, (_, nnz) in enumerate(dirs) if nnz > 0]
-    starts = np.concatenate([[0], np.cumsum([sb for sb, _ in dirs])])
+    if not zs:
+      continue
+    starts = np.concatenate([[0], np.cumsum([su for su, _ in dirs])])
     for z in (zs[0], zs[-1]):
-      for bit in (0, dirs[z][0] // 2, dirs[z][0] - 1):   # first, middle and last bit of a zero stream
+      for bit in (0, 8 * dirs[z][0], 16 * dirs[z][0] - 1):  # first, middle and last bit of its units
         g = frame.copy()
-        at = int(starts[z]) + bit
-        g[bs + at // 8] ^= 1 << (at % 8)
-        out.append((f"flip bit {bit} of zero stream {z}", g))
+        at = 16 * int(starts[z]) + bit
+        g[us + at // 8] ^= 1 << (at % 8)
+        out.append((f"flip bit {bit} of zero segment {z}", g))
       nb = z + 1 if z + 1 < len(dirs) else z - 1
-      for delta in (1, lens[256], -lens[256]):           # stream_bits moved to/from a neighbour
+      for delta in (1, 2, -1):                            # seg_units moved to/from a neighbour
         g = frame.copy()
         for k, dd in ((z, delta), (nb, -delta)):
           struct.pack_into("<H", g, d + 4 * k, dirs[k][0] + dd)
-        out.append((f"stream_bits {delta:+d} on zero stream {z}", g))
-      k = ds[0]                                          # nnz moved between it and a data stream
+        out.append((f"seg_units {delta:+d} on zero segment {z}", g))
+      k = ds[0]                                           # nnz moved between it and a data segment
       for nz, nk in ((1, dirs[k][1] - 1), (dirs[k][1], 0)):
         g = frame.copy()
         struct.pack_into("<H", g, d + 4 * z + 2, nz)
         struct.pack_into("<H", g, d + 4 * k + 2, nk)
-        out.append((f"nnz {nz} on zero stream {z}, {nk} on data stream {k}", g))
-    # a data stream's bits swapped with a zero stream's directory entry
+        out.append((f"nnz {nz} on zero segment {z}, {nk} on data segment {k}", g))
+    # a data segment's directory entry swapped with a zero segment's
     g = frame.copy()
     z, k = zs[len(zs) // 2], ds[len(ds) // 2]
     g[d + 4 * z:d + 4 * z + 4], g[d + 4 * k:d + 4 * k + 4] = frame[d + 4 * k:d + 4 * k + 4], frame[d + 4 * z:d + 4 * z + 4]
@@ -393,20 +399,19 @@ def _stream_mutations(frame):
   return out
 
 
-@pytest.mark.parametrize("every_exponent", [False, True], ids=["alias", "uint16"])
+@pytest.mark.parametrize("every_exponent", [False, True], ids=["some_exponents", "every_exponent"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-def test_zero_stream_corruption_rejected(dtype, every_exponent):
+def test_zero_segment_corruption_rejected(dtype, every_exponent):
   from zipccl_jax import reference
-  n = fmt.BLOCK_ELEMS + 12 * STREAM + 5
-  x, _ = _zero_layout_array("ZZDDMDZZZDDMDHZZZSDDDDZZZZZZZZZZ" + "MZDZDZDZDZDZD", dtype, n, seed=3,
-                            every_exponent=every_exponent)
+  n = fmt.BLOCK_ELEMS + 3 * SEGMENT + 5
+  x, _ = _zero_layout_array("DZZM" + "ZDZD" + "Z", dtype, n, seed=3, every_exponent=every_exponent)
   frame = _encode_exact(x)
-  cases = _stream_mutations(frame)
+  cases = _segment_mutations(frame)
   assert len(cases) > 20
   for what, g in cases:
     with pytest.raises(ValueError, match="zipccl reference decode"):
       reference.decode(g.tobytes(), shape=x.shape, dtype=dtype)      # the spec rejects it ...
-    with pytest.raises(DECODE_ERRORS, match="malformed bitstream or stream directory"):
+    with pytest.raises(DECODE_ERRORS, match="malformed units or segment directory|reserved field or bit"):
       jax.block_until_ready(zj.decode(g, shape=x.shape, dtype=dtype))                         # ... and so does the codec
     assert not np.array_equal(g, frame), what
 
@@ -588,7 +593,7 @@ def test_checksum_roundtrip_and_corruption(dtype):
   assert h["flags"] == fmt.FLAG_CHECKSUM and h["checksum"] != 0
   plain = check_roundtrip(x)
   assert plain[32:] == frame[32:] and len(plain) == len(frame)     # only the header differs
-  for pos in (len(frame) - 1, len(frame) // 2, 40):  # a raw byte, the bitstream, the block header
+  for pos in (len(frame) - 1, len(frame) // 2, 40):  # a raw byte, the units, the block header
     bad = bytearray(frame)
     bad[pos] ^= 0x10
     with pytest.raises(DECODE_ERRORS, match="checksum"):
@@ -694,7 +699,8 @@ BAD_HEADERS = [
     ("magic", dict(offset=0, xor=0x01), "magic"),
     ("magic_last", dict(offset=3, value=0), "magic"),
     ("version_0", dict(offset=4, value=0), "version"),
-    ("version_2", dict(offset=4, value=2), "version"),
+    ("version_1", dict(offset=4, value=1), "another format version .this build reads version 2"),
+    ("version_3", dict(offset=4, value=3), "version"),
     ("dtype_invalid", dict(offset=5, value=7), "dtype"),
     ("dtype_other", dict(offset=5, value=fmt.DTYPE_F16), "dtype"),
     ("frame_flag_bit1", dict(offset=6, value=0x02), "reserved"),
@@ -1179,7 +1185,7 @@ def test_decode_frames_status_jit_and_vmap():
   assert Y.shape == (B, F, n) and S.shape == (B, F) and S.dtype == np.int32
   msgs = codec.status_messages()
   assert msgs[int(S[0, 1])].startswith("bad magic")
-  assert msgs[int(S[2, 3])].startswith("unsupported format version")
+  assert msgs[int(S[2, 3])].startswith("frame of another format version")
   assert np.array_equal(S != 0, bad)
   ok = ~bad & ~skips
   assert same_bits(Y[ok], xs[ok])

@@ -39,6 +39,7 @@ NP_DTYPE = {BF16: ml_dtypes.bfloat16, F16: np.float16, F32: np.float32, E5M2: ml
 UINT = {BF16: np.uint16, F16: np.uint16, F32: np.uint32, E5M2: np.uint8}
 HEADER = 32
 BLOCK = 65536
+SEGMENT = 16384
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,14 +123,13 @@ def test_scratch_layout(frames, n):
   if total == 0:
     assert enc["scratch_bytes"] == 0  # header-only frames need no scratch
   else:
-    sections = [("stats_off", total * c["BLOCK_STATS_BYTES"]),
-                ("plans_off", total * c["BLOCK_PLAN_BYTES"]),
-                ("sizes_off", (total + 1) * 8), ("offsets_off", (total + 1) * 8)]
+    sections = [("plans_off", total * c["BLOCK_PLAN_BYTES"]),
+                ("sizes_off", (total + 1) * 8), ("offsets_off", (total + 1) * 8), ("hashes_off", total * 4)]
     _check_sections(enc, sections, align)
   dec = HOST.decode_layout(frames, n)
   sections = [("ferr_off", frames * 8), ("berr_off", frames * 8)]
   if total:
-    sections += [("sizes_off", (total + 1) * 8), ("offsets_off", (total + 1) * 8)]
+    sections += [("sizes_off", (total + 1) * 8), ("offsets_off", (total + 1) * 8), ("hashes_off", total * 4)]
   _check_sections(dec, sections, align)
 
 
@@ -152,13 +152,12 @@ def test_encode_launch_geometry(frames, n, code):
   total = frames * (-(-n // BLOCK))
   cap = 3 * 16384 + 5  # payload row bytes: the zero-tail grid is sized by them
   launches = HOST.encode_launches(frames, n, code, cap)
-  assert [l[0] for l in launches] == ["zipccl_hist", "zipccl_plan", "zipccl_scan",
-                                      "zipccl_write", "zipccl_finish", "zipccl_zero_tail"]
+  assert [l[0] for l in launches] == ["zipccl_analyse", "zipccl_scan", "zipccl_write", "zipccl_finish",
+                                      "zipccl_zero_tail"]  # five launches per call
   grid = {name: (g, t) for name, g, t, _ in launches}
-  assert grid["zipccl_hist"] == (total, c["THREADS"])     # one CTA per block
-  assert grid["zipccl_plan"] == (total + 1, 32)           # one warp per block, one for the trailing 0
+  assert grid["zipccl_analyse"] == (total + 1, c["SEG_THREADS"])  # a CTA per block, one for the trailing 0
   assert grid["zipccl_scan"] == (1, c["THREADS"])         # one CTA walks sizes + the trailing 0
-  assert grid["zipccl_write"] == (total, c["THREADS"])
+  assert grid["zipccl_write"] == (total, c["SEG_THREADS"])  # a warp per segment
   assert grid["zipccl_finish"] == (frames, c["ITEM_THREADS"])    # one CTA per frame (checksum)
   assert grid["zipccl_zero_tail"] == (frames * 4, c["THREADS"])  # 16 KB of the row per CTA
   for name, _, _, shared in launches:
@@ -175,19 +174,17 @@ def test_decode_launch_geometry(status):
   frames, n = 5, 3 * BLOCK + 11
   total = frames * 4
   launches = HOST.decode_launches(frames, n, F16, status)
-  names = ["zipccl_frame_check", "zipccl_dir", "zipccl_scan", "zipccl_decode_block",
+  names = ["zipccl_dir", "zipccl_scan", "zipccl_frame_check", "zipccl_decode_block",
            "zipccl_poison"] + (["zipccl_status"] if status else [])
-  assert [l[0] for l in launches] == names
+  assert [l[0] for l in launches] == names  # the directory first: the checksum hashes its blocks
   grid = {name: (g, t) for name, g, t, _ in launches}
   assert grid["zipccl_frame_check"] == (frames, c["ITEM_THREADS"])  # one CTA per frame (checksum)
   assert grid["zipccl_dir"] == (-(-(total + 1) // 64), c["ITEM_THREADS"])
-  assert grid["zipccl_decode_block"] == (total, c["DECODE_THREADS"])  # 4 warps: more CTAs per SM
+  assert grid["zipccl_decode_block"] == (total, c["SEG_THREADS"])  # a warp per segment
   assert grid["zipccl_poison"] == (total, c["THREADS"])
   for name, _, _, shared in launches:
     assert shared <= 48 * 1024, f"{name} needs {shared} B of static shared memory"
-  # DECODE_THREADS / 32 merge threads of MERGE_ELEMS elements per stream, 32 streams per block.
-  assert c["ROUND_SYMS"] * 32 == c["DECODE_THREADS"] * c["MERGE_ELEMS"]
-  assert c["DECODE_THREADS"] == 128 and c["MERGE_ELEMS"] % c["ELEMS_PER_THREAD"] == 0
+  assert c["SEG_THREADS"] == 128  # 4 segments of 16384 elements per 65536-element block
 
 
 @needs_host
@@ -292,7 +289,7 @@ def test_emulated_encode_small(code, n):
                                        ("random", F16), ("upcast", F32), ("gauss", F32),
                                        ("sparse", F32), ("allsym", F16)])
 def test_emulated_encode_blocks(kind, code):
-  n = BLOCK + 2048 * 3 + 5  # one full block, and a short one with a partial stream
+  n = BLOCK + SEGMENT * 2 + 5  # one full block, and a short one of three segments, the last partial
   x = _data(kind, n, code)[None]
   _assert_same_frames(x, code, False, zipccl_jax.max_encoded_bytes(n, NP_DTYPE[code]))
 
@@ -392,7 +389,7 @@ def test_emulated_decode_batched_unaligned():
 
 
 def _huff_structure(frame: np.ndarray, n: int):
-  """[start, end) of each HUFF block's header, table, stream directory and bitstream."""
+  """[start, end) of each HUFF block's header, table, segment directory and units."""
   nb = -(-n // BLOCK)
   sizes = np.frombuffer(frame[HEADER:HEADER + 4 * nb].tobytes(), np.uint32).astype(np.int64)
   at, spans = HEADER + 4 * nb, []
@@ -400,17 +397,17 @@ def _huff_structure(frame: np.ndarray, n: int):
     if frame[at] == 2:
       lo, hi = int(frame[at + 8]), int(frame[at + 9])
       d = at + 8 + 2 + (hi - lo + 3) // 2
-      ns = -(-min(BLOCK, n - b * BLOCK) // 2048)
-      bits = np.frombuffer(frame[d:d + 4 * ns].tobytes(), np.uint16)[::2].astype(np.int64).sum()
-      spans.append((at, d + 4 * ns + (int(bits) + 7) // 8))
+      ns = -(-min(BLOCK, n - b * BLOCK) // SEGMENT)
+      units = np.frombuffer(frame[d:d + 4 * ns].tobytes(), np.uint16)[::2].astype(np.int64).sum()
+      spans.append((at, d + 4 * ns + 2 * int(units)))
     at += int(sizes[b])
   return spans
 
 
 def _damaged_frames():
   """(x, n, code, cases): 40 damaged copies of a two-block bfloat16 frame (header, directory,
-  block headers, code tables, stream directories and bitstreams)."""
-  n, code = BLOCK + 2 * 2048 + 17, BF16
+  block headers, code tables, segment directories and units)."""
+  n, code = BLOCK + 2 * SEGMENT + 17, BF16
   x = np.concatenate([_data("gauss", BLOCK, code), _data("sparse", n - BLOCK, code)])
   cap = zipccl_jax.max_encoded_bytes(n, jnp.bfloat16)
   frame, need = _cpu_encode(x, code, False, cap)
@@ -429,7 +426,7 @@ def _damaged_frames():
     elif i < 8:  # block headers and code tables
       lo = spans[i % 2][0]
       bad[lo + int(rng.integers(0, 16))] ^= np.uint8(1 << int(rng.integers(8)))
-    else:  # stream directories and bitstreams, one or two flips, in one or both blocks
+    else:  # segment directories and units, one or two flips, in one or both blocks
       for lo, hi in spans[i % 2:(i % 2) + 1 + (i % 3 == 0)]:
         for at in rng.integers(lo + 8, hi, 1 + i % 2):
           bad[at] ^= np.uint8(1 << int(rng.integers(8)))

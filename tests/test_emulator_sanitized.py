@@ -88,9 +88,10 @@ def test_driver_rejects_bad_arguments(_driver):
   assert r.returncode == 2 and "unsupported dtype code" in r.stderr, r.stderr
 
 
-# The seeded bug in the real encoder: one of WriteKernel's AtomicOrShared into its bit staging words as `|=`.
-SEEDED_OR = ("if (uint32_t(lo >> 32)) AtomicOrShared(w + 1, uint32_t(lo >> 32));",
-             "if (uint32_t(lo >> 32)) w[1] |= uint32_t(lo >> 32);")
+# The seeded bug in the real encoder: AnalyseKernel's per-segment unit total as a plain `+=` where the 32 lanes of
+# a warp add to one word (AtomicAddShared).
+SEEDED_ADD = ("AtomicAddShared(&sm.seg_units[warp], LaneUnits(bits));",
+              "sm.seg_units[warp] += LaneUnits(bits);")
 
 
 def _seeded_host(tmp_path, header: str, seed: tuple, name: str):
@@ -105,24 +106,24 @@ def _seeded_host(tmp_path, header: str, seed: tuple, name: str):
   return SanitizedHost(test_cuda.HOST, binary(name, DRIVER, root=tmp_path))
 
 
-def test_race_detector_catches_a_plain_or_in_the_real_write_kernel(tmp_path):
-  host = _seeded_host(tmp_path, "cuda_encode.cuh", SEEDED_OR, "emulator_driver_seeded_or")
+def test_race_detector_catches_a_plain_add_in_the_real_analyse_kernel(tmp_path):
+  host = _seeded_host(tmp_path, "cuda_encode.cuh", SEEDED_ADD, "emulator_driver_seeded_add")
   x = test_cuda._data("gauss", 5000, test_cuda.BF16)
   out, nbytes = np.zeros(8 * x.size, np.uint8), np.zeros(1, np.int64)
-  with pytest.raises(RuntimeError, match=r"shared-memory race in zipccl_write \(CTA 0, barrier interval \d+\): "
+  with pytest.raises(RuntimeError, match=r"shared-memory race in zipccl_analyse \(CTA 0, barrier interval \d+\): "
                      r"byte \d+ of its Shared struct \(\d+ bytes\): thread \d+ .*, thread \d+ .* with no barrier"):
     host.emulate_encode(x.view(np.uint8), 1, x.size, test_cuda.BF16, False, out, nbytes, seed=1)
 
 
-# The seeded bug in the real decoder: DecodeBlockKernel with one symbol buffer instead of two, so the decode of
-# round r + 1 writes the rows (and slice_nz) that the merge of round r reads in the same barrier interval.
-SEEDED_ONE_BUFFER = ("static int SymBuffer(int round) { return round & 1; }",
-                     "static int SymBuffer(int round) { return round & 0; }")
+# The seeded bug in the real decoder: DecodeBlockKernel's warps writing their round's symbols into warp 0's rows,
+# so the four warps (segments) store to the same shared bytes in one barrier interval.
+SEEDED_ONE_ROW = ("sm.syms[warp][j][lane] = ok ? ent.sym : kNoSym;",
+                  "sm.syms[0][j][lane] = ok ? ent.sym : kNoSym;")
 
 
-def test_race_detector_catches_one_symbol_buffer_in_the_real_decoder(tmp_path):
-  host = _seeded_host(tmp_path, "cuda_decode.cuh", SEEDED_ONE_BUFFER, "emulator_driver_seeded_one_buffer")
-  x = test_cuda._data("gauss", 5000, test_cuda.BF16)  # HUFF: 3 streams, 32 rounds
+def test_race_detector_catches_shared_symbol_rows_in_the_real_decoder(tmp_path):
+  host = _seeded_host(tmp_path, "cuda_decode.cuh", SEEDED_ONE_ROW, "emulator_driver_seeded_one_row")
+  x = test_cuda._data("gauss", 5000, test_cuda.BF16)  # HUFF: one segment, three idle warps
   payload, need = test_cuda._cpu_encode(x, test_cuda.BF16, False, 8 * x.size)
   assert 0 < need < 2 * x.size
   out, status = np.zeros(2 * x.size, np.uint8), np.full(1, -1, np.int32)

@@ -15,7 +15,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 # constants format.py defines that the extension does not export: their FORMAT.md values
 SPEC_ONLY = {
-    "BLOCK_ELEMS": 65536, "STREAM_ELEMS": 2048, "STREAM_DIR_ENTRY_BYTES": 4, "NUM_SYMBOLS": 257,
+    "BLOCK_ELEMS": 65536, "SEGMENT_ELEMS": 16384, "SEG_DIR_ENTRY_BYTES": 4, "NUM_SYMBOLS": 257,
     "MODE_RAW": 0, "MODE_CONST": 1, "MODE_HUFF": 2,
     # header field offsets and the per-block bytes (FORMAT.md)
     "FRAME_BYTES_OFFSET": 16, "FRAME_BYTES_WIDTH": 8, "PER_BLOCK_BYTES": 12,
@@ -41,8 +41,10 @@ def test_every_constant_matches_extension():
 
 def test_values_follow_format_md():
   assert fmt.MAGIC.to_bytes(4, "little") == b"ZCCL"
-  assert fmt.VERSION == 1 and fmt.FRAME_HEADER_BYTES == 32 and fmt.BLOCK_HEADER_BYTES == 8
-  assert fmt.BLOCK_ELEMS == 1 << fmt.BLOCK_LOG2 and fmt.STREAM_ELEMS == 1 << fmt.STREAM_LOG2
+  assert fmt.VERSION == 2 and fmt.FRAME_HEADER_BYTES == 32 and fmt.BLOCK_HEADER_BYTES == 8
+  assert fmt.BLOCK_ELEMS == 1 << fmt.BLOCK_LOG2 and fmt.SEGMENT_ELEMS == 1 << fmt.SEGMENT_LOG2
+  assert (fmt.SEGMENT_LOG2, fmt.LANES, fmt.UNIT_BITS) == (14, 32, 16)    # FORMAT.md "HUFF blocks"
+  assert fmt.BLOCK_ELEMS % fmt.SEGMENT_ELEMS == 0 and fmt.SEGMENT_ELEMS % fmt.LANES == 0
   assert fmt.NUM_SYMBOLS == fmt.ZERO_SYMBOL + 1 == 257
   assert fmt.MAX_CODE_LEN == 11 and fmt.CHECKSUM_SEED == 0
   assert (fmt.DTYPE_BF16, fmt.DTYPE_F16, fmt.DTYPE_F32) == (1, 2, 3)

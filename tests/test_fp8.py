@@ -68,11 +68,11 @@ def inputs(dtype) -> dict[str, np.ndarray]:
   gauss = u8(amax_cast(rng.normal(size=70_000), dtype))
   skewed = np.concatenate([gauss[:6000], ALL_BYTES, rng.permutation(ALL_BYTES)])
   padded = gauss[:9000].copy()
-  padded[3000:7000] = 0                      # capacity padding: ZERO codes, all-ZERO streams
+  padded[3000:7000] = 0                      # capacity padding: ZERO codes, all-ZERO lanes
   return {
       "all_patterns": ALL_BYTES,                       # RAW (every byte once)
       "all_patterns_in_huff": skewed,                  # HUFF holding every byte
-      "gauss_two_blocks": gauss,                       # HUFF + HUFF, partial last stream
+      "gauss_two_blocks": gauss,                       # HUFF + HUFF, partial last segment
       "zero_padded": padded,
       "const_nan": np.full(70_000, ALL_BYTES[-1]),     # CONST + CONST (0xFF: a NaN or -max)
       "const_neg_zero": np.full(5, 0x80, np.uint8),
@@ -131,11 +131,11 @@ def test_huff_block_has_no_raw_region(dtype):
   at = BLOCK0 + fmt.BLOCK_HEADER_BYTES
   lo, hi = frame[at], frame[at + 1]
   table = 2 + (hi - lo + 2 + 1) // 2
-  n_streams = -(-x.size // fmt.STREAM_ELEMS)
-  sdir = np.frombuffer(bytes(frame[at + table:at + table + 4 * n_streams]), "<u2").reshape(-1, 2)
-  bits = int(sdir[:, 0].sum())
+  n_segs = -(-x.size // fmt.SEGMENT_ELEMS)
+  sdir = np.frombuffer(bytes(frame[at + table:at + table + 4 * n_segs]), "<u2").reshape(-1, 2)
+  units = int(sdir[:, 0].sum())
   assert int(sdir[:, 1].sum()) == np.count_nonzero(u8(x))
-  assert len(frame) == at + table + 4 * n_streams + (bits + 7) // 8   # r = 0: nothing after the bits
+  assert len(frame) == at + table + 4 * n_segs + 2 * units   # r = 0: nothing after the units
 
 
 def _rejections(dtype):

@@ -4,13 +4,13 @@ Through both entry points, the host one (`zipccl_jax._zipccl.decode_host`, Value
 (`zipccl_jax.decode`, JaxRuntimeError INVALID_ARGUMENT):
   - truncation at many cut points, with the payload flush against an unmapped guard page (a read past the end
     would crash the checking subprocess), and overflowed frames from a too-small encode capacity;
-  - every single-bit flip of the header, block directory, block headers and stream directories is rejected
-    (no checksum needed); flips in code tables and bitstreams are rejected or decode, never crash; a flip in
+  - every single-bit flip of the header, block directory, block headers and segment directories is rejected
+    (no checksum needed); flips in code tables and units are rejected or decode, never crash; a flip in
     the raw bytes changes exactly one element by one bit (the documented limit without the checksum);
   - wrong dtype or shape, bad magic, version, dtype code, block size, each reserved field and bit;
   - sizes beyond the capacity or the format's bounds (frame_bytes, directory entries, 2^64 - 1 poison);
   - checksum on: XXH32 seed 0 as FORMAT.md says, and every single-bit flip at >= 200 byte positions spread over
-    header, directory, block headers, code tables, stream directories, bitstreams, raw regions, RAW bodies and
+    header, directory, block headers, code tables, segment directories, units, raw regions, RAW bodies and
     CONST values is detected;
   - the fuzzers' seeds and regression inputs (tests/fuzz/) replayed through the Python extension;
   - concurrency: 8 virtual devices encoding and decoding at once inside shard_map, Python threads calling
@@ -40,6 +40,7 @@ import zipccl_jax
 from zipccl_jax import _zipccl as ext
 from zipccl_jax import codec
 from zipccl_jax import format as fmt
+from zipccl_jax import reference as ref
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = ROOT / "tests" / "fuzz"
@@ -132,15 +133,25 @@ def regions(frame, n):
     elif mode == fmt.MODE_HUFF:
       lo, hi = int(frame[off + 8]), int(frame[off + 9])
       tb = 2 + (hi - lo + 3) // 2
-      ns = -(-m // fmt.STREAM_ELEMS)
+      ns = -(-m // fmt.SEGMENT_ELEMS)
       d = off + 8 + tb
-      total_bits = sum(int(frame[d + 4 * k]) | (int(frame[d + 4 * k + 1]) << 8) for k in range(ns))
-      bits_off = d + 4 * ns
-      bit_bytes = (total_bits + 7) // 8
-      out += [(off + 8, d, "table"), (d, bits_off, "stream_dir"),
-              (bits_off, bits_off + bit_bytes, "bitstream"), (bits_off + bit_bytes, off + bb, "raw")]
+      units = sum(int(frame[d + 4 * k]) | (int(frame[d + 4 * k + 1]) << 8) for k in range(ns))
+      units_off = d + 4 * ns
+      out += [(off + 8, d, "table"), (d, units_off, "seg_dir"),
+              (units_off, units_off + 2 * units, "units"), (units_off + 2 * units, off + bb, "raw")]
     off += bb
   assert off == len(frame)
+  return out
+
+
+def block_ranges(frame, n):
+  """(start, end, "block") of every block of a frame."""
+  nb = fmt.num_blocks(n)
+  off, out = 32 + 4 * nb, []
+  for b in range(nb):
+    bb = u32(frame, 32 + 4 * b)
+    out.append((off, off + bb, "block"))
+    off += bb
   return out
 
 
@@ -319,12 +330,12 @@ def test_overflowed_encode_is_rejected_by_every_decoder(dtype):
 
 # ------------------------------------------------------------------------------------------------- bit flips
 
-ALWAYS_REJECTED = ("header", "directory", "block_header", "stream_dir")
+ALWAYS_REJECTED = ("header", "directory", "block_header", "seg_dir")
 
 
 @pytest.mark.parametrize("name", ["bf16", "f16", "f32"])
 def test_bit_flips_without_checksum(frames, name):
-  """Structure bits are always checked; code tables/bitstreams are rejected or decode; raw flips are local."""
+  """Structure bits are always checked; code tables/units are rejected or decode; raw flips are local."""
   x, frame = frames[(name, False)]
   n, w = x.size, x.dtype.itemsize
   xb = bits_of(x)
@@ -360,7 +371,7 @@ def test_bit_flips_without_checksum(frames, name):
   for kind in ("raw", "raw_block"):
     if kind in tally:  # raw bytes carry no redundancy: flips go undetected without the checksum
       assert tally[kind][1] == sum(tally[kind])
-  assert {"header", "directory", "block_header", "table", "stream_dir", "bitstream", "raw"} <= set(tally)
+  assert {"header", "directory", "block_header", "table", "seg_dir", "units", "raw"} <= set(tally)
 
 
 def test_bit_flips_through_jax_decode(frames):
@@ -398,7 +409,7 @@ def test_header_fields_are_each_checked(frames):
   nb = fmt.num_blocks(n)
   cases = {
       "bad magic": put(frame, 0, 0x4C43435B, 4),
-      "version": put(frame, 4, 2, 1),
+      "version": put(frame, 4, 1, 1),
       "version 0": put(frame, 4, 0, 1),
       "dtype code 0": put(frame, 5, 0, 1),
       "dtype code 4": put(frame, 5, 4, 1),
@@ -487,30 +498,53 @@ def test_block_fields_are_each_checked(frames):
   assert (bits_of(y)[131072:196608] == 0x3F80).all()
 
 
-def test_stream_directory_and_bitstream_padding_are_checked(frames):
+def _padded_lane_unit(x_block, dtype):
+  """(stored index, spare bits) of the last unit of a lane of segment 0 of a HUFF block whose codes
+  leave padding, from FORMAT.md's unit order: by the step of the code holding a unit's first bit,
+  then by lane."""
+  code = fmt.dtype_code(dtype)
+  u = bits_of(x_block)
+  sym, _ = ref.split_symbols(u, code, code == fmt.DTYPE_F32 and not np.any(u & 0xFFFF))
+  lens = ref.code_lengths(np.bincount(sym, minlength=fmt.NUM_SYMBOLS)).astype(np.int64)[sym]
+  m = min(fmt.SEGMENT_ELEMS, sym.size)
+  grid = np.zeros((fmt.SEGMENT_ELEMS // fmt.LANES, fmt.LANES), np.int64)
+  grid.reshape(-1)[:m] = lens[:m]
+  end = np.cumsum(grid, axis=0)
+  starts = -(-end // fmt.UNIT_BITS) > -(-(end - grid) // fmt.UNIT_BITS)
+  order = np.cumsum(starts.reshape(-1)).reshape(starts.shape) - 1     # stored index of each start
+  for lane in range(fmt.LANES):
+    spare = -int(end[-1, lane]) % fmt.UNIT_BITS
+    if spare:
+      return int(order[np.flatnonzero(starts[:, lane])[-1], lane]), spare
+  return None
+
+
+def test_segment_directory_and_unit_padding_are_checked(frames):
   x, frame = frames[("bf16", False)]
   n = x.size
   regs = regions(frame, n)
-  sd = next(r for r in regs if r[2] == "stream_dir")
-  bs = next(r for r in regs if r[2] == "bitstream")
+  sd = next(r for r in regs if r[2] == "seg_dir")
+  us = next(r for r in regs if r[2] == "units")
   d = sd[0]
-  sb, nnz = int.from_bytes(bytes(frame[d:d + 2]), "little"), int.from_bytes(bytes(frame[d + 2:d + 4]), "little")
+  su, nnz = int.from_bytes(bytes(frame[d:d + 2]), "little"), int.from_bytes(bytes(frame[d + 2:d + 4]), "little")
+  m = min(fmt.SEGMENT_ELEMS, n)
   for name, bad in {
-      "stream_bits + 1": put(frame, d, sb + 1, 2),
-      "stream_bits - 1": put(frame, d, sb - 1, 2),
-      "stream_bits < count": put(frame, d, 2047, 2),
-      "stream_bits > 11 count": put(frame, d, 11 * 2048 + 1, 2),
-      "nnz > count": put(frame, d + 2, 2049, 2),
+      "seg_units + 1": put(frame, d, su + 1, 2),
+      "seg_units - 1": put(frame, d, su - 1, 2),
+      "seg_units < count / 16": put(frame, d, m // 16 - 1, 2),
+      "seg_units > 11 count / 16": put(frame, d, 11 * m // 16 + 33, 2),
+      "nnz > count": put(frame, d + 2, m + 1, 2),
       "nnz - 1": put(frame, d + 2, nnz - 1, 2),
       "nnz 0xFFFF": put(frame, d + 2, 0xFFFF, 2),
   }.items():
     assert reject_reason(bad, x.dtype, n) is not None, name
-  # Bits after the last code (reserved) must be zero.
-  total_bits = sum(int.from_bytes(bytes(frame[k:k + 2]), "little") for k in range(sd[0], sd[1], 4))
-  if total_bits % 8:
-    last = bs[1] - 1
-    bad = put(frame, last, int(frame[last]) | 0x80, 1)
-    assert "reserved" in reject_reason(bad, x.dtype, n)
+  # Bits after a lane's last code (reserved) must be zero.
+  found = _padded_lane_unit(x.reshape(-1)[:fmt.BLOCK_ELEMS], x.dtype)
+  assert found is not None
+  k, spare = found
+  at = us[0] + 2 * k + 1                                  # the unit's high byte: its top bit is padding
+  bad = put(frame, at, int(frame[at]) | 0x80, 1)
+  assert "reserved" in reject_reason(bad, x.dtype, n)
 
 
 @pytest.mark.parametrize("name", ["bf16", "f16", "f32"])
@@ -622,7 +656,11 @@ def test_checksum_is_xxh32_seed0_over_the_frame(frames):
     assert frame[6] & fmt.FLAG_CHECKSUM
     zeroed = frame.copy()
     zeroed[28:32] = 0
-    assert xxh32(zeroed.tobytes()) == u32(frame, 28)
+    ranges = [(s, e) for s, e, kind in block_ranges(frame, x.size)]
+    # version 2: XXH32 of the parts' XXH32s (header + directory, then each block)
+    parts = [xxh32(zeroed[:ranges[0][0]].tobytes())] + [xxh32(zeroed[s:e].tobytes()) for s, e in ranges]
+    assert xxh32(np.array(parts, "<u4").tobytes()) == u32(frame, 28)
+    assert ref.frame_checksum(zeroed.tobytes(), ranges) == u32(frame, 28)
     plain = frames[(name, False)][1]
     assert np.array_equal(plain[32:], frame[32:]) and u32(plain, 28) == 0 and plain[6] == 0
   # Selectable per call in the FFI path too.
@@ -668,7 +706,7 @@ def test_checksum_detects_flips_through_jax_decode(frames):
   x, frame = frames[("bf16", True)]
   dec = jax.jit(lambda p: zipccl_jax.decode(p, shape=x.shape, dtype=x.dtype))
   rng = np.random.default_rng(5)
-  body = [r for r in regions(frame, x.size) if r[2] in ("raw", "raw_block", "bitstream", "const_value")]
+  body = [r for r in regions(frame, x.size) if r[2] in ("raw", "raw_block", "units", "const_value")]
   for s, e, kind in body:
     for pos in rng.integers(s, e, 3):
       bad = frame.copy()

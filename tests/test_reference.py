@@ -15,7 +15,9 @@ through `zipccl_jax.encode`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pathlib
 import struct
 
@@ -282,7 +284,7 @@ def test_small_capacity_writes_header_only():
         assert np.all(out == 0xAB), "wrote past a buffer that cannot hold the header"
       else:
         h = struct.unpack("<IBBBBQQII", out[:32].tobytes())
-        assert h == (fmt.MAGIC, 1, fmt.DTYPE_BF16, 0, 16, x.size, len(want), 0, 0)
+        assert h == (fmt.MAGIC, fmt.VERSION, fmt.DTYPE_BF16, 0, 16, x.size, len(want), 0, 0)
         with pytest.raises(ValueError, match="truncated|exceeds"):
           ref.decode(out, shape=x.shape, dtype=BF16)
         with pytest.raises(ValueError, match="truncated"):
@@ -312,7 +314,7 @@ def test_reference_api_errors():
 # --------------------------------------------------------------------------- compliance
 
 def _block_parts(frame: bytes, dtype) -> dict:
-  """A one-block frame split into editable fields (HUFF: table, directory, bitstream, raw)."""
+  """A one-block frame split into editable fields (HUFF: table, segment directory, units, raw)."""
   frame = bytes(frame)
   hdr = list(struct.unpack("<IBBBBQQII", frame[:32]))
   blk = frame[36:]
@@ -322,20 +324,19 @@ def _block_parts(frame: bytes, dtype) -> dict:
     n = hdr[5]
     lo, hi = blk[8], blk[9]
     tb = 2 + (hi - lo + 3) // 2
-    ns = -(-n // fmt.STREAM_ELEMS)
+    ns = -(-n // fmt.SEGMENT_ELEMS)
     sdir = np.frombuffer(blk[8 + tb:8 + tb + 4 * ns], "<u2").reshape(ns, 2).astype(np.int64)
-    total = int(sdir[:, 0].sum())
-    bs = (total + 7) // 8
+    nu = 2 * int(sdir[:, 0].sum())
     rest = blk[8 + tb + 4 * ns:]
     parts.update(lo=lo, hi=hi, table=bytearray(blk[10:8 + tb]), sdir=sdir,
-                 bitstream=bytearray(rest[:bs]), raw=bytes(rest[bs:]))
+                 units=bytearray(rest[:nu]), raw=bytes(rest[nu:]))
   return parts
 
 
 def _build(p: dict, *, dir_delta=0, frame_bytes=None, extra=b"", fix_checksum=False) -> bytes:
   if "table" in p:
     body = (bytes([p["lo"], p["hi"]]) + bytes(p["table"]) + p["sdir"].astype("<u2").tobytes()
-            + bytes(p["bitstream"]) + p["raw"])
+            + bytes(p["units"]) + p["raw"])
   else:
     body = p["body"]
   blk = struct.pack("<BBHI", p["mode"], p["flags"], p["rsv"], p["value"]) + body
@@ -345,12 +346,12 @@ def _build(p: dict, *, dir_delta=0, frame_bytes=None, extra=b"", fix_checksum=Fa
                     + blk + extra)
   if fix_checksum:
     frame[28:32] = b"\0\0\0\0"
-    frame[28:32] = struct.pack("<I", ref.xxh32(frame[:hdr[6]]))
+    frame[28:32] = struct.pack("<I", ref.frame_checksum(frame[:hdr[6]], [(36, hdr[6])]))
   return bytes(frame)
 
 
 def _x_huff():
-  x = normal(5003, BF16, seed=16)   # 13 nibbles (odd), 2 padding bits
+  x = normal(5003, BF16, seed=16)   # 13 nibbles (odd); one segment of ~157 elements per lane
   x[::7] = 0
   return x
 
@@ -411,12 +412,12 @@ def _violations():
   odd_dtype = bf if nb % 2 else F32
   assert _n_nibbles(odd_frame) % 2 == 1, "need a table with an odd nibble count"
   p = _block_parts(F_HUFF, bf)
-  total_bits = int(p["sdir"][:, 0].sum())
+  lo_u, hi_u = _unit_bounds(n)
   v = [
       ("short_header", F_HUFF[:31], n, bf, "truncated"),
       ("truncated", F_HUFF[:-1], n, bf, "truncated|exceeds"),
       ("bad_magic", _hdr_edit(F_HUFF, "magic", 0x4C43435B), n, bf, "magic"),
-      ("bad_version", _hdr_edit(F_HUFF, "version", 2), n, bf, "version"),
+      ("bad_version", _hdr_edit(F_HUFF, "version", 3), n, bf, "version"),
       ("invalid_dtype", _hdr_edit(F_HUFF, "dtype", 4), n, bf, "dtype"),
       ("dtype_mismatch", F_HUFF, n, F16, "dtype"),
       ("bad_block_log2", _hdr_edit(F_HUFF, "block_log2", 15), n, bf, "block_log2"),
@@ -451,25 +452,29 @@ def _violations():
       ("reserved_final_nibble", _edit(odd_frame, odd_dtype, table=_set_nibble(
           _n_nibbles(odd_frame), 1)), X_HUFF.size if odd_dtype == bf else 3000, odd_dtype,
        "nibble"),
-      ("stream_nnz_above_count", _edit(F_HUFF, sdir=_sdir(0, 1, 2049 - int(p["sdir"][0, 1]))),
-       n, bf, "stream_nnz"),
-      ("stream_bits_below_count", _edit(F_HUFF, sdir=_sdir(0, 0, 2047 - int(p["sdir"][0, 0]))),
-       n, bf, "stream_bits"),
-      ("stream_bits_above_11x", _edit(F_HUFF, sdir=_sdir(2, 0, 11 * (n - 4096) + 1 - int(p["sdir"][2, 0]))),
-       n, bf, "stream_bits"),
-      ("bitstream_padding_bits", _edit(F_HUFF, bitstream=lambda q: q["bitstream"].__setitem__(
-          -1, q["bitstream"][-1] | 0x80)), n, bf, "padding"),
+      ("seg_nnz_above_count", _edit(F_HUFF, sdir=_sdir(0, 1, n + 1 - int(p["sdir"][0, 1]))),
+       n, bf, "seg_nnz exceeds"),
+      ("seg_units_below_bound", _edit(F_HUFF, sdir=_sdir(0, 0, lo_u - 1 - int(p["sdir"][0, 0]))),
+       n, bf, "seg_units outside"),
+      ("seg_units_above_bound", _edit(F_HUFF, sdir=_sdir(0, 0, hi_u + 1 - int(p["sdir"][0, 0]))),
+       n, bf, "seg_units outside"),
+      ("v1_frame", _hdr_edit(F_HUFF, "version", 1), n, bf, "version 1, this decoder reads version 2"),
   ]
-  assert total_bits % 8 != 0, "need padding bits in the last bitstream byte"
   return v
 
 
-X_TINY = np.tile(np.array([0, 0, 1.5, -2, 0, 1.5], BF16), 8)     # HUFF: ZERO, 127, 128
+def _unit_bounds(m):
+  """FORMAT.md's bounds on a segment's seg_units: every code of 1 bit, of 11 bits."""
+  e = np.maximum(0, -(-(m - np.arange(fmt.LANES)) // fmt.LANES))
+  return int(np.sum(-(-e // fmt.UNIT_BITS))), int(np.sum(-(-(11 * e) // fmt.UNIT_BITS)))
+
+
+X_TINY = np.tile(np.array([0, 0, 1.5, -2, 0, 1.5], BF16), 32)    # HUFF: ZERO, 127, 128
 
 
 def _craft_tiny(lengths: dict, damage=None) -> bytes:
   """X_TINY as a HUFF block with the given code lengths {symbol: length}; `damage(codes,
-  lens)` may edit the per-element (code, length) arrays before packing."""
+  lens)` may edit the per-element (code, length) arrays before they are laid out in units."""
   q = _block_parts(ref.encode(X_TINY), BF16)
   assert q["mode"] == fmt.MODE_HUFF and (q["lo"], q["hi"]) == (127, 128)
   ln = np.zeros(fmt.NUM_SYMBOLS, np.uint8)
@@ -478,49 +483,56 @@ def _craft_tiny(lengths: dict, damage=None) -> bytes:
   nib = [ln[fmt.ZERO_SYMBOL], ln[127], ln[128], 0]
   q["table"] = bytearray([nib[0] | (nib[1] << 4), nib[2] | (nib[3] << 4)])
   sym, _ = ref.split_symbols(bits(X_TINY), fmt.DTYPE_BF16)
-  codes = ref.canonical_codes(ln)[sym].astype(np.int64)
+  codes = ref.canonical_codes(ln)[sym].astype(np.uint32)
   lens = ln[sym].astype(np.int64)
   if damage:
     damage(codes, lens)
-  q["sdir"] = np.array([[int(lens.sum()), int((sym != fmt.ZERO_SYMBOL).sum())]])
-  q["bitstream"] = bytearray(ref.pack_codes(codes, lens).tobytes())
+  units, seg_units = ref._units_of_block(codes, lens, X_TINY.size)   # the spec's unit layout
+  q["sdir"] = np.array([[int(seg_units[0]), int((sym != fmt.ZERO_SYMBOL).sum())]])
+  q["units"] = bytearray(units.astype("<u2").tobytes())
   return _build(q)
 
 
-def _stream_violations():
-  """Streams that do not decode as their directory says."""
-  n = X_TINY.size
+def _unit_violations():
+  """Segments whose units do not decode as their directory says."""
+  n = X_HUFF.size
   out = []
-  # stream_nnz differs from the non-ZERO symbols in the stream (block size kept consistent)
-  q = _block_parts(ref.encode(X_TINY), BF16)
+  # seg_nnz differs from the non-ZERO symbols in the segment (block size kept consistent)
+  q = _block_parts(F_HUFF, BF16)
   q["sdir"] = q["sdir"].copy()
   q["sdir"][0, 1] -= 1
   q["raw"] = q["raw"][:-1]
-  out.append(("nnz_mismatch", _build(q), n, BF16, "stream_nnz"))
-  # stream_bits one more than its codes use
-  q = _block_parts(ref.encode(X_TINY), BF16)
-  used = int(q["sdir"][0, 0])
+  out.append(("nnz_mismatch", _build(q), n, BF16, "differ from its seg_nnz"))
+  # one unit more than the lanes take (a zero unit appended)
+  q = _block_parts(F_HUFF, BF16)
   q["sdir"] = q["sdir"].copy()
   q["sdir"][0, 0] += 1
-  if used % 8 == 0:
-    q["bitstream"] = q["bitstream"] + b"\0"
-  out.append(("stream_bits_extra", _build(q), n, BF16, "exactly"))
+  q["units"] = q["units"] + b"\0\0"
+  out.append(("extra_unit", _build(q), n, BF16, "decodes with"))
+  # the last unit cut off: a lane needs a unit that is not there
+  q = _block_parts(F_HUFF, BF16)
+  q["sdir"] = q["sdir"].copy()
+  q["sdir"][0, 0] -= 1
+  q["units"] = q["units"][:-2]
+  out.append(("truncated_units", _build(q), n, BF16, "more units than its seg_units"))
+  # non-zero padding above lane 0's last code: its codes (elements 0, 32, ...) fill less than
+  # its one unit, which is stored first (step 0, lane 0)
+  q = _block_parts(ref.encode(X_TINY), BF16)
+  sym, _ = ref.split_symbols(bits(X_TINY), fmt.DTYPE_BF16)
+  lens = ref.code_lengths(np.bincount(sym, minlength=fmt.NUM_SYMBOLS))
+  assert int(lens[sym[0::fmt.LANES]].sum()) < fmt.UNIT_BITS
+  q["units"][1] |= 0x80
+  out.append(("units_padding_bits", _build(q), X_TINY.size, BF16, "padding"))
   # an incomplete code (Kraft 7/8, legal) and a prefix '111' that matches no code
   def no_code(codes, lens):
     assert lens[3] == 3 and codes[3] == 0b110
     codes[3] = 0b111
   frame = _craft_tiny({fmt.ZERO_SYMBOL: 1, 127: 2, 128: 3}, no_code)
-  out.append(("prefix_matches_no_code", frame, n, BF16, "matches no code"))
-  # the last code runs past the end of the stream
-  def overrun(codes, lens):
-    lens[-1] -= 1
-    codes[-1] >>= 1
-  frame = _craft_tiny({fmt.ZERO_SYMBOL: 1, 127: 2, 128: 2}, overrun)
-  out.append(("code_past_stream_end", frame, n, BF16, "exactly"))
+  out.append(("prefix_matches_no_code", frame, X_TINY.size, BF16, "matches no code"))
   return out
 
 
-VIOLATIONS = _violations() + _stream_violations()
+VIOLATIONS = _violations() + _unit_violations()
 
 
 @pytest.mark.parametrize("case", VIOLATIONS, ids=[c[0] for c in VIOLATIONS])
@@ -547,14 +559,14 @@ def test_crafted_frames_valid_controls():
   assert same_bits(c_decode(frame, X_TINY.size, BF16), X_TINY)
   # a HUFF block whose only used symbol is ZERO (lo = hi = 0): encoders write CONST, but the
   # block is compliant and decoders accept it
-  z = np.zeros(10, BF16)
-  hdr = struct.pack("<IBBBBQQII", fmt.MAGIC, 1, fmt.DTYPE_BF16, 0, 16, 10, 36 + 8 + 3 + 4 + 2,
-                    0, 0)
+  z = np.zeros(64, BF16)
+  hdr = struct.pack("<IBBBBQQII", fmt.MAGIC, fmt.VERSION, fmt.DTYPE_BF16, 0, 16, 64,
+                    36 + 8 + 3 + 4 + 64, 0, 0)
   blk = struct.pack("<BBHI", fmt.MODE_HUFF, 0, 0, 0) + bytes([0, 0, 0x01]) \
-      + struct.pack("<HH", 10, 0) + b"\0\0"
+      + struct.pack("<HH", 32, 0) + bytes(64)       # 32 lanes of two 1-bit codes 0, a unit each
   zframe = hdr + struct.pack("<I", len(blk)) + blk
-  assert same_bits(ref.decode(zframe, shape=(10,), dtype=BF16), z)
-  assert same_bits(c_decode(zframe, 10, BF16), z)
+  assert same_bits(ref.decode(zframe, shape=(64,), dtype=BF16), z)
+  assert same_bits(c_decode(zframe, 64, BF16), z)
   # the same with the CHECKSUM flag and a checksum recomputed over the edited frame
   q = _block_parts(frame, BF16)
   q["hdr"][3] = fmt.FLAG_CHECKSUM
@@ -597,3 +609,112 @@ def test_damaged_frames_same_verdict(which):
       accepted += 1
       assert same_bits(r, c)
   assert rejected > 0
+
+
+# --------------------------------------------------------------------------- CPU code paths
+
+BOUNDARY_SIZES = [0, 1, 31, 32, 33, 16383, 16384, 16385, 65535, 65536, 65537, 2 * 65536 + 777]
+
+
+def _path_inputs():
+  rng = np.random.default_rng(40)
+  out = []
+  for dt in fmt.SUPPORTED_DTYPES:
+    dt = np.dtype(dt)
+    w = dt.itemsize
+    special = {2: [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x0001, 0x807F, 0x7C00, 0xFE01],
+               4: [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFC12345, 0x00000001, 0x807FFFFF],
+               1: list(range(256))}[w]
+    for n in BOUNDARY_SIZES:
+      g = (rng.standard_normal(n) * 0.05).astype(np.float32)
+      x = g.astype(dt) if w > 1 else np.clip(g * 100, -200, 200).astype(dt)
+      u = x.view(f"u{w}")
+      u[rng.random(n) < 0.25] = 0                                   # zeros, some segments all zero
+      if n > 40000:
+        u[16384:32768] = 0
+      k = min(n, len(special))
+      u[:k] = np.array(special[:k], f"u{w}")                        # NaN payloads, +-0, Inf, subnormals
+      out.append((f"{dt.name}_{n}", x))
+    if w == 4:
+      out.append(("float32_low16_70000", normal(70_000, BF16, 41).astype(F32)))
+    out.append((f"{dt.name}_random_bits", rng.integers(0, 256, 5000 * w, dtype=np.uint8).view(dt)))
+  return out
+
+
+PATH_INPUTS = _path_inputs()
+
+
+@contextlib.contextmanager
+def cpu_path(vector: bool):
+  """The CPU driver's AVX-512 paths (where compiled in) or its portable loops (ZIPCCL_CPU_PORTABLE)."""
+  prev = os.environ.pop("ZIPCCL_CPU_PORTABLE", None)
+  if not vector:
+    os.environ["ZIPCCL_CPU_PORTABLE"] = "1"
+  try:
+    yield
+  finally:
+    os.environ.pop("ZIPCCL_CPU_PORTABLE", None)
+    if prev is not None:
+      os.environ["ZIPCCL_CPU_PORTABLE"] = prev
+
+
+@pytest.fixture
+def portable_paths():
+  with cpu_path(False):
+    yield
+
+
+@pytest.mark.parametrize("name,x", PATH_INPUTS, ids=[n for n, _ in PATH_INPUTS])
+def test_cpu_code_paths_match_reference(name, x):
+  """The AVX-512 paths (where compiled in) and the portable loops write the reference's frames and
+  decode them alike, on every dtype, around segment, lane and block boundaries."""
+  frames = []
+  for vec in (True, False):
+    with cpu_path(vec):
+      for checksum in (False, True):
+        c = c_encode(x, checksum=checksum)
+        assert c == ref.encode(x, checksum=checksum), (name, vec, checksum)
+        assert same_bits(c_decode(c, x.size, x.dtype), x)
+        frames.append(c)
+  assert frames[:2] == frames[2:]
+
+
+@pytest.mark.parametrize("which", ["bf16", "f32", "e4m3fn"])
+def test_cpu_code_paths_same_verdicts(which):
+  """Damaged frames: both CPU code paths accept or reject alike, with the same message, and agree
+  with the reference; accepted frames decode to the same bits."""
+  x = {"bf16": normal(40_000, BF16, 42), "f32": normal(20_000, F32, 43),
+       "e4m3fn": normal(30_000, F32, 44).astype(ml_dtypes.float8_e4m3fn)}[which]
+  x.view(f"u{x.dtype.itemsize}")[::5] = 0
+  frame = np.frombuffer(ref.encode(x), np.uint8)
+  rng = np.random.default_rng(45)
+  rejected = 0
+  for i in range(60):
+    bad = frame.copy()
+    pos = rng.integers(36, bad.size, size=1 + i % 3)
+    bad[pos] ^= rng.integers(1, 256, size=pos.size).astype(np.uint8)
+    verdicts = []
+    for vec in (True, False):
+      with cpu_path(vec):
+        try:
+          verdicts.append(c_decode(bad, x.size, x.dtype))
+        except ValueError as e:
+          verdicts.append(str(e))
+    try:
+      r = ref.decode(bad, shape=x.shape, dtype=x.dtype)
+    except ValueError:
+      r = None
+    a, b = verdicts
+    if isinstance(a, str):
+      rejected += 1
+      assert a == b and r is None, (pos, a, b)
+    else:
+      assert not isinstance(b, str) and r is not None and same_bits(a, b) and same_bits(a, r), pos
+  assert rejected > 0
+
+
+@pytest.mark.parametrize("case", VIOLATIONS, ids=[c[0] for c in VIOLATIONS])
+def test_compliance_violation_rejected_portable(case, portable_paths):
+  name, frame, n, dtype, msg = case
+  with pytest.raises(ValueError, match="zipccl decode"):
+    c_decode(frame, n, dtype)

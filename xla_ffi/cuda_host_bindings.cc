@@ -59,10 +59,10 @@ nb::dict EncodeLayoutDict(const EncodeLayout& L) {
   d["n"] = L.n;
   d["blocks_per_frame"] = L.nb;
   d["total_blocks"] = L.total;
-  d["stats_off"] = L.stats_off;
   d["plans_off"] = L.plans_off;
   d["sizes_off"] = L.sizes_off;
   d["offsets_off"] = L.offsets_off;
+  d["hashes_off"] = L.hashes_off;
   d["scratch_bytes"] = L.scratch_bytes;
   return d;
 }
@@ -77,6 +77,7 @@ nb::dict DecodeLayoutDict(const DecodeLayout& L) {
   d["berr_off"] = L.berr_off;
   d["sizes_off"] = L.sizes_off;
   d["offsets_off"] = L.offsets_off;
+  d["hashes_off"] = L.hashes_off;
   d["scratch_bytes"] = L.scratch_bytes;
   return d;
 }
@@ -173,13 +174,9 @@ void ZipcclRegisterCudaHost(nb::module_& parent) {
     d["THREADS"] = kThreads;
     d["ITEM_THREADS"] = kItemThreads;
     d["ELEMS_PER_THREAD"] = kElemsPerThread;
-    d["ROUND_SYMS"] = kRoundSyms;
-    d["DECODE_THREADS"] = kDecodeThreads;
-    d["MERGE_ELEMS"] = kMergeElems;
-    d["BIT_STAGE_WORDS"] = kBitStageWords;
-    d["RAW_STAGE_WORDS"] = kRawStageWords;
+    d["SEG_THREADS"] = kSegThreads;
+    d["TILE_ELEMS"] = kTileElems;
     d["SCRATCH_ALIGN"] = kScratchAlign;
-    d["BLOCK_STATS_BYTES"] = sizeof(BlockStats);
     d["BLOCK_PLAN_BYTES"] = sizeof(zipccl::BlockPlan);
     return d;
   });

@@ -134,7 +134,9 @@ NB_MODULE(_zipccl, m) {
     d["DIR_ENTRY_BYTES"] = zipccl::kDirEntryBytes;
     d["BLOCK_HEADER_BYTES"] = zipccl::kBlockHeaderBytes;
     d["BLOCK_LOG2"] = zipccl::kBlockLog2;
-    d["STREAM_LOG2"] = zipccl::kStreamLog2;
+    d["SEGMENT_LOG2"] = zipccl::kSegmentLog2;
+    d["LANES"] = zipccl::kLanes;
+    d["UNIT_BITS"] = zipccl::kUnitBits;
     d["MAX_CODE_LEN"] = zipccl::kMaxCodeLen;
     d["ZERO_SYMBOL"] = zipccl::kZeroSymbol;
     d["FLAG_CHECKSUM"] = zipccl::kFrameFlagChecksum;

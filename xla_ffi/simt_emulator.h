@@ -30,7 +30,7 @@
 // before: threads switch only at barriers, and there is no race detection.
 // What it cannot show: warp-level timing and intrinsics (the device's CTA-wide
 // scan, a warp-shuffle scan in codec/kernels.cu, is replaced here by a
-// sequential one of the same contract), memory-model effects between CTAs
+// sequential one of the same contract; a warp ballot is a CTA barrier here), memory-model effects between CTAs
 // (CTAs run one after the other) and races in global memory. The block-size
 // scan is a kernel body of ours (cuda_scan.cuh) and runs here as it is.
 //
@@ -332,6 +332,29 @@ struct FiberCta {
     sync();
     return r;
   }
+  // __ballot_sync over the caller's warp. A warp's lanes must vote together;
+  // here the vote is a CTA barrier, so every thread of the CTA must reach it
+  // (the kernels' contract, cuda_common.cuh), which also catches a ballot a
+  // warp would reach with missing lanes.
+  ZIPCCL_EMU_NOINSTR uint32_t ballot(int pred) {
+    s->slot[t] = pred != 0;
+    sync();
+    const uint32_t w0 = t & ~31u;
+    uint32_t r = 0;
+    for (uint32_t i = 0; i < 32 && w0 + i < s->size(); ++i) r |= uint32_t(s->slot[w0 + i] != 0) << i;
+    sync();
+    return r;
+  }
+  // __shfl_sync: v of lane `src` of the caller's warp; a CTA barrier here, like ballot.
+  ZIPCCL_EMU_NOINSTR uint32_t shfl(uint32_t v, uint32_t src) {
+    s->slot[t] = v;
+    sync();
+    const uint32_t r = uint32_t(s->slot[(t & ~31u) + (src & 31u)]);
+    sync();
+    return r;
+  }
+  // __syncwarp: a CTA barrier here (a warp's threads are not a unit of the scheduler).
+  ZIPCCL_EMU_NOINSTR void warp_sync() { sync(); }
   ZIPCCL_EMU_NOINSTR uint32_t exclusive_sum(uint32_t v, uint32_t* aggregate) {
     s->slot[t] = v;
     sync();

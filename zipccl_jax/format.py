@@ -10,15 +10,17 @@ import numpy as np
 import ml_dtypes
 
 MAGIC = 0x4C43435A  # b"ZCCL" read as a little-endian u32
-VERSION = 1
+VERSION = 2
 FRAME_HEADER_BYTES = 32
 DIR_ENTRY_BYTES = 4
 BLOCK_HEADER_BYTES = 8
 BLOCK_LOG2 = 16
 BLOCK_ELEMS = 1 << BLOCK_LOG2
-STREAM_LOG2 = 11
-STREAM_ELEMS = 1 << STREAM_LOG2
-STREAM_DIR_ENTRY_BYTES = 4
+SEGMENT_LOG2 = 14                      # a HUFF block's segments: one GPU warp's work
+SEGMENT_ELEMS = 1 << SEGMENT_LOG2      # 16,384 elements
+LANES = 32                             # lane l of a segment codes elements 32 t + l
+UNIT_BITS = 16                         # a lane's bits are read 16 at a time
+SEG_DIR_ENTRY_BYTES = 4                # u16 seg_units, u16 seg_nnz
 MAX_CODE_LEN = 11
 NUM_SYMBOLS = 257
 ZERO_SYMBOL = 256

@@ -1,4 +1,4 @@
-"""Pure-NumPy reference codec for the zipccl wire format v1 (FORMAT.md), every dtype code.
+"""Pure-NumPy reference codec for the zipccl wire format version 2 (FORMAT.md), every dtype code.
 
 This is the test oracle: it is written from FORMAT.md, not from the C++ code,
 and must produce byte-identical frames to every zipccl encoder and decode them.
@@ -13,7 +13,22 @@ clarity over speed, but the heavy parts are vectorised so that tests stay fast:
 Helpers, usable on their own: `split_symbols` / `merge_symbols` (the symbol
 table), `code_lengths` (encoder rule 3), `canonical_codes` (RFC 1951 order),
 `pack_codes` (MSB-first codes into an LSB-first bitstream), `xxh32` (seed 0),
-`frame_info` (parse headers without decoding).
+`frame_checksum` (version 2's checksum over the parts' hashes), `frame_info`
+(parse headers without decoding), `layout_stats` (what decoding a frame asks of
+a GPU: warps, the serial chain, units).
+
+A HUFF block's layout is the GPU's (FORMAT.md "HUFF blocks"): segments of 16,384
+elements, lane `l` of 32 coding the elements `32 t + l`, each lane's bits in
+16-bit units stored in the order a warp takes them from one cursor. The decoder
+here runs those steps for all segments at once (a loop over the 512 steps,
+vectorised over segments and lanes).
+
+Example:
+  >>> import ml_dtypes, numpy as np
+  >>> x = np.linspace(-2, 2, 100_000).astype(ml_dtypes.bfloat16)
+  >>> y = decode(encode(x), shape=x.shape, dtype=x.dtype)
+  >>> np.array_equal(y.view(np.uint16), x.view(np.uint16))
+  True
 """
 
 from __future__ import annotations
@@ -26,10 +41,11 @@ import ml_dtypes
 import numpy as np
 
 from zipccl_jax import format as fmt
+from zipccl_jax._xxh32 import xxh32
 
 __all__ = [
     "encode", "decode", "frame_info", "split_symbols", "merge_symbols", "code_lengths",
-    "canonical_codes", "pack_codes", "xxh32", "max_encoded_bytes",
+    "canonical_codes", "pack_codes", "xxh32", "frame_checksum", "layout_stats", "max_encoded_bytes",
 ]
 
 MAX_LEN = fmt.MAX_CODE_LEN            # 11
@@ -37,6 +53,7 @@ ZERO = fmt.ZERO_SYMBOL                # 256
 NSYM = fmt.NUM_SYMBOLS                # 257
 _HDR = struct.Struct("<IBBBBQQII")    # magic, version, dtype, flags, block_log2, n, frame_bytes, rsv, csum
 _BLK = struct.Struct("<BBHI")         # mode, flags, reserved, value
+SEGMENT_ELEMS, LANES, UNIT_BITS = fmt.SEGMENT_ELEMS, fmt.LANES, fmt.UNIT_BITS
 assert _HDR.size == fmt.FRAME_HEADER_BYTES and _BLK.size == fmt.BLOCK_HEADER_BYTES
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
@@ -213,53 +230,6 @@ def _kraft_ok(lengths: np.ndarray) -> bool:
   return int(np.sum(1 << (MAX_LEN - used))) <= (1 << MAX_LEN)
 
 
-# --------------------------------------------------------------------------- xxh32
-
-_P1, _P2, _P3, _P4, _P5 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1
-_M32 = 0xFFFFFFFF
-
-
-def _rotl32(x: int, r: int) -> int:
-  return ((x << r) | (x >> (32 - r))) & _M32
-
-
-def xxh32(data, seed: int = 0) -> int:
-  """XXH32 of `data` (bytes-like or uint8 array) with `seed`."""
-  buf = np.frombuffer(bytes(data), np.uint8)
-  n = buf.size
-  seed &= _M32
-  p = 0
-  if n >= 16:
-    stripes = n // 16
-    lanes = buf[:stripes * 16].view("<u4").reshape(stripes, 4).astype(np.uint64)
-    lanes = ((lanes * _P2) & _M32).tolist()      # input * PRIME2 mod 2^32, vectorised
-    acc = [(seed + _P1 + _P2) & _M32, (seed + _P2) & _M32, seed, (seed - _P1) & _M32]
-    a0, a1, a2, a3 = acc
-    for l0, l1, l2, l3 in lanes:
-      a0 = (_rotl32((a0 + l0) & _M32, 13) * _P1) & _M32
-      a1 = (_rotl32((a1 + l1) & _M32, 13) * _P1) & _M32
-      a2 = (_rotl32((a2 + l2) & _M32, 13) * _P1) & _M32
-      a3 = (_rotl32((a3 + l3) & _M32, 13) * _P1) & _M32
-    h = (_rotl32(a0, 1) + _rotl32(a1, 7) + _rotl32(a2, 12) + _rotl32(a3, 18)) & _M32
-    p = stripes * 16
-  else:
-    h = (seed + _P5) & _M32
-  h = (h + n) & _M32
-  while p + 4 <= n:
-    word = int.from_bytes(buf[p:p + 4].tobytes(), "little")
-    h = (_rotl32((h + word * _P3) & _M32, 17) * _P4) & _M32
-    p += 4
-  while p < n:
-    h = (_rotl32((h + int(buf[p]) * _P5) & _M32, 11) * _P1) & _M32
-    p += 1
-  h ^= h >> 15
-  h = (h * _P2) & _M32
-  h ^= h >> 13
-  h = (h * _P3) & _M32
-  h ^= h >> 16
-  return h
-
-
 # --------------------------------------------------------------------------- encode
 
 def _as_elements(x) -> tuple[np.ndarray, int]:
@@ -269,8 +239,53 @@ def _as_elements(x) -> tuple[np.ndarray, int]:
   return u, code
 
 
+def _segment_grid(m: int):
+  """Per element of a block: (segment, step, lane); and each segment's element count."""
+  e = np.arange(m, dtype=np.int64)
+  seg = e >> fmt.SEGMENT_LOG2
+  local = e & (SEGMENT_ELEMS - 1)
+  n_segs = -(-m // SEGMENT_ELEMS)
+  counts = np.minimum(SEGMENT_ELEMS, m - np.arange(n_segs) * SEGMENT_ELEMS)
+  return seg, local // LANES, local % LANES, counts
+
+
+def _lane_elems(counts: np.ndarray) -> np.ndarray:
+  """[n_segs, 32]: how many elements each lane of each segment codes."""
+  lane = np.arange(LANES)
+  return np.maximum(0, -(-(counts[:, None] - lane[None, :]) // LANES))
+
+
+# --------------------------------------------------------------------------- encode
+
+def _units_of_block(codes: np.ndarray, lens: np.ndarray, m: int):
+  """The units of one HUFF block in stored order, and each segment's unit count.
+
+  codes/lens: each element's code (MSB first) and length, in element order.
+  """
+  seg, step, lane, counts = _segment_grid(m)
+  n_segs, steps = counts.size, SEGMENT_ELEMS // LANES
+  grid = np.zeros((n_segs, steps, LANES), np.int64)
+  grid[seg, step, lane] = lens
+  end = np.cumsum(grid, axis=1)                          # a lane's bits through step t
+  start = end - grid
+  first_unit = -(-start // UNIT_BITS)                    # the unit a code starts, if it starts one
+  starts = ((-(-end // UNIT_BITS)) > first_unit)[seg, step, lane]
+  lane_units = (-(-end[:, -1, :] // UNIT_BITS)).reshape(-1)
+  lane_first = np.cumsum(lane_units) - lane_units        # a lane's first unit, lanes back to back
+  # every lane's codes, then a zero code padding it to whole units, lanes back to back
+  who = seg * LANES + lane
+  key = np.concatenate([who * (steps + 1) + step, np.arange(n_segs * LANES) * (steps + 1) + steps])
+  pos = np.argsort(key)
+  seq_codes = np.concatenate([codes, np.zeros(n_segs * LANES, np.uint32)])[pos]
+  seq_lens = np.concatenate([lens, (-end[:, -1, :] % UNIT_BITS).reshape(-1)])[pos]
+  packed = pack_codes(seq_codes, seq_lens).view("<u2")
+  f = np.flatnonzero(starts)                             # (step, lane) order is element order
+  units = packed[lane_first[who[f]] + first_unit[seg[f], step[f], lane[f]]]
+  return units, np.bincount(seg[f], minlength=n_segs)
+
+
 def _huff_block(u: np.ndarray, code: int) -> bytes:
-  """The HUFF coding of one block (rule 3), whatever its size."""
+  """The version 2 HUFF coding of one block, whatever its size."""
   m = u.size
   low16 = code == fmt.DTYPE_F32 and not np.any(u & 0xFFFF)
   sym, raw = split_symbols(u, code, low16)
@@ -283,17 +298,14 @@ def _huff_block(u: np.ndarray, code: int) -> bytes:
   if nibbles.size % 2:
     nibbles = np.append(nibbles, np.uint8(0))
   table = bytes([lo, hi]) + (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8).tobytes()
-  elem_len = lengths[sym].astype(np.int64)
-  n_streams = -(-m // fmt.STREAM_ELEMS)
-  bounds = np.arange(n_streams) * fmt.STREAM_ELEMS
-  stream_bits = np.add.reduceat(elem_len, bounds)
-  stream_nnz = np.add.reduceat((sym != ZERO).astype(np.int64), bounds)
-  sdir = np.empty((n_streams, 2), "<u2")
-  sdir[:, 0] = stream_bits
-  sdir[:, 1] = stream_nnz
-  bitstream = pack_codes(codes[sym], elem_len)
+  units, seg_units = _units_of_block(codes[sym], lengths[sym].astype(np.int64), m)
+  seg, _, _, seg_counts = _segment_grid(m)
+  seg_nnz = np.bincount(seg[sym != ZERO], minlength=seg_counts.size)
+  sdir = np.empty((seg_counts.size, 2), "<u2")
+  sdir[:, 0] = seg_units
+  sdir[:, 1] = seg_nnz
   header = _BLK.pack(fmt.MODE_HUFF, fmt.BLOCK_FLAG_LOW16 if low16 else 0, 0, 0)
-  return header + table + sdir.tobytes() + bitstream.tobytes() + raw.tobytes()
+  return header + table + sdir.tobytes() + units.tobytes() + raw.tobytes()
 
 
 def _encode_block(u: np.ndarray, code: int) -> bytes:
@@ -307,8 +319,16 @@ def _encode_block(u: np.ndarray, code: int) -> bytes:
   return _BLK.pack(fmt.MODE_RAW, 0, 0, 0) + u.astype(f"<u{w}").tobytes()
 
 
+def frame_checksum(frame: bytes | bytearray, ranges) -> int:
+  """XXH32 over the u32 hashes of the parts: header (field zeroed) + directory, then each block."""
+  frame = bytes(frame)
+  head_end = ranges[0][0] if ranges else len(frame)
+  parts = [xxh32(frame[:head_end])] + [xxh32(frame[s:e]) for s, e in ranges]
+  return xxh32(struct.pack(f"<{len(parts)}I", *parts))
+
+
 def encode(x, *, checksum: bool = False) -> bytes:
-  """One frame for the flat (row-major) elements of `x`, as zipccl encoders write it."""
+  """One version 2 frame for the flat (row-major) elements of `x`."""
   u, code = _as_elements(x)
   n = u.size
   blocks = [_encode_block(u[s:s + fmt.BLOCK_ELEMS], code) for s in range(0, n, fmt.BLOCK_ELEMS)]
@@ -319,7 +339,9 @@ def encode(x, *, checksum: bool = False) -> bytes:
   frame = bytearray(header + directory + b"".join(blocks))
   assert len(frame) == frame_bytes <= fmt.max_encoded_bytes(n, _DTYPE_OF_CODE[code])
   if checksum:
-    frame[28:32] = struct.pack("<I", xxh32(frame))
+    ends = np.cumsum([len(b) for b in blocks]) + fmt.FRAME_HEADER_BYTES + len(directory)
+    ranges = list(zip((ends - [len(b) for b in blocks]).tolist(), ends.tolist()))
+    frame[28:32] = struct.pack("<I", frame_checksum(frame, ranges))
   return bytes(frame)
 
 
@@ -346,24 +368,13 @@ def _parse_header(buf: np.ndarray):
               n_elems=n, frame_bytes=frame_bytes, reserved=rsv, checksum=csum)
 
 
-def _frame_xxh32(frame: bytearray, ranges) -> int:
-  """Version 1's checksum: XXH32 of the whole frame (checksum field zeroed)."""
-  del ranges
-  return xxh32(frame)
-
-
-def _check_frame(buf: np.ndarray, code: int | None, n_expected: int | None, *,
-                 version: int = fmt.VERSION, checksum_of=_frame_xxh32):
-  """Frame-level compliance; returns (header dict, list of block byte ranges).
-
-  `version` and `checksum_of(frame with the field zeroed, block ranges)` are the
-  frame version's (reference_v2 passes its own); the rest is common to both.
-  """
+def _check_frame(buf: np.ndarray, code: int | None, n_expected: int | None):
+  """Frame-level compliance; returns (header dict, list of block byte ranges)."""
   h = _parse_header(buf)
   if h["magic"] != fmt.MAGIC:
     _fail(f"bad magic 0x{h['magic']:08X} (expected 0x{fmt.MAGIC:08X}, 'ZCCL')")
-  if h["version"] != version:
-    _fail(f"frame version {h['version']}, this decoder reads version {version} "
+  if h["version"] != fmt.VERSION:
+    _fail(f"frame version {h['version']}, this decoder reads version {fmt.VERSION} "
           f"(both peers must run the same zipccl_jax)")
   if h["dtype"] not in _DTYPE_OF_CODE:
     _fail(f"invalid dtype code {h['dtype']}")
@@ -401,7 +412,7 @@ def _check_frame(buf: np.ndarray, code: int | None, n_expected: int | None, *,
   if has_csum:
     frame = bytearray(buf[:fb].tobytes())
     frame[28:32] = b"\0\0\0\0"
-    want = checksum_of(frame, ranges)
+    want = frame_checksum(frame, ranges)
     if want != h["checksum"]:
       _fail(f"checksum mismatch: stored 0x{h['checksum']:08X}, computed 0x{want:08X}")
   return h, ranges
@@ -422,8 +433,8 @@ def frame_info(frame) -> dict:
   return h
 
 
-def _parse_huff(blk: np.ndarray, m: int, code: int, flags: int, where: str):
-  """Validates one HUFF block; returns its decode inputs."""
+def _parse_huff(blk: np.ndarray, m: int, code: int, flags: int, where: str) -> dict:
+  """Validates one version 2 HUFF block's table, segment directory and sizes."""
   size = blk.size
   hb = fmt.BLOCK_HEADER_BYTES
   if size < hb + 2:
@@ -433,10 +444,10 @@ def _parse_huff(blk: np.ndarray, m: int, code: int, flags: int, where: str):
     _fail(f"{where}: malformed code table (hi {hi} < lo {lo})")
   n_nib = hi - lo + 2
   tbytes = 2 + (n_nib + 1) // 2
-  n_streams = -(-m // fmt.STREAM_ELEMS)
-  head = hb + tbytes + fmt.STREAM_DIR_ENTRY_BYTES * n_streams
+  counts = _segment_grid(m)[3]
+  head = hb + tbytes + fmt.SEG_DIR_ENTRY_BYTES * counts.size
   if size < head:
-    _fail(f"{where}: block size {size} too small for its code table and stream directory")
+    _fail(f"{where}: block size {size} too small for its code table and segment directory")
   packed = blk[hb + 2:hb + tbytes]
   nib = np.empty(packed.size * 2, np.uint8)
   nib[0::2], nib[1::2] = packed & 0xF, packed >> 4
@@ -452,25 +463,24 @@ def _parse_huff(blk: np.ndarray, m: int, code: int, flags: int, where: str):
     _fail(f"{where}: malformed code table (no used symbol)")
   if not _kraft_ok(lengths):
     _fail(f"{where}: malformed code table (Kraft inequality violated)")
-  sdir = blk[hb + tbytes:head].view("<u2").reshape(n_streams, 2).astype(np.int64)
-  sbits, snnz = sdir[:, 0], sdir[:, 1]
-  cnt = np.minimum(fmt.STREAM_ELEMS, m - np.arange(n_streams) * fmt.STREAM_ELEMS)
-  if np.any(snnz > cnt):
-    _fail(f"{where}: stream_nnz exceeds the stream's element count")
-  if np.any(sbits < cnt) or np.any(sbits > MAX_LEN * cnt):
-    _fail(f"{where}: stream_bits outside [elements, {MAX_LEN} x elements]")
+  sdir = blk[hb + tbytes:head].view("<u2").reshape(counts.size, 2).astype(np.int64)
+  sunits, snnz = sdir[:, 0], sdir[:, 1]
+  per_lane = _lane_elems(counts)
+  if np.any(snnz > counts):
+    _fail(f"{where}: seg_nnz exceeds the segment's element count")
+  lo_u = np.sum(-(-per_lane // UNIT_BITS), axis=1)
+  hi_u = np.sum(-(-(MAX_LEN * per_lane) // UNIT_BITS), axis=1)
+  if np.any(sunits < lo_u) or np.any(sunits > hi_u):
+    _fail(f"{where}: seg_units outside what its lanes' elements can take")
   r = _raw_width(code, bool(flags & fmt.BLOCK_FLAG_LOW16))
-  total_bits = int(sbits.sum())
-  bs_bytes = (total_bits + 7) // 8
-  want = head + bs_bytes + r * int(snnz.sum())
+  n_units = int(sunits.sum())
+  want = head + 2 * n_units + r * int(snnz.sum())
   if size != want:
     _fail(f"{where}: HUFF block size {size} inconsistent with its contents ({want} bytes)")
-  bitstream = blk[head:head + bs_bytes]
-  if total_bits % 8 and int(bitstream[-1]) >> (total_bits % 8):
-    _fail(f"{where}: reserved padding bits after the bitstream are non-zero")
-  raw = blk[head + bs_bytes:].reshape(int(snnz.sum()), r)
-  return dict(lengths=lengths, sbits=sbits, snnz=snnz, cnt=cnt, bitstream=bitstream,
-              total_bits=total_bits, raw=raw, low16=bool(flags & fmt.BLOCK_FLAG_LOW16))
+  units = blk[head:head + 2 * n_units].view("<u2").astype(np.uint64)
+  raw = blk[head + 2 * n_units:].reshape(int(snnz.sum()), r)
+  return dict(lengths=lengths, sunits=sunits, snnz=snnz, counts=counts, units=units, raw=raw,
+              low16=bool(flags & fmt.BLOCK_FLAG_LOW16))
 
 
 def _decode_tables(lengths: np.ndarray):
@@ -486,71 +496,91 @@ def _decode_tables(lengths: np.ndarray):
   return sym_t, len_t
 
 
-def _decode_huff_blocks(blocks: list[dict], where: list[str]) -> list[np.ndarray]:
-  """Decodes the symbols of all HUFF blocks at once, without a per-element Python loop.
+_REV11 = np.array([int(f"{i:011b}"[::-1], 2) for i in range(1 << MAX_LEN)], np.int64)
 
-  For every bit position p of the (concatenated) bitstreams, the code starting at p has
-  a length L[p] (0 if no code matches), so the code after it starts at nxt[p] = p + L[p].
-  A stream's code positions are its start iterated through nxt; pointer doubling
-  (nxt, nxt^2, nxt^4, ...) produces 2048 of them in 11 vectorised steps.
+
+def _decode_huff_blocks(blocks: list[dict], where: list[str]) -> list[np.ndarray]:
+  """The symbols of every HUFF block, decoded the way a warp does, all segments at once.
+
+  Step t of every segment runs together: each active lane looks its next code
+  up in the (zero-padded) bits it holds; a lane whose code is longer than those
+  bits, or matches no code, takes the segment's next unit (lanes in order) and
+  looks again. Vectorised over segments and lanes, a loop over the 512 steps.
   """
   if not blocks:
     return []
-  sym_ts, len_ts, bit_parts, starts, cnts, owner, block_bits = [], [], [], [], [], [], []
-  bit_off = 0
+  seg_block, seg_m, seg_units, seg_unit0, seg_nnz, unit_parts = [], [], [], [], [], []
+  sym_ts, len_ts = [], []
+  off = 0
   for b, blk in enumerate(blocks):
-    sym_t, len_t = _decode_tables(blk["lengths"])
-    sym_ts.append(sym_t)
-    len_ts.append(len_t)
-    bit_parts.append(np.unpackbits(blk["bitstream"], bitorder="little"))
-    starts.append(bit_off + np.cumsum(blk["sbits"]) - blk["sbits"])
-    cnts.append(blk["cnt"])
-    owner.append(np.full(blk["cnt"].size, b, np.int64))
-    block_bits.append(bit_parts[-1].size)
-    bit_off += bit_parts[-1].size
-  nbits = bit_off
-  bits = np.concatenate(bit_parts + [np.zeros(MAX_LEN, np.uint8)])
-  # window[p]: the MAX_LEN bits from position p, the first one most significant
-  window = np.zeros(nbits + 1, np.int64)
-  for j in range(MAX_LEN):
-    window |= bits[j:j + nbits + 1].astype(np.int64) << (MAX_LEN - 1 - j)
-  block_of = np.repeat(np.arange(len(blocks)), block_bits)
-  block_of = np.append(block_of, len(blocks) - 1)          # position nbits: end of the data
-  t = (block_of << MAX_LEN) + window
-  sym_at = np.append(np.concatenate(sym_ts)[t], -1)        # + sentinel position nbits + 1
-  len_at = np.append(np.concatenate(len_ts)[t], 0)
-  sentinel = nbits + 1                                     # absorbs codes running off the end
-  nxt = np.minimum(np.arange(nbits + 2) + len_at, sentinel)
-  start = np.concatenate(starts).astype(np.int64)
-  sbits = np.concatenate([blk["sbits"] for blk in blocks])
-  cnt = np.concatenate(cnts)
-  owner = np.concatenate(owner)
-  pos = np.empty((start.size, fmt.STREAM_ELEMS), np.int64)  # pos[k, i]: start of code i
-  pos[:, 0] = start
-  jump, step = nxt, 1
-  while step < fmt.STREAM_ELEMS:
-    pos[:, step:2 * step] = jump[pos[:, :step]]
-    jump = jump[jump]
-    step *= 2
-  active = np.arange(fmt.STREAM_ELEMS) < cnt[:, None]
-  bad = np.any(active & (len_at[pos] == 0) & (pos < sentinel), axis=1)
-  if bad.any():
-    k = int(np.flatnonzero(bad)[0])
-    _fail(f"{where[owner[k]]}: a bit prefix matches no code")
-  final = nxt[pos[np.arange(start.size), cnt - 1]]
-  if np.any(final != start + sbits):
-    k = int(np.flatnonzero(final != start + sbits)[0])
-    _fail(f"{where[owner[k]]}: stream does not decode to its element count in exactly "
-          f"stream_bits bits")
-  syms = np.where(active, sym_at[pos], -1)
-  out = []
-  row = 0
-  for b, blk in enumerate(blocks):
-    k = blk["cnt"].size
-    s = syms[row:row + k]
-    nnz = np.sum((s != ZERO) & (s >= 0), axis=1)
-    if np.any(nnz != blk["snnz"]):
-      _fail(f"{where[b]}: non-ZERO symbols of a stream differ from its stream_nnz")
+    sym_t, len_t = _decode_tables(blk["lengths"])      # indexed MSB first
+    sym_ts.append(sym_t[_REV11])                          # re-indexed by the LSB-first window
+    len_ts.append(len_t[_REV11])
+    k = blk["counts"].size
+    seg_block += [b] * k
+    seg_m.append(blk["counts"])
+    seg_units.append(blk["sunits"])
+    seg_unit0.append(off + np.cumsum(blk["sunits"]) - blk["sunits"])
+    seg_nnz.append(blk["snnz"])
+    unit_parts.append(blk["units"])
+    off += blk["units"].size
+  seg_block = np.array(seg_block, np.int64)
+  seg_m, seg_units = np.concatenate(seg_m), np.concatenate(seg_units)
+  seg_unit0, seg_nnz = np.concatenate(seg_unit0), np.concatenate(seg_nnz)
+  units = np.concatenate(unit_parts + [np.zeros(1, np.uint64)])
+  sym_tab, len_tab = np.concatenate(sym_ts), np.concatenate(len_ts)
+  n_seg = seg_m.size
+  buf = np.zeros((n_seg, LANES), np.uint64)
+  nbits = np.zeros((n_seg, LANES), np.int64)
+  cursor = np.zeros(n_seg, np.int64)
+  steps = -(-SEGMENT_ELEMS // LANES)
+  syms = np.full((n_seg, steps, LANES), -1, np.int64)
+  lane = np.arange(LANES)
+  tbase = (seg_block << MAX_LEN)[:, None]
+
+  def look():
+    idx = tbase + (buf & np.uint64((1 << MAX_LEN) - 1)).astype(np.int64)
+    return sym_tab[idx], len_tab[idx]
+
+  for t in range(steps):
+    active = (t * LANES + lane)[None, :] < seg_m[:, None]
+    if not active.any():
+      break
+    _, ln = look()
+    need = active & ((ln == 0) | (ln > nbits))
+    slot = cursor[:, None] + np.cumsum(need, axis=1) - need
+    over = need & (slot >= seg_units[:, None])
+    if over.any():
+      s = int(np.flatnonzero(over.any(axis=1))[0])
+      _fail(f"{where[seg_block[s]]}: a segment's lanes need more units than its seg_units")
+    word = units[np.where(need, seg_unit0[:, None] + slot, units.size - 1)]
+    buf = np.where(need, buf | (word << nbits.astype(np.uint64)), buf)
+    nbits = nbits + UNIT_BITS * need
+    cursor += need.sum(axis=1)
+    sy, ln = look()
+    bad = active & ((ln == 0) | (ln > nbits))
+    if bad.any():
+      s = int(np.flatnonzero(bad.any(axis=1))[0])
+      _fail(f"{where[seg_block[s]]}: a bit prefix matches no code")
+    buf = np.where(active, buf >> ln.astype(np.uint64), buf)
+    nbits = np.where(active, nbits - ln, nbits)
+    syms[:, t, :] = np.where(active, sy, -1)
+  if np.any(cursor != seg_units):
+    s = int(np.flatnonzero(cursor != seg_units)[0])
+    _fail(f"{where[seg_block[s]]}: a segment decodes with {int(cursor[s])} units, "
+          f"seg_units says {int(seg_units[s])}")
+  if np.any(buf != 0):
+    s = int(np.flatnonzero((buf != 0).any(axis=1))[0])
+    _fail(f"{where[seg_block[s]]}: reserved padding bits after a lane's last code are non-zero")
+  nnz = np.sum((syms != ZERO) & (syms >= 0), axis=(1, 2))
+  if np.any(nnz != seg_nnz):
+    s = int(np.flatnonzero(nnz != seg_nnz)[0])
+    _fail(f"{where[seg_block[s]]}: non-ZERO symbols of a segment differ from its seg_nnz")
+  flat = syms.reshape(n_seg, -1)                          # element order inside each segment
+  out, row = [], 0
+  for blk in blocks:
+    k = blk["counts"].size
+    s = flat[row:row + k]
     out.append(s[s >= 0])
     row += k
   return out
@@ -626,3 +656,28 @@ def decode(frame, *, shape, dtype) -> np.ndarray:
   for blk, sl, syms in zip(huff, huff_slices, _decode_huff_blocks(huff, huff_where)):
     out[sl] = merge_symbols(syms, blk["raw"], code, blk["low16"])
   return out.view(dt).reshape(shape)
+
+
+# --------------------------------------------------------------------------- proxies
+
+def layout_stats(frame, *, dtype) -> dict:
+  """What decoding this frame asks of a GPU, from its bytes: work units, chain, loads.
+
+  warps: independent decode work units (one warp per HUFF segment); chain_symbols:
+  the longest serial chain of one lane (steps of its segment); units: 16-bit
+  loads; symbols: elements of HUFF blocks.
+  """
+  buf = _as_buf(frame)
+  h, ranges = _check_frame(buf, fmt.dtype_code(dtype), None)
+  n = h["n_elems"]
+  warps = chain = units = symbols = 0
+  for b, (s, e) in enumerate(ranges):
+    m = min(fmt.BLOCK_ELEMS, n - b * fmt.BLOCK_ELEMS)
+    if buf[s] != fmt.MODE_HUFF:
+      continue
+    blk = _parse_huff(buf[s:e], m, h["dtype"], int(buf[s + 1]), f"block {b}")
+    warps += blk["counts"].size
+    chain = max(chain, int(-(-blk["counts"].max() // LANES)))
+    units += int(blk["sunits"].sum())
+    symbols += m
+  return dict(warps=warps, chain_symbols=chain, units=units, symbols=symbols)

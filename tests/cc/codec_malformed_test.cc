@@ -1,5 +1,5 @@
 // Malformed input to the CPU frame decoder (xla_ffi/codec/cpu_driver.h): every header field, the block
-// directory, block headers, Huffman tables and stream directories, truncation at every length, every
+// directory, block headers, Huffman tables, segment directories and units, truncation at every length, every
 // single-byte corruption of a checksummed frame, and random corruption. The decoder must return the
 // documented Status and never touch memory outside its buffers (the _sanitized variant runs this under
 // AddressSanitizer and UndefinedBehaviorSanitizer).
@@ -60,7 +60,7 @@ TEST(HeaderFields) {
       return DecodeStatus(f, dtype, n);
     };
     CHECK_EQ(with([](auto& f) { f[0] ^= 1; }), kErrMagic) << DTypeName(dtype);
-    CHECK_EQ(with([](auto& f) { f[4] = 2; }), kErrVersion) << DTypeName(dtype);
+    CHECK_EQ(with([](auto& f) { f[4] = 3; }), kErrVersion) << DTypeName(dtype);
     CHECK_EQ(with([](auto& f) { f[4] = 0; }), kErrVersion) << DTypeName(dtype);
     CHECK_EQ(with([](auto& f) { f[5] = 0; }), kErrDType) << DTypeName(dtype);
     for (int bit = 1; bit < 8; ++bit)
@@ -172,7 +172,7 @@ TEST(BlockHeaders) {
   }
 }
 
-TEST(HuffmanTablesAndStreams) {
+TEST(HuffmanTablesAndSegments) {
   for (uint8_t dtype : kDTypes) {
     const Sample s = MakeSample(dtype, false);
     const uint64_t n = s.a.n;
@@ -218,40 +218,111 @@ TEST(HuffmanTablesAndStreams) {
       CHECK_EQ(status([&](auto& f) { f[blk + 1] = kBlockFlagLow16; }), kErrBlockMode) << DTypeName(dtype);
     }
     CHECK_EQ(status([&](auto& f) { f[blk + 1] |= 0x80; }), kErrReserved) << DTypeName(dtype);
-    // Stream directory: nnz above the stream's element count; bit counts too small or too large.
-    CHECK_EQ(status([&](auto& f) { Store16(f.data() + dir + 2, uint16_t(kStreamElems + 1)); }), kErrStream)
+    // Segment directory: seg_nnz above the segment's element count; seg_units outside what its lanes'
+    // elements can take (every code 1 bit, every code 11 bits).
+    uint32_t lo_u = 0, hi_u = 0;
+    SegmentUnitBounds(SegmentElemsOf(BlockElems(n, 0), 0), &lo_u, &hi_u);
+    CHECK_EQ(status([&](auto& f) { Store16(f.data() + dir + 2, uint16_t(kSegmentElems + 1)); }), kErrStream)
         << DTypeName(dtype);
-    CHECK_EQ(status([&](auto& f) { Store16(f.data() + dir, uint16_t(kStreamElems - 1)); }), kErrStream)
+    CHECK_EQ(status([&](auto& f) { Store16(f.data() + dir, uint16_t(lo_u - 1)); }), kErrStream)
+        << DTypeName(dtype);
+    CHECK_EQ(status([&](auto& f) { Store16(f.data() + dir, uint16_t(hi_u + 1)); }), kErrStream)
         << DTypeName(dtype);
     CHECK_EQ(status([&](auto& f) { Store16(f.data() + dir, 0xFFFF); }), kErrStream) << DTypeName(dtype);
-    // Bits moved between two streams (same total): decoding stream 0 must fail.
-    CHECK_EQ(status([&](auto& f) {
-               Store16(f.data() + dir, uint16_t(Load16(f.data() + dir) + 1));
-               Store16(f.data() + dir + 4, uint16_t(Load16(f.data() + dir + 4) - 1));
-             }),
-             kErrStream)
-        << DTypeName(dtype);
-    // nnz moved between two streams (same total): the zero symbols no longer match.
+    // Units moved between two segments (same total): segment 0 decodes with fewer or needs more.
+    for (int d : {-1, 1}) {
+      CHECK_EQ(status([&](auto& f) {
+                 Store16(f.data() + dir, uint16_t(Load16(f.data() + dir) + d));
+                 Store16(f.data() + dir + 4, uint16_t(Load16(f.data() + dir + 4) - d));
+               }),
+               kErrStream)
+          << DTypeName(dtype) << d;
+    }
+    // nnz moved between two segments (same total): the zero symbols no longer match.
     CHECK_EQ(status([&](auto& f) {
                Store16(f.data() + dir + 2, uint16_t(Load16(f.data() + dir + 2) - 1));
                Store16(f.data() + dir + 6, uint16_t(Load16(f.data() + dir + 6) + 1));
              }),
              kErrStream)
         << DTypeName(dtype);
+    // The last unit of the block cut off (seg_units and the block size one unit less, the frame kept
+    // consistent): a lane of the last segment needs a unit that is not there.
+    CHECK_EQ(status([&](auto& f) {
+               const uint64_t last = dir + 4 * 3;
+               const uint64_t units = Load16(f.data() + dir) + Load16(f.data() + dir + 4) +
+                                      Load16(f.data() + dir + 8) + Load16(f.data() + dir + 12);
+               const uint64_t end = dir + 16 + 2 * units;
+               Store16(f.data() + last, uint16_t(Load16(f.data() + last) - 1));
+               f.erase(f.begin() + int64_t(end) - 2, f.begin() + int64_t(end));
+               Put32(f, DirEntryOffset(0), Load32(f.data() + DirEntryOffset(0)) - 2);
+               Put64(f, 16, Load64(f.data() + 16) - 2);
+             }),
+             kErrStream)
+        << DTypeName(dtype);
+    // One unit too many (a zero unit inserted after the last, the frame kept consistent).
+    CHECK_EQ(status([&](auto& f) {
+               const uint64_t last = dir + 4 * 3;
+               const uint64_t units = Load16(f.data() + dir) + Load16(f.data() + dir + 4) +
+                                      Load16(f.data() + dir + 8) + Load16(f.data() + dir + 12);
+               const uint64_t end = dir + 16 + 2 * units;
+               Store16(f.data() + last, uint16_t(Load16(f.data() + last) + 1));
+               f.insert(f.begin() + int64_t(end), 2, uint8_t(0));
+               Put32(f, DirEntryOffset(0), Load32(f.data() + DirEntryOffset(0)) + 2);
+               Put64(f, 16, Load64(f.data() + 16) + 2);
+             }),
+             kErrStream)
+        << DTypeName(dtype);
   }
 }
 
-TEST(EveryBitOfAnAllZeroStreamIsChecked) {
-  // The decoder checks streams whose directory says nnz == 0 by comparing their bits with the repeated ZERO
-  // code rather than decoding them: every single-bit flip inside such a stream, and every shift of its
-  // stream_bits against a neighbour, must still be rejected as a malformed stream. Seven streams: data, all
-  // zero, data, all zero, mostly zero, all zero, and a ragged all-zero last stream.
+TEST(PaddingAfterALanesLastCodeIsReserved) {
+  // 64 elements: each lane codes two, in one unit stored in lane order (step 0), so the top bit of unit l is
+  // lane l's padding as long as its two codes take fewer than 16 bits.
+  int flips = 0;
   for (uint8_t dtype : kDTypes) {
-    const uint64_t n = 6 * kStreamElems + 999;
+    Array a = Gaussian(dtype, 64 * 40, 5 + dtype, 1.0f, 0.3);
+    a.n = 64;
+    a.bytes.resize(64 * ElemBytes(dtype));
+    for (uint64_t i = 0; i < 64; ++i)
+      if (i % 3 == 0) SetElem(a, i, 0);
+    const std::vector<uint8_t> frame = Encode(a, false);
+    const uint64_t blk = BlockOffset(frame, a.n, 0);
+    if (frame[blk] != kModeHuff) continue;  // too short to pay off for this dtype
+    const uint64_t table = blk + kBlockHeaderBytes;
+    const uint64_t dir = table + TableBytes(frame[table], frame[table + 1]);
+    if (Load16(frame.data() + dir) != kLanes) continue;
+    const uint64_t units = dir + kSegDirEntryBytes;
+    for (int l = 0; l < kLanes; ++l) {
+      const uint16_t u = Load16(frame.data() + units + 2 * l);
+      if (u & 0x8000) continue;  // a code bit, not padding
+      std::vector<uint8_t> f = frame;
+      f[units + 2 * l + 1] |= 0x80;
+      CHECK_EQ(DecodeStatus(f, dtype, a.n), kErrReserved) << DTypeName(dtype) << "lane" << l;
+      ++flips;
+    }
+  }
+  CHECK(flips >= kLanes) << flips;  // at least one dtype codes HUFF
+}
+
+TEST(VersionOneFramesAreRefused) {
+  for (uint8_t dtype : kDTypes) {
+    Sample s = MakeSample(dtype, false, 5000);
+    s.frame[4] = 1;
+    CHECK_EQ(DecodeStatus(s.frame, dtype, s.a.n), kErrVersion) << DTypeName(dtype);
+    CHECK(std::strstr(StatusMessage(kErrVersion), "version 2") != nullptr);
+  }
+}
+
+TEST(EveryBitOfAnAllZeroSegmentIsChecked) {
+  // Every single-bit flip inside a segment whose directory says nnz == 0, and every shift of its seg_units
+  // against a neighbour, must be rejected: a flipped code bit decodes to another symbol or none, a flipped
+  // padding bit is reserved. Four segments: data, all zero, mostly zero, and a ragged all-zero last one.
+  for (uint8_t dtype : kDTypes) {
+    const uint64_t n = 3 * kSegmentElems + 999;
     Array a = Gaussian(dtype, n, 77 + dtype);
     for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t k = i / kStreamElems, j = i % kStreamElems;
-      if (k == 1 || k == 3 || k >= 5 || (k == 4 && j >= 20)) SetElem(a, i, 0);
+      const uint64_t k = i / kSegmentElems, j = i % kSegmentElems;
+      if (k == 1 || k == 3 || (k == 2 && j >= 20)) SetElem(a, i, 0);
     }
     const std::vector<uint8_t> frame = Encode(a, false);
     CHECK_EQ(DecodeStatus(frame, dtype, n), kOk) << DTypeName(dtype);
@@ -259,28 +330,30 @@ TEST(EveryBitOfAnAllZeroStreamIsChecked) {
     CHECK_EQ(frame[blk], kModeHuff) << DTypeName(dtype);
     const uint64_t table = blk + kBlockHeaderBytes;
     const uint64_t dir = table + TableBytes(frame[table], frame[table + 1]);
-    const uint64_t bits = dir + 7 * kStreamDirEntryBytes;
-    uint64_t start = 0;
-    for (int k = 0; k < 7; ++k) {
-      const uint64_t sb = Load16(frame.data() + dir + 4 * k), nnz = Load16(frame.data() + dir + 4 * k + 2);
-      CHECK_EQ(nnz == 0, k == 1 || k == 3 || k >= 5) << DTypeName(dtype) << "stream" << k;
+    const uint64_t units = dir + 4 * kSegDirEntryBytes;
+    uint64_t start = 0;  // in units
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t su = Load16(frame.data() + dir + 4 * k), nnz = Load16(frame.data() + dir + 4 * k + 2);
+      CHECK_EQ(nnz == 0, k == 1 || k == 3) << DTypeName(dtype) << "segment" << k;
       if (nnz == 0) {
         int accepted = 0;
-        for (uint64_t b = start; b < start + sb; ++b) {
+        const uint64_t stride = k == 3 ? 1 : 7;  // every bit of the ragged one, every 7th of the full one
+        for (uint64_t b = 16 * start; b < 16 * (start + su); b += stride) {
           std::vector<uint8_t> f = frame;
-          f[bits + b / 8] ^= uint8_t(1u << (b % 8));
-          accepted += DecodeStatus(f, dtype, n) != kErrStream;
+          f[units + b / 8] ^= uint8_t(1u << (b % 8));
+          const Status st = DecodeStatus(f, dtype, n);
+          accepted += st != kErrStream && st != kErrReserved;
         }
-        CHECK_EQ(accepted, 0) << DTypeName(dtype) << "bit flips in zero stream" << k;
+        CHECK_EQ(accepted, 0) << DTypeName(dtype) << "bit flips in zero segment" << k;
         for (int d : {-2, -1, 1, 2}) {
           std::vector<uint8_t> f = frame;
-          const uint64_t other = k == 6 ? 5 : k + 1;
-          Store16(f.data() + dir + 4 * k, uint16_t(sb + d));
+          const uint64_t other = k == 3 ? 2 : k + 1;
+          Store16(f.data() + dir + 4 * k, uint16_t(su + d));
           Store16(f.data() + dir + 4 * other, uint16_t(Load16(f.data() + dir + 4 * other) - d));
-          CHECK_EQ(DecodeStatus(f, dtype, n), kErrStream) << DTypeName(dtype) << "zero stream" << k << d;
+          CHECK_EQ(DecodeStatus(f, dtype, n), kErrStream) << DTypeName(dtype) << "zero segment" << k << d;
         }
       }
-      start += sb;
+      start += su;
     }
   }
 }

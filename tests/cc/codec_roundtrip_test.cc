@@ -14,8 +14,9 @@ using namespace zipccl_test;
 
 namespace {
 
-// Element counts around the stream (2048) and block (65536) boundaries.
-constexpr uint64_t kSizes[] = {0, 1, 2, 3, 7, 2047, 2048, 2049, 4099, 65535, 65536, 65537, 2 * 65536 + 3001};
+// Element counts around the lane (32), segment (16384) and block (65536) boundaries.
+constexpr uint64_t kSizes[] = {0,     1,     2,     3,     7,     31,    32,    33,         4099,
+                               16383, 16384, 16385, 65535, 65536, 65537, 2 * 65536 + 3001};
 
 // Encodes, checks the header against the input, decodes and compares bits. Returns the frame.
 std::vector<uint8_t> CheckRoundTrip(const Array& a, bool checksum, const char* what) {

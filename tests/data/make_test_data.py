@@ -94,32 +94,35 @@ def make_slices(corpus: pathlib.Path) -> list[dict]:
   return out
 
 
-def _tie_inputs() -> dict[str, np.ndarray]:
-  """2048-element bf16 blocks whose HUFF coding is exactly RAW size (-> RAW) and one byte
-  smaller (-> HUFF): encoder rule 2's strict `<`. Found by a deterministic walk that skews
-  a flat histogram of all 256 exponent symbols one element at a time."""
+def _tie_walk(top: int, target: str, want_delta: int) -> np.ndarray:
+  """A 2048-element bf16 block, exponent symbols 0..top-1, whose HUFF coding is RAW size +
+  want_delta, found by a deterministic walk that skews a flat histogram one element at a time."""
   m = 2048
   counts = np.zeros(fmt.NUM_SYMBOLS, np.int64)
-  counts[:256] = 8
+  counts[:top] = m // top
+  counts[0] += m - int(counts.sum())
   rng = np.random.default_rng(20261122)
   raw_size = fmt.BLOCK_HEADER_BYTES + 2 * m
-  found = {}
   for _ in range(20000):
     sym = np.repeat(np.arange(fmt.NUM_SYMBOLS), counts).astype(np.uint16)
     raw = (np.arange(m) * 37 % 256).astype(np.uint8).reshape(-1, 1)
     u = ref.merge_symbols(sym, raw, fmt.DTYPE_BF16)
-    size = len(ref._huff_block(u, fmt.DTYPE_BF16))
-    if size == raw_size and "huff_raw_tie_bf16" not in found:
-      found["huff_raw_tie_bf16"] = u
-    if size == raw_size - 1 and "huff_one_byte_under_raw_bf16" not in found:
-      found["huff_one_byte_under_raw_bf16"] = u
-    if len(found) == 2:
-      return {k: v.view(BF16) for k, v in found.items()}
-    src = rng.integers(128, 256)
+    if len(ref._huff_block(u, fmt.DTYPE_BF16)) == raw_size + want_delta:
+      return u.view(BF16)
+    src = rng.integers(top // 2, top)
     if counts[src] > 1:
       counts[src] -= 1
-      counts[rng.integers(0, 64)] += 1
-  raise RuntimeError("no HUFF/RAW tie found")
+      counts[rng.integers(0, top // 4)] += 1
+  raise RuntimeError(f"no block for {target} found")
+
+
+def _tie_inputs() -> dict[str, np.ndarray]:
+  """Encoder rule 2's strict `<`: a block whose HUFF coding is exactly RAW size (-> RAW) and
+  one whose coding is one byte smaller (-> HUFF). Units come in pairs of bytes, and all but
+  one element (the first, +0: ZERO) have a raw byte, so the table's size sets the parity: 256
+  symbols (a table of 131 bytes) reach RAW, 255 (130 bytes) reach RAW - 1."""
+  return {"huff_raw_tie_bf16": _tie_walk(256, "huff_raw_tie_bf16", 0),
+          "huff_one_byte_under_raw_bf16": _tie_walk(255, "huff_one_byte_under_raw_bf16", -1)}
 
 
 def golden_inputs() -> list[tuple[str, np.ndarray, bool, str]]:
@@ -132,11 +135,11 @@ def golden_inputs() -> list[tuple[str, np.ndarray, bool, str]]:
       ("small_bf16", np.array([0, 0, 1.5, -2], BF16), False,
        "FORMAT.md: [0, 0, 1.5, -2] in bfloat16 (RAW: too short for HUFF to pay off)"),
       ("ramp_bf16_4096", np.linspace(-4, 4, 4096, dtype=np.float32).astype(BF16), False,
-       "FORMAT.md: a 4096-element bfloat16 ramp (two streams)"),
+       "FORMAT.md: a 4096-element bfloat16 ramp (one segment of 128 steps)"),
       ("upcast_f32_1000", rng.normal(size=1000).astype(BF16).astype(np.float32), False,
        "FORMAT.md: float32 up-cast bfloat16 values (HUFF + LOW16)"),
-      ("zeros_mixed_bf16_48", np.tile(np.array([0, 0, 1.5, -2, 0, 1.5], BF16), 8), False,
-       "HUFF with the ZERO symbol (3 symbols, 1-3 bit codes)"),
+      ("zeros_mixed_bf16_192", np.tile(np.array([0, 0, 1.5, -2, 0, 1.5], BF16), 32), False,
+       "HUFF with the ZERO symbol (3 symbols, 1-3 bit codes; 6 steps of 32 lanes, a unit each)"),
       ("small_bf16_checksum", np.array([0, 0, 1.5, -2], BF16), True, "CHECKSUM flag + XXH32"),
       ("ramp_f16_300", np.linspace(-2, 2, 300, dtype=np.float32).astype(np.float16), False,
        "float16 HUFF"),
@@ -172,7 +175,7 @@ def _fp8_inputs() -> list[tuple[str, np.ndarray, bool, str]]:
        np.concatenate([_bits(amax(2500, e5)), every]).view(e5), False,
        "every float8_e5m2 bit pattern (±Inf, NaNs, ±0, subnormals) inside a HUFF block"),
       ("fp8_e4m3fn_amax_3000", amax(3000, e4, zeros=0.25), False,
-       "float8_e4m3fn, amax-scaled Gaussian with 25% zeros: HUFF, two streams, no raw region"),
+       "float8_e4m3fn, amax-scaled Gaussian with 25% zeros: HUFF, one segment, no raw region"),
       ("fp8_e5m2_amax_checksum", amax(700, e5), True, "float8_e5m2 HUFF + CHECKSUM"),
       ("fp8_e5m2_const_neg_inf", np.full(100, 0xFC, np.uint8).view(e5), False,
        "float8_e5m2 CONST -Inf (value zero-extended from one byte)"),
@@ -260,8 +263,12 @@ def main():
   old = json.loads(golden_path.read_text()) if golden_path.exists() else {}
   print("golden vectors:")
   golden = make_golden()
-  if args.golden_only:
+  if args.golden_only:  # the slices stay; their reference frame sizes follow the format
     golden["corpus_slices"] = old.get("corpus_slices", [])
+    for sl in golden["corpus_slices"]:
+      part = np.load(HERE / sl["file"])
+      x = part.view(BF16) if sl["file"].endswith(".bf16.npy") else part
+      sl["reference_frame_bytes"] = len(ref.encode(x))
   else:
     print("corpus slices:")
     golden["corpus_slices"] = make_slices(_corpus_dir(args.corpus))

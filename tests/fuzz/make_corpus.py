@@ -4,9 +4,9 @@
 
 decode/: one control byte (0: take the dtype from the frame) followed by a valid frame. The frames cover the
 golden-vector inputs named in FORMAT.md (empty bfloat16, one 1.0, [0, 0, 1.5, -2], a 4096-element bfloat16 ramp,
-float32 up-cast bfloat16 -> LOW16) and every block mode and decoder path: HUFF with byte symbols and with all 256
-exponents plus zero (16-bit symbols), 1-4 lanes and partial streams, sparse and all-zero-stream blocks, RAW,
-CONST, multi-block frames, each dtype, with and without the checksum.
+float32 up-cast bfloat16 -> LOW16) and every block mode and decoder path (format version 2): HUFF with short
+and long codes and with all 256 exponents plus zero, one to four segments and partial segments and steps, sparse
+and all-zero-segment blocks, RAW, CONST, multi-block frames, each dtype, with and without the checksum.
 roundtrip/: [ctl0][ctl1][element bytes] as roundtrip_fuzzer.cc describes (dtype bits 3: float8_e4m3fn).
 """
 from __future__ import annotations
@@ -48,9 +48,9 @@ def decode_seeds() -> dict[str, bytes]:
       "golden_upcast_f32_low16": g(3000, BF16).astype(np.float32),
       "gauss_f16_3000": g(3000, np.float16),
       "gauss_f32_2500": g(2500, np.float32),
-      "gauss_bf16_9000_5streams": g(9000, BF16),
+      "gauss_bf16_40000_3segments": g(40000, BF16),
       "sparse_bf16_5000": np.where(rng.random(5000) < 0.5, 0, g(5000, np.float32)).astype(BF16),
-      "zero_stream_bf16": np.concatenate([np.zeros(2048, BF16), g(2100, BF16)]),
+      "zero_segment_bf16": np.concatenate([np.zeros(16384, BF16), g(2100, BF16)]),
       "raw_bits_bf16_600": rng.integers(0, 1 << 16, 600, dtype=np.uint16).view(BF16),
       "raw_bits_f32_300": rng.integers(0, 1 << 32, 300, dtype=np.uint32).view(np.float32),
       "const_bf16_5000": np.full(5000, 3.0, BF16),
@@ -62,7 +62,7 @@ def decode_seeds() -> dict[str, bytes]:
           [np.full(65536, 1.0, np.float16), np.full(65536, -2.0, np.float16),
            rng.integers(0, 1 << 16, 100, dtype=np.uint16).view(np.float16)]),
   }
-  # Every exponent value in use plus zeros: the decoder's 16-bit symbol path.
+  # Every exponent value in use plus zeros: codes of up to 11 bits.
   e = np.where(rng.random(6000) < 0.9, 127, rng.integers(0, 256, 6000))
   e[:256] = np.arange(256)
   m = rng.integers(0, 128, 6000)
@@ -70,13 +70,13 @@ def decode_seeds() -> dict[str, bytes]:
   v = ((s << 15) | (e << 7) | m).astype(np.uint16)
   v[256:400] = 0
   seeds["all_exponents_bf16_u16path"] = v.view(BF16)
-  # One-byte floats: the symbol is the whole byte. Every bit pattern in a HUFF block, zero streams, RAW,
+  # One-byte floats: the symbol is the whole byte. Every bit pattern in a HUFF block, a zero segment, RAW,
   # CONST, two blocks, and one HUFF frame of each other float8 variant.
   fp8 = np.clip(np.round(rng.normal(12, 1.5, 9000)), 0, 15).astype(np.uint8) << 3
   fp8 |= rng.integers(0, 8, 9000, dtype=np.uint8) | (rng.integers(0, 2, 9000, dtype=np.uint8) << 7)
   fp8[:256] = np.arange(256)
   seeds["fp8_e4m3fn_all_patterns_huff"] = fp8.view(E4M3FN)
-  seeds["fp8_e5m2_zero_stream"] = np.concatenate([np.zeros(2048, np.uint8), fp8[:3000]]).view(E5M2)
+  seeds["fp8_e5m2_zero_segment"] = np.concatenate([np.zeros(16384, np.uint8), fp8[:3000]]).view(E5M2)
   seeds["fp8_e5m2_raw_bits_700"] = rng.integers(0, 256, 700, dtype=np.uint8).view(E5M2)
   seeds["fp8_e4m3fn_const_nan"] = np.full(900, 0x7F, np.uint8).view(E4M3FN)
   seeds["fp8_e4m3fn_twoblocks"] = np.concatenate([fp8, fp8[:100]] * 8)[:70000].view(E4M3FN)

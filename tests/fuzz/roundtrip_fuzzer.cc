@@ -12,7 +12,7 @@
 //   ctl0 bits 5-6  capacity: 0 max_encoded_bytes; 1 exactly the frame size; 2 one byte short (overflow);
 //                  3 ctl1 bytes (tiny: a header or less)
 //   ctl0 bit  7    long input: the elements are repeated, each copy perturbed, to 65536 + 131 * (ctl1 & 127)
-//                  + len elements, so frames span two blocks and every stream slot of the first
+//                  + len elements, so frames span two blocks and every segment of the first
 //   ctl1           capacity (mode 3), length (bit 7 of ctl0), and the bit flipped in the corruption check
 //
 // Checked: the frame size is within [32 + 4 * n_blocks, max_encoded_bytes]; the same input always codes to

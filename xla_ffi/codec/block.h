@@ -1,6 +1,7 @@
 // Per-block logic shared by the CPU driver and the CUDA kernels: how an element
 // splits into a Huffman symbol and raw bytes, how a block chooses its mode, and
-// how the HUFF block's table and stream directory are laid out and validated.
+// how the HUFF block's table, segment directory and units are laid out and
+// validated.
 #pragma once
 
 #include <cstdint>
@@ -45,27 +46,57 @@ ZIPCCL_HD int SymbolOf(uint32_t v) {
 // Note: for a float32 whose low 16 bits are zero, Symbol32(v) equals
 // Symbol16(v >> 16), so one histogram serves both the plain and LOW16 coding.
 
+// ---- Segments, lanes and units ------------------------------------------------
+// Elements of segment `seg` of a block of m elements (the last may be short).
+ZIPCCL_HD int NumSegments(uint64_t m) { return int((m + uint64_t(kSegmentElems) - 1) >> kSegmentLog2); }
+ZIPCCL_HD uint32_t SegmentElemsOf(uint64_t m, int seg) {
+  const uint64_t left = m - (uint64_t(seg) << kSegmentLog2);
+  return left < uint64_t(kSegmentElems) ? uint32_t(left) : uint32_t(kSegmentElems);
+}
+// Elements lane l codes in a segment of seg_m elements: kLanes * t + l < seg_m.
+ZIPCCL_HD uint32_t LaneElems(uint32_t seg_m, uint32_t lane) {
+  return seg_m > lane ? (seg_m - lane + kLanes - 1) / kLanes : 0;
+}
+// Units a lane of `bits` bits fills (the last one padded with zero bits).
+ZIPCCL_HD uint32_t LaneUnits(uint32_t bits) { return (bits + kUnitBits - 1) / kUnitBits; }
+// Whether a code of `len` bits after the lane's first `before` bits holds the
+// first bit of a unit, i.e. takes the segment's next unit: encoders allocate
+// the unit's slot at that step, decoders load it then.
+ZIPCCL_HD bool StartsUnit(uint32_t before, uint32_t len) { return LaneUnits(before + len) > LaneUnits(before); }
+// The fewest and most units a segment of seg_m elements can take (every code
+// of 1 bit, of kMaxCodeLen bits): a decoder's first check of seg_units.
+ZIPCCL_HD void SegmentUnitBounds(uint32_t seg_m, uint32_t* lo, uint32_t* hi) {
+  *lo = *hi = 0;
+  for (uint32_t l = 0; l < uint32_t(kLanes); ++l) {
+    const uint32_t e = LaneElems(seg_m, l);
+    *lo += LaneUnits(e);
+    *hi += LaneUnits(e * kMaxCodeLen);
+  }
+}
+
 // ---- Block plan ------------------------------------------------------------
-// What the first pass over a block decides, and the exact coded size.
+// What the passes over a block decide, and the exact coded size. A HUFF plan is
+// made in two steps: PlanTable from the histogram (the code, the table, the
+// raw bytes), then, once a pass over the block has added up each segment's
+// units and non-zero elements (seg_units, seg_nnz), PlanFinish, which compares
+// the exact HUFF size with RAW.
 struct BlockPlan {
   uint8_t mode;
   uint8_t flags;
   uint32_t const_value;     // CONST: the repeated element bits
-  uint64_t block_bytes;     // exact coded size, header included
+  uint64_t block_bytes;     // exact coded size, header included (after PlanFinish)
   // HUFF only:
   uint8_t lens[kNumSymbols];
   uint32_t enc[kNumSymbols];  // reversed code | length << 16
   int lo, hi;               // range of used non-zero symbols in the table
   uint64_t table_bytes;
-  uint64_t total_bits;      // bitstream length over all streams
   uint64_t nnz;             // elements that carry raw bytes
-  int raw_width;            // raw bytes per non-zero element: 1 or 3
-  int n_streams;
+  int raw_width;            // raw bytes per non-zero element: 0, 1 or 3
+  int n_segs;
+  uint64_t units;           // 16-bit units over all segments
+  uint16_t seg_units[kMaxSegmentsPerBlock];
+  uint16_t seg_nnz[kMaxSegmentsPerBlock];
 };
-
-ZIPCCL_HD int NumStreams(uint64_t n_block_elems) {
-  return int((n_block_elems + uint64_t(kStreamElems) - 1) >> kStreamLog2);
-}
 
 ZIPCCL_HD uint64_t TableBytes(int lo, int hi) {
   return 2 + (uint64_t(hi - lo + 2) + 1) / 2;
@@ -79,47 +110,56 @@ ZIPCCL_HD void PlanConstBlock(uint32_t first_value, BlockPlan* p) {
   p->block_bytes = kBlockHeaderBytes;
 }
 
-// The rest of the plan once p->lens holds BuildCodeLengths(hist): canonical
-// codes, table range, sizes, and HUFF or RAW, whichever is smaller.
-ZIPCCL_HD void PlanFromLengths(const uint32_t* hist, uint64_t n, int elem_bytes, bool low16,
-                               BlockPlan* p) {
-  p->flags = 0;
+// Step 1 of a HUFF plan, once p->lens holds BuildCodeLengths(hist): canonical
+// codes, table range, raw width, segment count. The mode is HUFF until
+// PlanFinish says otherwise; units and seg_* are zero.
+ZIPCCL_HD void PlanTable(const uint32_t* hist, uint64_t n, int elem_bytes, bool low16, BlockPlan* p) {
   p->const_value = 0;
-  uint64_t raw_bytes = kBlockHeaderBytes + n * uint64_t(elem_bytes);
   BuildEncodeTable(p->lens, p->enc);
   int lo = -1, hi = 0;
-  uint64_t bits = 0;
-  for (int s = 0; s < kNumSymbols; ++s) {
-    bits += uint64_t(hist[s]) * p->lens[s];
-    if (s < kZeroSymbol && hist[s]) {
+  for (int s = 0; s < kZeroSymbol; ++s) {
+    if (hist[s]) {
       if (lo < 0) lo = s;
       hi = s;
     }
   }
   if (lo < 0) lo = 0;
-  bool use_low16 = low16 && elem_bytes == 4;
+  const bool use_low16 = low16 && elem_bytes == 4;
   p->lo = lo;
   p->hi = hi;
   p->table_bytes = TableBytes(lo, hi);
-  p->total_bits = bits;
   p->nnz = n - hist[kZeroSymbol];
   p->raw_width = use_low16 ? 1 : elem_bytes - 1;
-  p->n_streams = NumStreams(n);
-  uint64_t huff = kBlockHeaderBytes + p->table_bytes +
-                  uint64_t(p->n_streams) * kStreamDirEntryBytes + (bits + 7) / 8 +
-                  p->nnz * uint64_t(p->raw_width);
+  p->n_segs = NumSegments(n);
+  p->units = 0;
+  for (int k = 0; k < kMaxSegmentsPerBlock; ++k) p->seg_units[k] = p->seg_nnz[k] = 0;
+  p->mode = kModeHuff;
+  p->flags = use_low16 ? kBlockFlagLow16 : 0;
+}
+
+// The exact size of the HUFF coding of a planned block with p->units units.
+ZIPCCL_HD uint64_t HuffBlockBytes(const BlockPlan& p) {
+  return kBlockHeaderBytes + p.table_bytes + uint64_t(p.n_segs) * kSegDirEntryBytes + 2 * p.units +
+         p.nnz * uint64_t(p.raw_width);
+}
+
+// Step 2: HUFF if smaller than RAW (encoder rule 2), else RAW.
+ZIPCCL_HD void PlanFinish(uint64_t n, int elem_bytes, BlockPlan* p) {
+  const uint64_t raw_bytes = kBlockHeaderBytes + n * uint64_t(elem_bytes);
+  const uint64_t huff = HuffBlockBytes(*p);
   if (huff < raw_bytes) {
     p->mode = kModeHuff;
-    p->flags = use_low16 ? kBlockFlagLow16 : 0;
     p->block_bytes = huff;
   } else {
     p->mode = kModeRaw;
+    p->flags = 0;
     p->block_bytes = raw_bytes;
   }
 }
 
-// hist: symbol counts of the block; all_equal: every element has the bits of
-// first_value; low16: (float32 only) every element's low 16 bits are zero.
+// Step 1 of the plan. hist: symbol counts of the block; all_equal: every
+// element has the bits of first_value; low16: (float32 only) every element's
+// low 16 bits are zero. A HUFF plan still needs its units and PlanFinish.
 ZIPCCL_HD void PlanBlock(const uint32_t* hist, uint64_t n, int elem_bytes,
                          bool all_equal, uint32_t first_value, bool low16,
                          BlockPlan* p, HuffmanWork& work) {
@@ -128,7 +168,7 @@ ZIPCCL_HD void PlanBlock(const uint32_t* hist, uint64_t n, int elem_bytes,
     return;
   }
   BuildCodeLengths(hist, p->lens, work);
-  PlanFromLengths(hist, n, elem_bytes, low16, p);
+  PlanTable(hist, n, elem_bytes, low16, p);
 }
 
 ZIPCCL_HD void WriteBlockHeader(uint8_t* out, const BlockPlan& p) {
@@ -177,15 +217,20 @@ ZIPCCL_HD Status ParseTable(const uint8_t* in, uint64_t avail, uint8_t* lens,
 }
 
 // Layout of a HUFF block body after the 8-byte header, with every size
-// checked against block_bytes. Offsets are relative to the block start.
+// checked against block_bytes. Offsets are relative to the block start; the
+// units and raw bytes of segment k start seg_unit0[k] units and seg_raw0[k]
+// non-zero elements into their regions.
 struct HuffLayout {
-  uint64_t table_off, dir_off, bits_off, raw_off;
-  uint64_t total_bits, nnz;
-  int raw_width, n_streams;
+  uint64_t table_off, dir_off, units_off, raw_off;
+  uint64_t units, nnz;
+  int raw_width, n_segs;
+  uint32_t seg_units[kMaxSegmentsPerBlock], seg_nnz[kMaxSegmentsPerBlock];
+  uint32_t seg_unit0[kMaxSegmentsPerBlock], seg_raw0[kMaxSegmentsPerBlock];
 };
 
-// Checks the stream directory: each stream's nnz is at most its element
-// count, and the sizes add up to exactly block_bytes.
+// Checks the segment directory: each segment's seg_nnz is at most its element
+// count, its seg_units within SegmentUnitBounds, and the sizes add up to
+// exactly block_bytes.
 ZIPCCL_HD Status ParseHuffLayout(const uint8_t* block, uint64_t block_bytes,
                                  uint64_t n, int elem_bytes, uint8_t flags,
                                  uint8_t* lens, HuffLayout* L) {
@@ -195,25 +240,37 @@ ZIPCCL_HD Status ParseHuffLayout(const uint8_t* block, uint64_t block_bytes,
   uint64_t tb = 0;
   Status st = ParseTable(block + L->table_off, block_bytes - L->table_off, lens, &tb);
   if (st != kOk) return st;
-  L->n_streams = NumStreams(n);
+  L->n_segs = NumSegments(n);
   L->dir_off = L->table_off + tb;
-  L->bits_off = L->dir_off + uint64_t(L->n_streams) * kStreamDirEntryBytes;
-  if (L->bits_off > block_bytes) return kErrBlockSize;
-  uint64_t bits = 0, nnz = 0;
-  for (int k = 0; k < L->n_streams; ++k) {
-    const uint8_t* d = block + L->dir_off + uint64_t(k) * kStreamDirEntryBytes;
-    uint64_t cnt = n - uint64_t(k) * kStreamElems;
-    if (cnt > uint64_t(kStreamElems)) cnt = kStreamElems;
-    uint64_t sb = Load16(d), sn = Load16(d + 2);
-    if (sn > cnt || sb > cnt * kMaxCodeLen || sb < cnt) return kErrStream;
-    bits += sb;
+  L->units_off = L->dir_off + uint64_t(L->n_segs) * kSegDirEntryBytes;
+  if (L->units_off > block_bytes) return kErrBlockSize;
+  uint32_t units = 0, nnz = 0;
+  for (int k = 0; k < L->n_segs; ++k) {
+    const uint8_t* d = block + L->dir_off + uint64_t(k) * kSegDirEntryBytes;
+    const uint32_t seg_m = SegmentElemsOf(n, k), su = Load16(d), sn = Load16(d + 2);
+    uint32_t lo = 0, hi = 0;
+    SegmentUnitBounds(seg_m, &lo, &hi);
+    if (sn > seg_m || su < lo || su > hi) return kErrStream;
+    L->seg_units[k] = su;
+    L->seg_nnz[k] = sn;
+    L->seg_unit0[k] = units;
+    L->seg_raw0[k] = nnz;
+    units += su;
     nnz += sn;
   }
-  L->total_bits = bits;
+  L->units = units;
   L->nnz = nnz;
-  L->raw_off = L->bits_off + (bits + 7) / 8;
-  if (L->raw_off + nnz * uint64_t(L->raw_width) != block_bytes) return kErrBlockSize;
+  L->raw_off = L->units_off + 2 * uint64_t(units);
+  if (L->raw_off + uint64_t(nnz) * uint64_t(L->raw_width) != block_bytes) return kErrBlockSize;
   return kOk;
 }
+
+// One decoding step of a lane (both decoders): `buf` holds the lane's next
+// `nbits` bits (the first in bit 0, zeros above). The lane takes the
+// segment's next unit when the code its bits begin with is longer than them
+// or matches no code (entry.len == 0): that is exactly when its code holds a
+// unit's first bit (StartsUnit), so the decoder and the encoder agree on the
+// order of the units without storing it.
+ZIPCCL_HD bool NeedsUnit(const DecodeEntry& e, uint32_t nbits) { return e.len == 0 || e.len > nbits; }
 
 }  // namespace zipccl

@@ -1,7 +1,7 @@
 #include "cpu_driver.h"
 
+#include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <memory>
 
 #include "block.h"
@@ -9,11 +9,23 @@
 #include "huffman.h"
 #include "xxhash32.h"
 
-// AVX-512 VBMI2 (vpcompressb) compacts the raw bytes of blocks with zeros; the
-// build uses -march=native, and other targets take the portable loops.
-#if defined(__AVX512VBMI2__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__BMI2__)
+// AVX-512 (F, BW, VL, VBMI, VBMI2) and GFNI paths: the encoder's 32 lanes of a segment
+// step in one register (vpermi2b table lookups, vpcompressw / vpexpandw for the
+// units' slots), the decoder's 32 lanes with gathers for the table and
+// vpexpandw loads for the refills ("the lanes that need a unit take the next
+// ones, in lane order" is exactly an expand-load), and vpcompressb / vpexpandb
+// for the raw bytes. The build uses -march=native; other targets take the
+// portable loops, which produce the same bytes and the same verdicts
+// (ZIPCCL_CPU_PORTABLE=1 in the environment selects them, for the tests).
+#if defined(__AVX512VBMI2__) && defined(__AVX512VBMI__) && defined(__AVX512VL__) && \
+    defined(__AVX512BW__) && defined(__BMI2__) && defined(__GFNI__)
 #define ZIPCCL_CPU_VBMI2 1
 #include <immintrin.h>
+// GCC 12 takes the intrinsics' deliberately undefined pass-through operands
+// for uninitialised variables.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #else
 #define ZIPCCL_CPU_VBMI2 0
 #endif
@@ -25,16 +37,22 @@
 namespace zipccl::cpu {
 namespace {
 
-inline uint64_t LoadU64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
+// The driver holds no writable globals (tests/test_hardening.py): the test
+// switch to the portable loops is the environment, read once per frame.
+inline bool UseVector() {
+  if (!ZIPCCL_CPU_VBMI2) return false;
+  const char* v = std::getenv("ZIPCCL_CPU_PORTABLE");
+  return !(v && v[0] && !(v[0] == '0' && v[1] == 0));
 }
+
+// The most units a block's segments can take (every code kMaxCodeLen bits).
+constexpr uint32_t kMaxSegUnits = uint32_t((kSegmentElems * kMaxCodeLen + kUnitBits - 1) / kUnitBits) + kLanes;
+constexpr uint32_t kMaxBlockUnits = kMaxSegUnits * kMaxSegmentsPerBlock;
 
 // ---- Pass 1: histogram and block properties --------------------------------
 struct Analysis {
   uint32_t hist[kNumSymbols];
-  uint32_t stream_zeros[kMaxStreamsPerBlock];
+  uint32_t seg_zeros[kMaxSegmentsPerBlock];
   bool all_equal;
   bool low16;
   uint32_t first;
@@ -53,19 +71,19 @@ inline uint32_t SymbolByte(T v) {
 
 template <typename T>
 void Analyse(const T* x, uint64_t n, Analysis* a) {
-  // Element properties, one vectorisable pass per stream.
+  // Element properties, one vectorisable pass per segment.
   const T first = x[0];
   T diff = 0, low = 0;
   uint64_t zeros = 0;
-  for (uint64_t lo = 0, k = 0; lo < n; lo += kStreamElems, ++k) {
-    uint64_t hi = lo + kStreamElems < n ? lo + kStreamElems : n;
+  for (uint64_t lo = 0, k = 0; lo < n; lo += kSegmentElems, ++k) {
+    uint64_t hi = lo + kSegmentElems < n ? lo + kSegmentElems : n;
     uint32_t z = 0;
     for (uint64_t j = lo; j < hi; ++j) {
       diff |= x[j] ^ first;
       low |= x[j];
       z += x[j] == 0;
     }
-    a->stream_zeros[k] = z;
+    a->seg_zeros[k] = z;
     zeros += z;
   }
   // Exponent-byte histogram; four sub-histograms break the store-to-load
@@ -88,75 +106,150 @@ void Analyse(const T* x, uint64_t n, Analysis* a) {
   a->first = uint32_t(first);
 }
 
-// ---- Pass 2: HUFF block writer ----------------------------------------------
-// Bitstream: codes are appended at increasing bit positions, bit i living in
-// byte i / 8 at bit i % 8. Four codes (<= 44 bits) go into a 64-bit
-// accumulator, which is then stored whole and advanced by its complete bytes;
-// the store may run up to 8 bytes past the bitstream, into the raw region
-// written afterwards, so the caller guarantees 8 bytes of slack (kWide) or we
-// flush byte by byte.
-template <typename T, bool kWide, bool kZeros>
-uint64_t PackStreams(const T* x, uint64_t n, const BlockPlan& p, const uint32_t* stream_zeros,
-                     uint8_t* dir, uint8_t* bits) {
-  // The LOW16 coding of a float32 has the same symbols (see block.h).
-  uint64_t enc[kNumSymbols];  // code in the low 32 bits, length in the high 32
-  for (int s = 0; s < kNumSymbols; ++s)
-    enc[s] = (p.enc[s] & 0xFFFFu) | (uint64_t(p.enc[s] >> 16) << 32);
-  // kZeros false: the symbol is the exponent byte alone, which spares a
-  // compare and a select per element. That is exact without zeros in the
-  // block, and also with zeros when no non-zero element has exponent byte 0
-  // (no -0.0, no subnormal of that byte; hist[0] == 0): a zero's exponent byte
-  // is 0, so entry 0 then carries the ZERO symbol's code.
-  if (!kZeros && p.lens[0] == 0) enc[0] = enc[kZeroSymbol];
-  auto sym = [](T v) -> uint32_t {
-    uint32_t e = SymbolByte(v);
-    return (!kZeros || v) ? e : uint32_t(kZeroSymbol);
-  };
-  uint64_t acc = 0;
-  uint64_t nacc = 0;
-  uint8_t* bp = bits;
-  uint64_t prev_bits = 0;
-  for (int k = 0; k < p.n_streams; ++k) {
-    uint64_t lo = uint64_t(k) * kStreamElems;
-    uint64_t hi = lo + kStreamElems < n ? lo + kStreamElems : n;
-    uint64_t j = lo;
-    if (kWide) {
-      for (; j + 4 <= hi; j += 4) {
-        uint64_t t0 = enc[sym(x[j])], t1 = enc[sym(x[j + 1])];
-        uint64_t t2 = enc[sym(x[j + 2])], t3 = enc[sym(x[j + 3])];
-        acc |= uint64_t(uint32_t(t0)) << nacc;
-        nacc += t0 >> 32;
-        acc |= uint64_t(uint32_t(t1)) << nacc;
-        nacc += t1 >> 32;
-        acc |= uint64_t(uint32_t(t2)) << nacc;
-        nacc += t2 >> 32;
-        acc |= uint64_t(uint32_t(t3)) << nacc;
-        nacc += t3 >> 32;
-        std::memcpy(bp, &acc, 8);
-        bp += nacc >> 3;
-        acc >>= nacc & 56;
-        nacc &= 7;
-      }
-    }
-    for (; j < hi; ++j) {
-      uint64_t t = enc[sym(x[j])];
-      acc |= uint64_t(uint32_t(t)) << nacc;
-      nacc += t >> 32;
-      while (nacc >= 8) {
-        *bp++ = uint8_t(acc);
-        acc >>= 8;
-        nacc -= 8;
-      }
-    }
-    uint64_t now = uint64_t(bp - bits) * 8 + nacc;
-    Store16(dir + uint64_t(k) * kStreamDirEntryBytes, uint16_t(now - prev_bits));
-    Store16(dir + uint64_t(k) * kStreamDirEntryBytes + 2,
-            uint16_t((hi - lo) - stream_zeros[k]));
-    prev_bits = now;
+// ---- Pass 2: the units of a HUFF block ---------------------------------------
+// A code as the lane pass takes it: the reversed code (first bit lowest) in
+// bits 0..10 and its length in bits 11..15.
+inline uint16_t PackCode(uint32_t enc) { return uint16_t((enc & 0x7FFu) | ((enc >> 16) << 11)); }
+
+struct EncodeScratch {
+  uint16_t units[kMaxBlockUnits + 64];  // a block's units when they cannot go in place
+  uint16_t done[kMaxSegUnits + 64];     // completed units, in completion order
+  uint16_t slot[kMaxSegUnits + 64];     // and the slot each goes to
+};
+
+// Each lane holds its open unit: `lo` its bits so far, `nb` how many (1..16;
+// 16 with no unit yet, a phantom one), `slot` where it is stored. A code of
+// len bits after nb bits holds the first bit of the next unit iff nb + len >
+// 16 (StartsUnit): the open unit is then complete, and the new one takes the
+// segment's next slot, lanes of one step in increasing order.
+//
+// Portable: element by element, each lane's state in small arrays; a unit is
+// stored when it is complete (the phantom one into a dummy).
+template <typename T>
+uint32_t EncodeSegmentScalar(const T* x, uint32_t m, const uint16_t* code_of, uint16_t zero_code,
+                             uint16_t* units) {
+  uint32_t lo[kLanes], nb[kLanes];
+  uint16_t* at[kLanes];
+  uint16_t dummy = 0;
+  for (int l = 0; l < kLanes; ++l) {
+    lo[l] = 0;
+    nb[l] = 16;
+    at[l] = &dummy;
   }
-  if (nacc) *bp++ = uint8_t(acc);
-  return prev_bits;
+  uint32_t cursor = 0;
+  for (uint32_t e = 0; e < m; ++e) {
+    const uint32_t l = e & (kLanes - 1);
+    const T v = x[e];
+    const uint32_t c = v ? code_of[SymbolByte(v)] : zero_code;
+    const uint32_t cur = lo[l] | ((c & 0x7FFu) << nb[l]);
+    const uint32_t nbn = nb[l] + (c >> 11);
+    *at[l] = uint16_t(cur);  // the open unit's bits so far; complete when full
+    const bool full = nbn > 16;
+    at[l] = full ? units + cursor : at[l];
+    cursor += full;
+    lo[l] = full ? cur >> 16 : cur;
+    nb[l] = full ? nbn - 16 : nbn;
+  }
+  for (uint32_t l = 0; l < kLanes && l < m; ++l) *at[l] = uint16_t(lo[l]);
+  return cursor;
 }
+
+#if ZIPCCL_CPU_VBMI2
+// The code table for vpermi2b: 256 u16 entries (PackCode of each symbol byte)
+// in eight registers, 64 entries per pair.
+struct VecCodeTable {
+  __m512i t[8];
+  __m512i zero;
+};
+
+inline void LoadVecCodeTable(const uint16_t* code_of, uint16_t zero_code, VecCodeTable* vt) {
+  for (int i = 0; i < 8; ++i) vt->t[i] = _mm512_loadu_si512(code_of + 32 * i);
+  vt->zero = _mm512_set1_epi16(short(zero_code));
+}
+
+// The packed codes of 32 symbol bytes s (u16 lanes, 0..255), ZERO where `zero`.
+inline __m512i LookupCodes(const VecCodeTable& vt, __m512i s, __mmask32 zero) {
+  const __m512i w = _mm512_and_si512(_mm512_slli_epi16(s, 1), _mm512_set1_epi16(0x7E));
+  const __m512i idx = _mm512_or_si512(_mm512_or_si512(w, _mm512_slli_epi16(w, 8)),
+                                      _mm512_set1_epi16(0x0100));
+  const __m512i r0 = _mm512_permutex2var_epi8(vt.t[0], idx, vt.t[1]);
+  const __m512i r1 = _mm512_permutex2var_epi8(vt.t[2], idx, vt.t[3]);
+  const __m512i r2 = _mm512_permutex2var_epi8(vt.t[4], idx, vt.t[5]);
+  const __m512i r3 = _mm512_permutex2var_epi8(vt.t[6], idx, vt.t[7]);
+  const __mmask32 b6 = _mm512_test_epi16_mask(s, _mm512_set1_epi16(64));
+  const __mmask32 b7 = _mm512_test_epi16_mask(s, _mm512_set1_epi16(128));
+  const __m512i r01 = _mm512_mask_blend_epi16(b6, r0, r1);
+  const __m512i r23 = _mm512_mask_blend_epi16(b6, r2, r3);
+  return _mm512_mask_blend_epi16(zero, _mm512_mask_blend_epi16(b7, r01, r23), vt.zero);
+}
+
+// 32 elements (the lanes in `act`) -> their symbol bytes in u16 lanes, and
+// which of them are zero.
+template <typename T>
+inline __m512i SymbolBytes32(const T* x, __mmask32 act, __mmask32* zero) {
+  if constexpr (sizeof(T) == 2) {
+    const __m512i v = _mm512_maskz_loadu_epi16(act, x);
+    *zero = _mm512_testn_epi16_mask(v, v);
+    return _mm512_and_si512(_mm512_srli_epi16(v, 7), _mm512_set1_epi16(0xFF));
+  } else if constexpr (sizeof(T) == 4) {
+    const __m512i v0 = _mm512_maskz_loadu_epi32(__mmask16(act), x);
+    const __m512i v1 = _mm512_maskz_loadu_epi32(__mmask16(act >> 16), x + 16);
+    *zero = _mm512_kunpackw(_mm512_testn_epi32_mask(v1, v1), _mm512_testn_epi32_mask(v0, v0));
+    const __m512i s0 = _mm512_srli_epi32(v0, 23), s1 = _mm512_srli_epi32(v1, 23);
+    const __m512i s = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(s0)),
+                                         _mm512_cvtepi32_epi16(s1), 1);
+    return _mm512_and_si512(s, _mm512_set1_epi16(0xFF));
+  } else {
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(act, x));
+    *zero = _mm512_testn_epi16_mask(v, v);
+    return _mm512_and_si512(_mm512_or_si512(_mm512_slli_epi16(v, 1), _mm512_srli_epi16(v, 7)),
+                            _mm512_set1_epi16(0xFF));
+  }
+}
+
+// One segment, a step (32 lanes) per iteration. Completed units are compressed
+// into sc->done with their slots in sc->slot, then stored at their slots.
+template <typename T>
+uint32_t EncodeSegmentVec(const T* x, uint32_t m, const VecCodeTable& vt, uint16_t* units,
+                          EncodeScratch* sc) {
+  const __m512i c16 = _mm512_set1_epi16(16);
+  const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
+                                        16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __m512i lo = _mm512_setzero_si512(), nb = c16, slot = _mm512_setzero_si512();
+  __mmask32 started = 0;
+  uint32_t cursor = 0, nd = 0;
+  uint16_t* done = sc->done;
+  uint16_t* dslot = sc->slot;
+  for (uint32_t e = 0; e < m; e += kLanes) {
+    const __mmask32 act = m - e >= uint32_t(kLanes) ? ~__mmask32(0) : _bzhi_u32(~0u, m - e);
+    __mmask32 zero;
+    const __m512i s = SymbolBytes32(x + e, act, &zero);
+    const __m512i c = _mm512_maskz_mov_epi16(act, LookupCodes(vt, s, zero));
+    const __m512i code = _mm512_and_si512(c, _mm512_set1_epi16(0x7FF));
+    const __m512i len = _mm512_srli_epi16(c, 11);
+    const __m512i cur = _mm512_or_si512(lo, _mm512_sllv_epi16(code, nb));
+    const __m512i spill = _mm512_srlv_epi16(code, _mm512_sub_epi16(c16, nb));
+    const __m512i nbn = _mm512_add_epi16(nb, len);
+    const __mmask32 full = _mm512_cmpgt_epu16_mask(nbn, c16);
+    const __mmask32 emit = full & started;
+    _mm512_storeu_si512(done + nd, _mm512_maskz_compress_epi16(emit, cur));
+    _mm512_storeu_si512(dslot + nd, _mm512_maskz_compress_epi16(emit, slot));
+    nd += uint32_t(__builtin_popcount(emit));
+    slot = _mm512_mask_expand_epi16(slot, full, _mm512_add_epi16(iota, _mm512_set1_epi16(short(cursor))));
+    cursor += uint32_t(__builtin_popcount(full));
+    started |= full;
+    lo = _mm512_mask_mov_epi16(cur, full, spill);
+    nb = _mm512_mask_sub_epi16(nbn, full, nbn, c16);
+  }
+  // Every lane with elements has an open unit left: it is complete now.
+  const __mmask32 lanes = m >= uint32_t(kLanes) ? ~__mmask32(0) : _bzhi_u32(~0u, m);
+  _mm512_storeu_si512(done + nd, _mm512_maskz_compress_epi16(lanes, lo));
+  _mm512_storeu_si512(dslot + nd, _mm512_maskz_compress_epi16(lanes, slot));
+  nd += uint32_t(__builtin_popcount(lanes));
+  for (uint32_t i = 0; i < nd; ++i) units[dslot[i]] = done[i];
+  return cursor;
+}
+#endif
 
 // Raw bytes of the non-zero elements of x[0, n), in element order, at raw.
 // Writes exactly the raw region and nothing past it, so it needs no slack.
@@ -218,23 +311,43 @@ void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
   }
 }
 
-template <typename T>
-void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& a,
-                    uint8_t* block, const uint8_t* out_end) {
-  WriteBlockHeader(block, p);
-  WriteTable(block + kBlockHeaderBytes, p);
-  uint8_t* dir = block + kBlockHeaderBytes + p.table_bytes;
-  uint8_t* bits = dir + uint64_t(p.n_streams) * kStreamDirEntryBytes;
-  uint8_t* raw = bits + (p.total_bits + 7) / 8;
-  const bool low16 = p.flags & kBlockFlagLow16;
-  if (raw + 8 <= out_end)
-    (p.nnz == n || p.lens[0] == 0 ? PackStreams<T, true, false>
-                                  : PackStreams<T, true, true>)(x, n, p, a.stream_zeros, dir, bits);
-  else
-    PackStreams<T, false, true>(x, n, p, a.stream_zeros, dir, bits);
-  if constexpr (sizeof(T) == 1) return;  // one-byte floats: the symbols are everything
 
-  // Raw bytes of the non-zero elements, in element order.
+// The units of every segment of a HUFF block, back to back at `units`, which
+// has room for kMaxBlockUnits; fills p->seg_units, seg_nnz and units.
+template <typename T>
+void EncodeUnits(const T* x, uint64_t n, const Analysis& a, BlockPlan* p, uint16_t* units,
+                 EncodeScratch* sc) {
+  uint16_t code_of[256];
+  for (int s = 0; s < 256; ++s) code_of[s] = PackCode(p->enc[s]);
+  const uint16_t zero_code = PackCode(p->enc[kZeroSymbol]);
+  uint64_t total = 0;
+  (void)sc;
+#if ZIPCCL_CPU_VBMI2
+  VecCodeTable vt;
+  const bool vec = UseVector();
+  if (vec) LoadVecCodeTable(code_of, zero_code, &vt);
+#endif
+  for (int k = 0; k < p->n_segs; ++k) {
+    const uint32_t m = SegmentElemsOf(n, k);
+    const T* xs = x + (uint64_t(k) << kSegmentLog2);
+    uint32_t su;
+#if ZIPCCL_CPU_VBMI2
+    if (vec)
+      su = EncodeSegmentVec(xs, m, vt, units + total, sc);
+    else
+#endif
+      su = EncodeSegmentScalar(xs, m, code_of, zero_code, units + total);
+    p->seg_units[k] = uint16_t(su);
+    p->seg_nnz[k] = uint16_t(m - a.seg_zeros[k]);
+    total += su;
+  }
+  p->units = total;
+}
+
+template <typename T>
+void WriteRaw(const T* x, uint64_t n, const BlockPlan& p, uint8_t* raw) {
+  if constexpr (sizeof(T) == 1) return;  // one-byte floats: the symbols are everything
+  const bool low16 = p.flags & kBlockFlagLow16;
   if (p.nnz == n) {
     if (sizeof(T) == 2) {
       for (uint64_t j = 0; j < n; ++j) raw[j] = uint8_t(Raw16(x[j]));
@@ -253,15 +366,53 @@ void WriteHuffBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& 
   WriteRawCompacted(x, n, low16, raw);
 }
 
+// Encodes one block at out + at (the output's end at out_end) if it fits;
+// returns its size either way.
 template <typename T>
-void WriteBlock(const T* x, uint64_t n, const BlockPlan& p, const Analysis& a, uint8_t* block,
-                const uint8_t* out_end) {
-  if (p.mode == kModeHuff) {
-    WriteHuffBlock(x, n, p, a, block, out_end);
-    return;
+uint64_t EncodeBlock(const T* x, uint64_t n, BlockPlan* p, HuffmanWork* work, EncodeScratch* sc,
+                     uint8_t* block, const uint8_t* out_end, bool fits) {
+  Analysis a;
+  Analyse(x, n, &a);
+  PlanBlock(a.hist, n, int(sizeof(T)), a.all_equal, a.first, a.low16, p, *work);
+  const uint64_t raw_bytes = kBlockHeaderBytes + n * sizeof(T);
+  if (p->mode == kModeConst) {
+    if (fits && uint64_t(out_end - block) >= p->block_bytes) WriteBlockHeader(block, *p);
+    return p->block_bytes;
   }
-  WriteBlockHeader(block, p);
-  if (p.mode == kModeRaw) std::memcpy(block + kBlockHeaderBytes, x, n * sizeof(T));
+  // The units go in place when the room they may need lies inside both the
+  // output and the block's largest (RAW) coding, else into scratch.
+  const uint64_t units_off = kBlockHeaderBytes + p->table_bytes + uint64_t(p->n_segs) * kSegDirEntryBytes;
+  uint64_t max_units = 0;
+  for (int k = 0; k < p->n_segs; ++k) {
+    uint32_t lo, hi;
+    SegmentUnitBounds(SegmentElemsOf(n, k), &lo, &hi);
+    max_units += hi;
+  }
+  const uint64_t room = fits && block <= out_end ? uint64_t(out_end - block) : 0;
+  const bool in_place = units_off + 2 * max_units <= (room < raw_bytes ? room : raw_bytes);
+  uint16_t* units = in_place ? reinterpret_cast<uint16_t*>(block + units_off) : sc->units;
+  if (in_place && (reinterpret_cast<uintptr_t>(units) & 1)) {
+    // Unaligned u16 stores are fine on x86 but not portable C++: use scratch.
+    units = sc->units;
+  }
+  EncodeUnits(x, n, a, p, units, sc);
+  PlanFinish(n, int(sizeof(T)), p);
+  if (!fits || room < p->block_bytes) return p->block_bytes;
+  WriteBlockHeader(block, *p);
+  if (p->mode == kModeRaw) {
+    std::memcpy(block + kBlockHeaderBytes, x, n * sizeof(T));
+    return p->block_bytes;
+  }
+  WriteTable(block + kBlockHeaderBytes, *p);
+  uint8_t* dir = block + kBlockHeaderBytes + p->table_bytes;
+  for (int k = 0; k < p->n_segs; ++k) {
+    Store16(dir + uint64_t(k) * kSegDirEntryBytes, p->seg_units[k]);
+    Store16(dir + uint64_t(k) * kSegDirEntryBytes + 2, p->seg_nnz[k]);
+  }
+  if (units != reinterpret_cast<uint16_t*>(block + units_off))
+    std::memcpy(block + units_off, units, 2 * p->units);
+  WriteRaw(x, n, *p, block + units_off + 2 * p->units);
+  return p->block_bytes;
 }
 
 template <typename T>
@@ -270,21 +421,20 @@ uint64_t EncodeTyped(const T* x, uint64_t n, uint8_t dtype, bool checksum,
   const uint64_t nb = NumBlocks(n);
   uint64_t used = kFrameHeaderBytes + nb * kDirEntryBytes;
   bool fits = used <= cap;
-  auto plan = std::make_unique<BlockPlan>();  // ~1.3 KB, kept off the stack
-  auto work = std::make_unique<HuffmanWork>();  // ~5.7 KB
-  Analysis a;
+  auto plan = std::make_unique<BlockPlan>();
+  auto work = std::make_unique<HuffmanWork>();
+  std::unique_ptr<EncodeScratch> scratch(nb ? new EncodeScratch : nullptr);  // ~130 KB, per call
+  EncodeScratch* sc = scratch.get();
   for (uint64_t b = 0; b < nb; ++b) {
     const T* xb = x + (b << kBlockLog2);
-    uint64_t nbe = BlockElems(n, b);
-    Analyse(xb, nbe, &a);
-    PlanBlock(a.hist, nbe, int(sizeof(T)), a.all_equal, a.first, a.low16, plan.get(), *work);
-    if (fits && used + plan->block_bytes <= cap) {
-      WriteBlock(xb, nbe, *plan, a, out + used, out + cap);
-      Store32(out + kFrameHeaderBytes + b * kDirEntryBytes, uint32_t(plan->block_bytes));
-    } else {
+    const uint64_t nbe = BlockElems(n, b);
+    const uint64_t bytes = EncodeBlock(xb, nbe, plan.get(), work.get(), sc, fits ? out + used : out,
+                                       out + cap, fits);
+    if (fits && used + bytes <= cap)
+      Store32(out + kFrameHeaderBytes + b * kDirEntryBytes, uint32_t(bytes));
+    else
       fits = false;
-    }
-    used += plan->block_bytes;
+    used += bytes;
   }
   if (!fits) {
     if (cap >= kFrameHeaderBytes) WriteFrameHeader(out, dtype, 0, n, used, 0);
@@ -297,490 +447,398 @@ uint64_t EncodeTyped(const T* x, uint64_t n, uint8_t dtype, bool checksum,
 }
 
 // ---- Decoder -----------------------------------------------------------------
-// Symbols decode into bytes when the block leaves some exponent value unused:
-// that value then stands in for the zero symbol (the "alias"), and one 8-byte
-// table entry carries up to six symbols. A block that uses all 256 exponents
-// and zero decodes into uint16 symbols, three per entry. Either way the symbol
-// buffer holds what MergeStream joins with the raw bytes.
-template <typename S>
-struct MultiEntry {
-  static constexpr int kSyms = 6 / int(sizeof(S));
-  S sym[kSyms];
-  uint8_t n;     // symbols in this entry; 0 marks a prefix no code starts
-  uint8_t bits;  // bits they span
-};
-static_assert(sizeof(MultiEntry<uint8_t>) == 8 && sizeof(MultiEntry<uint16_t>) == 8);
+// A HUFF block decodes segment by segment into symbols (u16, kZeroSymbol for
+// ZERO, in element order), which a merge pass joins with the raw bytes.
 
-template <typename S>
-void BuildMultiTable(const DecodeEntry* single, S zero_code, MultiEntry<S>* multi) {
-  for (int i = 0; i < kTableSize; ++i) {
-    MultiEntry<S> e{};
-    uint32_t cur = uint32_t(i);
-    int avail = kMaxCodeLen;
-    while (e.n < MultiEntry<S>::kSyms) {
-      DecodeEntry d = single[cur & (kTableSize - 1)];
-      if (d.len == 0 || d.len > avail) break;
-      e.sym[e.n++] = d.sym == kZeroSymbol ? zero_code : S(d.sym);
-      e.bits = uint8_t(e.bits + d.len);
-      avail -= d.len;
-      cur >>= d.len;
-    }
-    multi[i] = e;
-  }
-}
-
-// The byte-symbol table, built in one pass of increasing index with SWAR
-// arithmetic instead of a walk per entry. Entry i starts with the symbol d of
-// i's low bits, followed by as many leading symbols of entry (i >> d.len) as
-// end within the remaining 11 - d.len bits (i >> d.len < i, so that entry is
-// ready). cum[i] holds, per byte k, the bits consumed after k + 1 symbols
-// (0xFF past the end), which is what the truncation test needs.
-inline void BuildMultiTable8(const DecodeEntry* single, uint8_t zero_code,
-                             MultiEntry<uint8_t>* multi, uint64_t* cum) {
-  constexpr uint64_t kL = 0x0101010101010101ull, kH = 0x8080808080808080ull;
-  constexpr uint64_t kSymMask = 0x0000FFFFFFFFFFFFull;
-  {  // Entry 0 refers to itself (0 >> len == 0), so it is walked directly.
-    MultiEntry<uint8_t> e{};
-    uint64_t c = ~0ull;
-    uint32_t cur = 0;
-    int avail = kMaxCodeLen;
-    while (e.n < MultiEntry<uint8_t>::kSyms) {
-      DecodeEntry d = single[cur & (kTableSize - 1)];
-      if (d.len == 0 || d.len > avail) break;
-      e.sym[e.n] = d.sym == kZeroSymbol ? zero_code : uint8_t(d.sym);
-      e.bits = uint8_t(e.bits + d.len);
-      c = (c & ~(0xFFull << (8 * e.n))) | (uint64_t(e.bits) << (8 * e.n));
-      ++e.n;
-      avail -= d.len;
-      cur >>= d.len;
-    }
-    multi[0] = e;
-    cum[0] = c;
-  }
-  for (int i = 1; i < kTableSize; ++i) {
-    const DecodeEntry d = single[i];
-    if (d.len == 0) {
-      multi[i] = MultiEntry<uint8_t>{};
-      cum[i] = ~0ull;
-      continue;
-    }
-    const uint64_t l = d.len;
-    const uint64_t j = uint64_t(i) >> l;
-    uint64_t cj = cum[j] | 0xFFFFFF0000000000ull;  // take at most 5 from entry j
-    uint64_t ge = ((cj | kH) - (12 - l) * kL) & kH;  // byte >= 11 - l + 1
-    uint64_t take = uint64_t(__builtin_ctzll(ge)) >> 3;
-    uint64_t n = 1 + take;
-    uint64_t sj;
-    std::memcpy(&sj, &multi[j], 8);
-    uint8_t s0 = d.sym == kZeroSymbol ? zero_code : uint8_t(d.sym);
-    uint64_t syms = ((sj << 8) | s0) & kSymMask;
-    uint64_t ci = (((cj + l * kL) << 8) | l) | (~0ull << (8 * n));
-    uint64_t bits = (ci >> (8 * (n - 1))) & 0xFF;
-    uint64_t word = syms | (n << 48) | (bits << 56);
-    std::memcpy(&multi[i], &word, 8);
-    cum[i] = ci;
-  }
-}
-
-struct DecodeScratch {
-  DecodeEntry single[kTableSize];
-  MultiEntry<uint8_t> multi8[kTableSize];
-  MultiEntry<uint16_t> multi16[kTableSize];
-  uint64_t cum[kTableSize];
-  // Lanes of symbols, plus slack for the 8-byte entry stores.
-  uint16_t syms[8 * (kStreamElems + 8)];
+struct SegmentIn {
+  const uint8_t* units;  // its first unit
+  uint32_t su;           // seg_units
+  uint32_t m;            // elements
+  uint16_t* syms;        // where its symbols go
+  uint16_t* win;         // vector path: each step's windows (for the symbols of long codes)
 };
 
-// Cursor over one stream of the block's bitstream.
-template <typename S>
-struct StreamCursor {
-  uint64_t pos;    // bit position, relative to the bitstream start
-  uint64_t i;      // symbols decoded so far
-  uint64_t count;  // symbols in the stream
-  S* syms;
+// Portable: step by step, lane by lane, branch-free but for the errors. A lane
+// that needs a unit when none is left reads the segment's last one (never past
+// it) and the segment is rejected.
+Status DecodeSegmentScalar(const DecodeEntry* table, const SegmentIn& s) {
+  uint32_t buf[kLanes], nb[kLanes];
+  for (int l = 0; l < kLanes; ++l) buf[l] = nb[l] = 0;
+  uint32_t cursor = 0, bad = 0, over = 0;
+  const uint32_t last = s.su ? s.su - 1 : 0;
+  for (uint32_t e0 = 0; e0 < s.m; e0 += kLanes) {
+    const uint32_t lanes = s.m - e0 < uint32_t(kLanes) ? s.m - e0 : uint32_t(kLanes);
+    for (uint32_t l = 0; l < lanes; ++l) {
+      uint32_t b = buf[l], n = nb[l];
+      DecodeEntry d = table[b & (kTableSize - 1)];
+      const uint32_t need = uint32_t(d.len) - 1u >= n;  // no code, or longer than the bits held
+      over |= need & (cursor >= s.su);
+      const uint32_t u = s.su ? Load16(s.units + 2 * uint64_t(cursor < s.su ? cursor : last)) : 0;
+      b |= (u << (n & 31)) & (0u - need);
+      n += need << 4;
+      cursor += need;
+      d = table[b & (kTableSize - 1)];
+      bad |= uint32_t(d.len) - 1u >= n;
+      s.syms[e0 + l] = d.sym;
+      buf[l] = b >> d.len;
+      nb[l] = n - d.len;
+    }
+    if (bad | over) return kErrStream;
+  }
+  if (cursor != s.su) return kErrStream;
+  uint32_t pad = 0;
+  for (int l = 0; l < kLanes; ++l) pad |= buf[l];
+  return pad ? kErrReserved : kOk;
+}
+
+#if ZIPCCL_CPU_VBMI2
+// The vector decoder runs a segment's 32 lanes in 16-bit lanes of three
+// registers: each lane's bits as lo (the first 16) and hi (the next, at most
+// 10), and their count nb. The serial chain of a step needs only the code's
+// length, which comes without a branch or a gather: the low 8 bits index a
+// 256-byte length table (vpermi2b), which holds the length of every code of at
+// most 8 bits; a longer code, or none, is told apart by comparing the 11-bit
+// window W, read first bit highest (GFNI reverses the bits), with the
+// canonical code's limits (the windows of the codes of length <= l are
+// [0, limit[l]), FORMAT.md's canonical order). Each step also stores the
+// symbols of the codes of at most 8 bits (a table like the encoder's, off the
+// chain) and the windows, from which LongSymbols completes the others.
+struct VecDecodeTable {
+  __m512i len8[4];            // code length by the low 8 bits, 0 when longer or none
+  __m512i sym8[8];            // sym | 0x8000-free u16 by the low 8 bits; 0xFFFF when longer
+  uint16_t lim8, lim9, lim10, lim11;  // limits in the 11-bit window, first bit highest
+  uint32_t full[kTableSize];  // sym by the low 11 bits, for the gathers of long codes
 };
 
-// One lookup yielding up to kSyms symbols. The caller guarantees that 8 bytes
-// are readable at pos / 8 and that kSyms + 2 symbol slots are writable.
-template <typename S>
-inline bool MultiStep(const uint8_t* bits, const MultiEntry<S>* multi, StreamCursor<S>& c) {
-  uint64_t w = LoadU64(bits + (c.pos >> 3)) >> (c.pos & 7);
-  MultiEntry<S> e = multi[w & (kTableSize - 1)];
-  std::memcpy(c.syms + c.i, &e, 8);  // the symbols, and two bytes of spill
-  c.i += e.n;
-  c.pos += e.bits;
-  return e.n != 0;
+inline void BuildVecDecodeTable(const DecodeEntry* table, const uint8_t* lens, VecDecodeTable* vt) {
+  alignas(64) uint8_t len8[256];
+  alignas(64) uint16_t sym8[256];
+  for (int i = 0; i < 256; ++i) {
+    const bool shortc = table[i].len && table[i].len <= 8;
+    len8[i] = shortc ? table[i].len : 0;
+    sym8[i] = shortc ? table[i].sym : 0xFFFF;
+  }
+  for (int i = 0; i < 4; ++i) vt->len8[i] = _mm512_load_si512(len8 + 64 * i);
+  for (int i = 0; i < 8; ++i) vt->sym8[i] = _mm512_load_si512(sym8 + 32 * i);
+  for (int i = 0; i < kTableSize; ++i) vt->full[i] = table[i].sym;
+  uint32_t count[kMaxCodeLen + 1] = {0};
+  for (int s = 0; s < kNumSymbols; ++s) ++count[lens[s]];
+  uint32_t code = 0, limit[kMaxCodeLen + 1];
+  for (int l = 1; l <= kMaxCodeLen; ++l) {  // canonical: first[l] = (first[l-1] + count[l-1]) << 1
+    code = (code + (l > 1 ? count[l - 1] : 0)) << (l > 1 ? 1 : 0);
+    limit[l] = (code + count[l]) << (kMaxCodeLen - l);
+  }
+  vt->lim8 = uint16_t(limit[8]);
+  vt->lim9 = uint16_t(limit[9]);
+  vt->lim10 = uint16_t(limit[10]);
+  vt->lim11 = uint16_t(limit[11]);  // <= 2048 (Kraft, checked before)
 }
 
-// Safe single-symbol decoding for the ends of streams: bytes past the
-// bitstream read as zero and are caught by the exact length check later.
-template <typename S>
-inline bool SlowStep(const uint8_t* bits, uint64_t bit_bytes, const DecodeEntry* single,
-                     S zero_code, StreamCursor<S>& c) {
-  uint64_t byte = c.pos >> 3;
-  uint32_t w = 0;
-  for (int k = 0; k < 3; ++k)
-    if (byte + k < bit_bytes) w |= uint32_t(bits[byte + k]) << (8 * k);
-  w >>= (c.pos & 7);
-  DecodeEntry d = single[w & (kTableSize - 1)];
-  if (d.len == 0) return false;
-  c.syms[c.i++] = d.sym == kZeroSymbol ? zero_code : S(d.sym);
-  c.pos += d.len;
-  return true;
+// The code lengths of the windows in lo (0: no code).
+inline __m512i CodeLengths(const VecDecodeTable& vt, __m512i lo) {
+  constexpr __mmask64 kLow = 0x5555555555555555ull;  // the low byte of each 16-bit lane
+  const __m512i a = _mm512_maskz_permutex2var_epi8(kLow, vt.len8[0], lo, vt.len8[1]);
+  const __m512i b = _mm512_maskz_permutex2var_epi8(kLow, vt.len8[2], lo, vt.len8[3]);
+  __m512i len = _mm512_mask_blend_epi8(_mm512_movepi8_mask(lo), a, b);
+  const __m512i rb = _mm512_gf2p8affine_epi64_epi8(lo, _mm512_set1_epi64(0x8040201008040201ll), 0);
+  const __m512i w = _mm512_srli_epi16(_mm512_shldi_epi16(rb, rb, 8), 16 - kMaxCodeLen);
+  const __mmask32 m8 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim8)));
+  const __mmask32 m9 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim9)));
+  const __mmask32 m10 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim10)));
+  const __mmask32 m11 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim11)));
+  const __m512i one = _mm512_set1_epi16(1);
+  len = _mm512_mask_mov_epi16(len, m8, _mm512_set1_epi16(9));
+  len = _mm512_mask_add_epi16(len, m9, len, one);
+  len = _mm512_mask_add_epi16(len, m10, len, one);
+  return _mm512_maskz_mov_epi16(~m11, len);
 }
 
-// Finishes one stream: multi-symbol lookups while they are safe, then single
-// symbols up to the stream's exact count.
-template <typename S>
-bool FinishStream(const uint8_t* bits, uint64_t bit_bytes, uint64_t readable,
-                  const DecodeEntry* single, const MultiEntry<S>* multi, S zero_code,
-                  StreamCursor<S>& c) {
-  constexpr uint64_t kStep = MultiEntry<S>::kSyms;
-  while (c.i + kStep <= c.count && (c.pos >> 3) + 8 <= readable)
-    if (!MultiStep(bits, multi, c)) return false;
-  while (c.i < c.count)
-    if (!SlowStep(bits, bit_bytes, single, zero_code, c)) return false;
-  return true;
+// K segments in lockstep (their chains overlap). kPartial: the segments may
+// be short (then K is 1). Writes each step's windows (lo) to seg[k].syms.
+template <int K, bool kPartial>
+Status DecodeSegmentsVec(const VecDecodeTable& vt, const SegmentIn* seg) {
+  const __m512i one = _mm512_set1_epi16(1), c16 = _mm512_set1_epi16(16);
+  __m512i lo[K], hi[K], nb[K];
+  uint32_t cursor[K];
+  __mmask32 bad = 0;
+  bool over = false;
+  uint32_t steps = 0;
+#pragma GCC unroll 4
+  for (int k = 0; k < K; ++k) {
+    lo[k] = hi[k] = nb[k] = _mm512_setzero_si512();
+    cursor[k] = 0;
+    const uint32_t st = (seg[k].m + kLanes - 1) / kLanes;
+    steps = st > steps ? st : steps;
+  }
+  for (uint32_t t = 0; t < steps; ++t) {
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) {
+      __mmask32 act = ~__mmask32(0);
+      if (kPartial) {
+        const uint32_t e = t * kLanes;
+        act = seg[k].m - e >= uint32_t(kLanes) ? act : _bzhi_u32(~0u, seg[k].m - e);
+      }
+      __m512i len = CodeLengths(vt, lo[k]);
+      // No code, or longer than the bits held: take the segment's next unit.
+      const __mmask32 need = _mm512_mask_cmpge_epu16_mask(act, _mm512_sub_epi16(len, one), nb[k]);
+      const uint32_t cnt = uint32_t(__builtin_popcount(need));
+      if (cursor[k] + cnt > seg[k].su) {  // more units than seg_units: never read past them
+        over = true;
+        break;
+      }
+      const __m512i u = _mm512_maskz_expandloadu_epi16(need, seg[k].units + 2 * uint64_t(cursor[k]));
+      cursor[k] += cnt;
+      lo[k] = _mm512_or_si512(lo[k], _mm512_sllv_epi16(u, nb[k]));
+      hi[k] = _mm512_or_si512(hi[k], _mm512_srlv_epi16(u, _mm512_sub_epi16(c16, nb[k])));
+      nb[k] = _mm512_mask_add_epi16(nb[k], need, nb[k], c16);
+      len = _mm512_mask_mov_epi16(len, need, CodeLengths(vt, lo[k]));
+      bad |= _mm512_mask_cmpge_epu16_mask(act, _mm512_sub_epi16(len, one), nb[k]);
+      // The symbols (of the short codes: off the chain, in its shadow) and
+      // the windows.
+      uint16_t* out = seg[k].syms + uint64_t(t) * kLanes;
+      uint16_t* win = seg[k].win + uint64_t(t) * kLanes;
+      const __m512i sym = ShortSymbols(vt, lo[k]);
+      if (kPartial) {
+        // Lanes past the segment's end keep their bits: their padding is checked below.
+        len = _mm512_maskz_mov_epi16(act, len);
+        _mm512_mask_storeu_epi16(out, act, sym);
+        _mm512_mask_storeu_epi16(win, act, lo[k]);
+      } else {
+        _mm512_storeu_si512(out, sym);
+        _mm512_storeu_si512(win, lo[k]);
+      }
+      lo[k] = _mm512_shrdv_epi16(lo[k], hi[k], len);
+      hi[k] = _mm512_srlv_epi16(hi[k], len);
+      nb[k] = _mm512_sub_epi16(nb[k], len);
+    }
+    // A failed lookup ends the segments: they are rejected, and a lane
+    // whose lookups kept failing would only pile up bits.
+    if (over || bad) return kErrStream;
+  }
+  bool pad = false;
+#pragma GCC unroll 4
+  for (int k = 0; k < K; ++k) {
+    if (cursor[k] != seg[k].su) return kErrStream;
+    pad |= _mm512_test_epi16_mask(_mm512_or_si512(lo[k], hi[k]), _mm512_or_si512(lo[k], hi[k])) != 0;
+  }
+  return pad ? kErrReserved : kOk;
 }
 
-// Joins one stream's symbols with its raw bytes into elements. Returns false
-// if the stream's zero count disagrees with its directory entry.
-template <typename T, typename S>
-bool MergeStream(const S* syms, uint64_t count, S zero_code, const uint8_t* raw, uint64_t nnz,
-                 bool low16, T* out) {
+// The symbols of the codes at the windows lo whose codes have at most 8 bits;
+// 0xFFFF for longer codes.
+inline __m512i ShortSymbols(const VecDecodeTable& vt, __m512i lo) {
+  const __m512i x = _mm512_and_si512(_mm512_slli_epi16(lo, 1), _mm512_set1_epi16(0x7E));
+  const __m512i idx = _mm512_or_si512(_mm512_or_si512(x, _mm512_slli_epi16(x, 8)),
+                                      _mm512_set1_epi16(0x0100));
+  const __m512i r0 = _mm512_permutex2var_epi8(vt.sym8[0], idx, vt.sym8[1]);
+  const __m512i r1 = _mm512_permutex2var_epi8(vt.sym8[2], idx, vt.sym8[3]);
+  const __m512i r2 = _mm512_permutex2var_epi8(vt.sym8[4], idx, vt.sym8[5]);
+  const __m512i r3 = _mm512_permutex2var_epi8(vt.sym8[6], idx, vt.sym8[7]);
+  const __mmask32 b6 = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(64));
+  const __mmask32 b7 = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(128));
+  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1),
+                                 _mm512_mask_blend_epi16(b6, r2, r3));
+}
+
+// Completes the symbols of a decoded segment: the long codes' (0xFFFF) from
+// the full table by their windows.
+inline void LongSymbols(const VecDecodeTable& vt, uint16_t* syms, const uint16_t* win, uint32_t m) {
+  const int* g = reinterpret_cast<const int*>(vt.full);
+  const __m512i ones = _mm512_set1_epi16(-1);
+  for (uint32_t j = 0; j < m; j += 32) {
+    const __mmask32 act = m - j >= 32 ? ~__mmask32(0) : _bzhi_u32(~0u, m - j);
+    __m512i s = _mm512_maskz_loadu_epi16(act, syms + j);
+    const __mmask32 esc = _mm512_mask_cmpeq_epi16_mask(act, s, ones);
+    if (esc) {
+      const __m512i lo = _mm512_maskz_loadu_epi16(act, win + j);
+      const __m512i i11 = _mm512_and_si512(lo, _mm512_set1_epi16(kTableSize - 1));
+      __m512i g0 = _mm512_setzero_si512(), g1 = _mm512_setzero_si512();
+      if (__mmask16(esc))
+        g0 = _mm512_mask_i32gather_epi32(g0, __mmask16(esc), _mm512_cvtepu16_epi32(_mm512_castsi512_si256(i11)), g, 4);
+      if (__mmask16(esc >> 16))
+        g1 = _mm512_mask_i32gather_epi32(g1, __mmask16(esc >> 16),
+                                         _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(i11, 1)), g, 4);
+      s = _mm512_mask_mov_epi16(s, esc, _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(g0)),
+                                                           _mm512_cvtepi32_epi16(g1), 1));
+      _mm512_mask_storeu_epi16(syms + j, act, s);
+    }
+  }
+}
+#endif
+
+// Joins a segment's symbols with its raw bytes (nnz elements' worth) into
+// elements. Returns false if its non-ZERO symbols are not exactly nnz; never
+// reads past the nnz elements' raw bytes.
+template <typename T>
+bool MergeScalar(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz, bool low16,
+                 T* out) {
+  uint32_t r = 0;
   if constexpr (sizeof(T) == 1) {  // one-byte floats: the element is the symbol, rotated back
-    uint64_t r = 0;
-    for (uint64_t j = 0; j < count; ++j) {
-      const bool nz = syms[j] != zero_code;
-      out[j] = nz ? T(Rotr8(syms[j])) : T(0);
+    for (uint32_t j = 0; j < m; ++j) {
+      const uint32_t s = syms[j];
+      const bool nz = s != uint32_t(kZeroSymbol);
+      out[j] = nz ? T(Rotr8(s)) : T(0);
       r += nz;
     }
     return r == nnz;
   }
-  if (nnz == count) {  // no zeros: straight, vectorisable loops
-    uint32_t bad = 0;
-    if (sizeof(T) == 2) {
-      for (uint64_t j = 0; j < count; ++j) {
-        bad |= syms[j] == zero_code;
-        out[j] = T(Rotr16((uint32_t(syms[j]) << 8) | raw[j]));
-      }
-    } else if (low16) {
-      for (uint64_t j = 0; j < count; ++j) {
-        bad |= syms[j] == zero_code;
-        out[j] = T(Rotr16((uint32_t(syms[j]) << 8) | raw[j]) << 16);
-      }
-    } else {
-      for (uint64_t j = 0; j < count; ++j) {
-        bad |= syms[j] == zero_code;
-        uint32_t r = raw[3 * j] | (uint32_t(raw[3 * j + 1]) << 8) |
-                     (uint32_t(raw[3 * j + 2]) << 16);
-        out[j] = T(Rotr32((uint32_t(syms[j]) << 24) | r));
-      }
-    }
-    return bad == 0;
-  }
   if (nnz == 0) {
     uint32_t bad = 0;
-    for (uint64_t j = 0; j < count; ++j) {
-      bad |= syms[j] != zero_code;
+    for (uint32_t j = 0; j < m; ++j) {
+      bad |= syms[j] != uint32_t(kZeroSymbol);
       out[j] = 0;
     }
     return bad == 0;
   }
-  uint64_t r = 0, j = 0;
-#if ZIPCCL_CPU_VBMI2
-  // 16-bit elements with byte symbols, 32 per step: load exactly the raw bytes
-  // the step's non-zero symbols need (a masked load, so never past the raw
-  // region), spread them to those symbols' positions with vpexpandb, join and
-  // rotate, and zero the ZERO positions.
-  if constexpr (sizeof(T) == 2 && sizeof(S) == 1) {
-    const __m256i zc = _mm256_set1_epi8(char(zero_code));
-    for (; j + 32 <= count; j += 32) {
-      const __m256i sv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(syms + j));
-      const __mmask32 nz = _mm256_cmpneq_epi8_mask(sv, zc);
-      const uint64_t cnt = uint64_t(__builtin_popcount(nz));
-      if (r + cnt > nnz) return false;  // more non-zero symbols than the directory says
-      const __m256i rv = _mm256_maskz_expand_epi8(
-          nz, _mm256_maskz_loadu_epi8(_bzhi_u32(~0u, unsigned(cnt)), raw + r));
-      const __m512i v = _mm512_or_si512(_mm512_slli_epi16(_mm512_cvtepu8_epi16(sv), 8),
-                                        _mm512_cvtepu8_epi16(rv));
-      _mm512_storeu_si512(out + j, _mm512_maskz_shrdi_epi16(nz, v, v, 1));  // Rotr16
-      r += cnt;
-    }
-  }
-#endif
-  for (; j < count; ++j) {
-    uint32_t s = syms[j];
-    uint64_t at = r < nnz ? r : nnz - 1;  // clamp: never read past the stream
+  for (uint32_t j = 0; j < m; ++j) {
+    const uint32_t s = syms[j];
+    const uint32_t at = r < nnz ? r : nnz - 1;  // clamp: never read past the segment's raw bytes
     uint32_t v;
     if (sizeof(T) == 2 || low16) {
-      v = Rotr16((s << 8) | raw[at]);
+      v = Rotr16(((s & 0xFF) << 8) | raw[at]);
       if (low16) v <<= 16;
     } else {
-      const uint8_t* q = raw + 3 * at;
-      v = Rotr32((s << 24) | q[0] | (uint32_t(q[1]) << 8) | (uint32_t(q[2]) << 16));
+      const uint8_t* q = raw + 3 * uint64_t(at);
+      v = Rotr32(((s & 0xFF) << 24) | q[0] | (uint32_t(q[1]) << 8) | (uint32_t(q[2]) << 16));
     }
-    bool nz = s != zero_code;
+    const bool nz = s != uint32_t(kZeroSymbol);
     out[j] = nz ? T(v) : T(0);
     r += nz;
   }
   return r == nnz;
 }
 
-// Where one stream of a HUFF block lives, read from the stream directory once
-// per block so that streams can be started in any order.
-struct StreamSpan {
-  uint64_t start, end;  // bit offsets from the bitstream start: [start, end)
-  uint64_t raw_off;     // byte offset of its raw bytes from the raw region start
-  uint32_t count;       // elements (symbols) in the stream
-  uint32_t nnz;         // of which non-ZERO, per the directory
+#if ZIPCCL_CPU_VBMI2
+template <typename T>
+bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz, bool low16,
+              uint64_t readable, T* out) {
+  // Raw bytes are loaded whole while `readable` (the bytes from raw to the
+  // block's end) allows, else with a mask of exactly the bytes used.
+  const __m512i zs = _mm512_set1_epi16(kZeroSymbol);
+  uint32_t r = 0;
+  if constexpr (sizeof(T) == 4) {
+    if (!low16) {  // three raw bytes per element, 16 elements a step
+      const __m512i z32 = _mm512_set1_epi32(kZeroSymbol);
+      const uint64_t limit = 3 * uint64_t(nnz);
+      uint64_t rb = 0;
+      for (uint32_t j = 0; j < m; j += 16) {
+        const __mmask16 act = m - j >= 16 ? __mmask16(0xFFFF) : __mmask16(_bzhi_u32(~0u, m - j));
+        const __m512i s = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(act, syms + j));
+        const __mmask16 nz = _mm512_mask_cmpneq_epi32_mask(act, s, z32);
+        const uint64_t cnt = 3 * uint64_t(__builtin_popcount(nz));
+        if (rb + cnt > limit) return false;
+        const uint64_t bytes = _pdep_u64(nz, 0x1111111111111111ull) * 7;
+        const __m512i rl = rb + 64 <= readable ? _mm512_loadu_si512(raw + rb)
+                                                : _mm512_maskz_loadu_epi8(_bzhi_u64(~0ull, unsigned(cnt)), raw + rb);
+        const __m512i rv = _mm512_maskz_expand_epi8(bytes, rl);
+        const __m512i v = _mm512_or_si512(rv, _mm512_slli_epi32(s, 24));
+        _mm512_mask_storeu_epi32(out + j, act, _mm512_maskz_shrdi_epi32(nz, v, v, 1));
+        rb += cnt;
+      }
+      return rb == limit;
+    }
+  }
+  for (uint32_t j = 0; j < m; j += 32) {
+    const __mmask32 act = m - j >= 32 ? ~__mmask32(0) : _bzhi_u32(~0u, m - j);
+    const __m512i s = _mm512_maskz_loadu_epi16(act, syms + j);
+    const __mmask32 nz = _mm512_mask_cmpneq_epi16_mask(act, s, zs);
+    const uint32_t cnt = uint32_t(__builtin_popcount(nz));
+    if (r + cnt > nnz) return false;
+    if constexpr (sizeof(T) == 1) {
+      const __m512i v = _mm512_or_si512(_mm512_srli_epi16(s, 1), _mm512_slli_epi16(s, 7));
+      _mm256_mask_storeu_epi8(out + j, act, _mm512_cvtepi16_epi8(_mm512_maskz_mov_epi16(nz, v)));
+    } else {
+      // A masked load of exactly the step's raw bytes (never past the
+      // segment's), spread to the non-ZERO lanes in registers.
+      const __m256i rl = r + 32 <= readable
+                             ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw + r))
+                             : _mm256_maskz_loadu_epi8(_bzhi_u32(~0u, cnt), raw + r);
+      const __m512i rv = _mm512_cvtepu8_epi16(_mm256_maskz_expand_epi8(nz, rl));
+      const __m512i v0 = _mm512_or_si512(_mm512_slli_epi16(s, 8), rv);
+      const __m512i v = _mm512_maskz_shrdi_epi16(nz, v0, v0, 1);  // Rotr16, ZERO -> 0
+      if constexpr (sizeof(T) == 2) {
+        _mm512_mask_storeu_epi16(out + j, act, v);
+      } else {  // LOW16
+        const __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16);
+        const __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16);
+        _mm512_mask_storeu_epi32(out + j, __mmask16(act), w0);
+        _mm512_mask_storeu_epi32(out + j + 16, __mmask16(act >> 16), w1);
+      }
+    }
+    r += cnt;
+  }
+  return r == nnz;
+}
+#endif
+
+struct DecodeScratch {
+  DecodeEntry table[kTableSize];
+  alignas(64) uint16_t syms[kMaxSegmentsPerBlock][kSegmentElems];
+#if ZIPCCL_CPU_VBMI2
+  alignas(64) uint16_t win[kMaxSegmentsPerBlock][kSegmentElems];
+  VecDecodeTable vec;
+#endif
 };
-
-// Checks a stream whose directory says it holds no non-ZERO element. Decoding
-// it would accept exactly when its bits are `count` back-to-back copies of the
-// ZERO code and nothing more: the code is prefix-free, so any other bits either
-// decode to another symbol (which fails the nnz check), match no code, or end
-// elsewhere than `end`. That is what this compares, 56 bits (a whole number of
-// codes) per load instead of one table lookup per six symbols. zero_code is the
-// ZERO code as it sits in the bitstream (first bit lowest), zero_len its length
-// in bits, 0 when ZERO has no code.
-inline bool ZeroStreamValid(const uint8_t* bits, uint64_t readable, const StreamSpan& s,
-                            uint32_t zero_code, int zero_len) {
-  if (zero_len == 0 || s.end - s.start != uint64_t(s.count) * uint64_t(zero_len)) return false;
-  const int chunk = (56 / zero_len) * zero_len;  // bits per comparison, <= 56
-  uint64_t pat = 0;  // the code repeated from bit 0; a chunk starts at phase 0
-  for (int j = 0; j < 64; ++j) pat |= uint64_t((zero_code >> (j % zero_len)) & 1u) << j;
-  uint64_t diff = 0;
-  for (uint64_t pos = s.start; pos < s.end; pos += uint64_t(chunk)) {
-    const uint64_t left = s.end - pos;
-    const int nb = left < uint64_t(chunk) ? int(left) : chunk;
-    const uint64_t byte = pos >> 3;
-    uint64_t w;
-    if (byte + 8 <= readable) {
-      w = LoadU64(bits + byte);
-    } else {  // the end of the buffer: the stream's own bits are readable, the rest are not
-      w = 0;
-      for (uint64_t b = 0; byte + b < readable && b < 8; ++b) w |= uint64_t(bits[byte + b]) << (8 * b);
-    }
-    diff |= ((w >> (pos & 7)) ^ pat) & ((uint64_t(1) << nb) - 1);
-  }
-  return diff == 0;
-}
-
-template <typename S>
-struct PoolCtx {
-  const uint8_t* bits;  // bitstream start
-  uint64_t bit_bytes;   // bytes the bitstream occupies
-  uint64_t readable;    // bytes readable from `bits` (the bitstream, the raw region, and on)
-  const DecodeEntry* single;
-  const MultiEntry<S>* multi;
-  S zero_code;
-  const uint8_t* raw;  // raw region start
-  bool low16;
-  const StreamSpan* span;
-};
-
-// Completes stream k from cursor c (single symbols near its end), checks that
-// it used exactly its directory's bits and writes its elements. Out of line:
-// it is called from every lane of the unrolled pool loop.
-template <typename T, typename S>
-__attribute__((noinline)) bool FinishLane(const PoolCtx<S>& x, int k, StreamCursor<S>& c,
-                                          T* out) {
-  if (!FinishStream(x.bits, x.bit_bytes, x.readable, x.single, x.multi, x.zero_code, c))
-    return false;
-  const StreamSpan& s = x.span[k];
-  if (c.pos != s.end) return false;
-  return MergeStream(c.syms, c.count, x.zero_code, x.raw + s.raw_off, s.nnz, x.low16,
-                     out + uint64_t(k) * kStreamElems);
-}
-
-// Lockstep bursts shorter than this many steps are not worth their setup: a
-// lane whose bound allows fewer is finished on its own (at most ~kMinBurst
-// multi-symbol lookups plus < kSyms single ones) and its slot refilled.
-constexpr uint64_t kMinBurst = 2;
-
-// Decodes the streams q[0, qn) (qn >= K) with K lanes in lockstep, so that their
-// table lookups overlap. The lanes start on q[0, K); a lane whose stream is
-// about to end finishes it alone (FinishLane) and takes the next listed
-// stream, so all K lanes stay busy however unequal the streams' lookup counts
-// (all-ZERO and mostly-ZERO streams take ~6 symbols per lookup, others ~2-3).
-// When a lane ends with the list exhausted, the unfinished streams' cursors
-// are saved in cur and their indices moved to q[0, r); returns r (< K), or -1
-// on a malformed stream. Lane state lives in registers: arrays of scalars that
-// the unrolled loops scalarise. A listed stream whose cursor has no symbol
-// buffer yet takes the buffer of the lane it replaces, whose symbols are
-// merged by then.
-template <int K, typename T, typename S>
-int DecodePool(const PoolCtx<S>& x, StreamCursor<S>* cur, int* q, int qn, T* out) {
-  constexpr uint64_t kStep = MultiEntry<S>::kSyms;
-  uint64_t p[K];    // bit position
-  S* o[K];          // next symbol slot
-  S* base[K];       // symbol buffer of the lane's stream
-  uint64_t lim[K];  // symbols in the lane's stream
-  int sid[K];       // the lane's stream, -1 once the list ran dry
-#pragma GCC unroll 8
-  for (int k = 0; k < K; ++k) {
-    const StreamCursor<S>& c = cur[q[k]];
-    sid[k] = q[k];
-    p[k] = c.pos;
-    base[k] = c.syms;
-    o[k] = c.syms + c.i;
-    lim[k] = c.count;
-  }
-  int next = K;
-  // A step advances a lane by at most kStep symbols and kMaxCodeLen bits and
-  // reads 8 bytes at its bit position. A lane's bound is how many steps it can
-  // take before either limit could be hit; a burst runs the smallest bound
-  // without checks.
-  const uint64_t bit_limit = x.readable >= 8 ? (x.readable - 8) * 8 : 0;
-  auto bound = [&](int k) {
-    const uint64_t by_count = (lim[k] - uint64_t(o[k] - base[k])) / kStep;
-    const uint64_t by_bits = p[k] <= bit_limit ? (bit_limit - p[k]) / kMaxCodeLen : 0;
-    return by_count < by_bits ? by_count : by_bits;
-  };
-  const uint8_t* bits = x.bits;
-  const MultiEntry<S>* multi = x.multi;
-  for (;;) {
-    uint64_t safe = ~0ull;
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) {
-      const uint64_t b = bound(k);
-      safe = b < safe ? b : safe;
-    }
-    if (safe >= kMinBurst) {
-      S* start[K];
-#pragma GCC unroll 8
-      for (int k = 0; k < K; ++k) start[k] = o[k];
-      for (uint64_t t = safe; t; --t) {
-#pragma GCC unroll 8
-        for (int k = 0; k < K; ++k) {
-          MultiEntry<S> e = multi[(LoadU64(bits + (p[k] >> 3)) >> (p[k] & 7)) & (kTableSize - 1)];
-          std::memcpy(o[k], &e, 8);
-          o[k] += e.n;
-          p[k] += e.bits;
-        }
-      }
-      // A prefix that no code starts has n == 0 and bits == 0: its lane
-      // stalls. Every other step yields at least one symbol, so a lane that
-      // gained fewer than `safe` symbols met corrupt input.
-      bool bad = false;
-#pragma GCC unroll 8
-      for (int k = 0; k < K; ++k) bad |= uint64_t(o[k] - start[k]) < safe;
-      if (bad) return -1;
-      continue;
-    }
-    // Retire the lanes at their streams' ends and refill them.
-    bool dry = false;
-#pragma GCC unroll 8
-    for (int k = 0; k < K; ++k) {
-      if (bound(k) >= kMinBurst) continue;
-      StreamCursor<S> c{p[k], uint64_t(o[k] - base[k]), lim[k], base[k]};
-      if (!FinishLane(x, sid[k], c, out)) return -1;
-      if (next < qn) {
-        StreamCursor<S>& n = cur[q[next]];
-        if (!n.syms) n.syms = base[k];
-        sid[k] = q[next++];
-        p[k] = n.pos;
-        base[k] = n.syms;
-        o[k] = n.syms + n.i;
-        lim[k] = n.count;
-      } else {
-        sid[k] = -1;
-        dry = true;
-      }
-    }
-    if (dry) {
-      int r = 0;
-#pragma GCC unroll 8
-      for (int k = 0; k < K; ++k) {
-        if (sid[k] < 0) continue;
-        cur[sid[k]] = StreamCursor<S>{p[k], uint64_t(o[k] - base[k]), lim[k], base[k]};
-        q[r++] = sid[k];
-      }
-      return r;
-    }
-  }
-}
-
-template <typename T, typename S>
-Status DecodeHuffStreams(const uint8_t* block, const HuffLayout& L, uint64_t readable,
-                         uint64_t n, bool low16, const DecodeEntry* single,
-                         const MultiEntry<S>* multi, S zero_code, uint32_t zero_enc, S* syms,
-                         T* out) {
-  const uint8_t* bits = block + L.bits_off;
-  const uint64_t bit_bytes = (L.total_bits + 7) / 8;
-  const uint64_t bits_readable = readable - L.bits_off;
-  // The whole directory up front: every stream's bits, raw bytes and counts.
-  StreamSpan span[kMaxStreamsPerBlock];
-  StreamCursor<S> cur[kMaxStreamsPerBlock];
-  int q[kMaxStreamsPerBlock];  // streams left for the lanes, in block order
-  int qn = 0;
-  uint64_t pos = 0, raw_at = 0;
-  for (int k = 0; k < L.n_streams; ++k) {
-    const uint8_t* d = block + L.dir_off + uint64_t(k) * kStreamDirEntryBytes;
-    const uint64_t first = uint64_t(k) * kStreamElems;
-    StreamSpan& s = span[k];
-    s.count = uint32_t(n - first < uint64_t(kStreamElems) ? n - first : kStreamElems);
-    s.start = pos;
-    s.end = pos + Load16(d);
-    s.nnz = Load16(d + 2);
-    s.raw_off = raw_at;
-    pos = s.end;
-    raw_at += uint64_t(s.nnz) * uint64_t(L.raw_width);
-    if (s.nnz == 0) {
-      // All ZERO (MoE capacity padding): a bit comparison instead of the lanes.
-      if (!ZeroStreamValid(bits, bits_readable, s, zero_enc & 0xFFFFu, int(zero_enc >> 16)))
-        return kErrStream;
-      std::memset(out + first, 0, s.count * sizeof(T));
-      continue;
-    }
-    cur[k] = StreamCursor<S>{s.start, 0, s.count, nullptr};
-    q[qn++] = k;
-  }
-  // Eight streams in flight hide the ~14-cycle chain of one lookup (position
-  // -> load -> table -> position); four left the core idle half the time. The
-  // first eight listed streams get the eight symbol buffers; later ones take
-  // over the buffer of the lane they refill.
-  constexpr int kLanes = 8;
-  for (int j = 0; j < qn && j < kLanes; ++j) cur[q[j]].syms = syms + j * (kStreamElems + 8);
-  const PoolCtx<S> x{bits, bit_bytes, bits_readable, single, multi, zero_code,
-                     block + L.raw_off, low16, span};
-  // Once the list runs dry the remaining streams drain on fewer lanes.
-  int left = qn;
-  if (left >= kLanes) left = DecodePool<kLanes, T, S>(x, cur, q, left, out);
-  if (left >= 4) left = DecodePool<4, T, S>(x, cur, q, left, out);
-  if (left >= 2) left = DecodePool<2, T, S>(x, cur, q, left, out);
-  if (left == 1 && !FinishLane(x, q[0], cur[q[0]], out)) return kErrStream;
-  if (left < 0) return kErrStream;
-  // Padding bits after the last code must be zero.
-  if ((L.total_bits & 7) && (bits[bit_bytes - 1] >> (L.total_bits & 7)) != 0)
-    return kErrReserved;
-  return kOk;
-}
 
 template <typename T>
-Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t readable,
-                       uint64_t n, uint8_t flags, DecodeScratch* t, T* out) {
+Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, uint8_t flags,
+                       DecodeScratch* t, T* out) {
   uint8_t lens[kNumSymbols];
   HuffLayout L;
   Status st = ParseHuffLayout(block, block_bytes, n, int(sizeof(T)), flags, lens, &L);
   if (st != kOk) return st;
   uint32_t enc[kNumSymbols];
   if (!BuildEncodeTable(lens, enc)) return kErrTable;
-  BuildDecodeTable(enc, t->single);
+  BuildDecodeTable(enc, t->table);
   const bool low16 = flags & kBlockFlagLow16;
-  int alias = -1;  // an exponent value this block never codes
-  for (int s = 0; s < 256 && alias < 0; ++s)
-    if (!lens[s]) alias = s;
-  if (alias >= 0) {
-    BuildMultiTable8(t->single, uint8_t(alias), t->multi8, t->cum);
-    return DecodeHuffStreams<T, uint8_t>(block, L, readable, n, low16, t->single, t->multi8,
-                                         uint8_t(alias), enc[kZeroSymbol],
-                                         reinterpret_cast<uint8_t*>(t->syms), out);
+  SegmentIn seg[kMaxSegmentsPerBlock];
+  for (int k = 0; k < L.n_segs; ++k)
+    seg[k] = SegmentIn{block + L.units_off + 2 * uint64_t(L.seg_unit0[k]), L.seg_units[k],
+                       SegmentElemsOf(n, k), t->syms[k], nullptr};
+#if ZIPCCL_CPU_VBMI2
+  for (int k = 0; k < L.n_segs; ++k) seg[k].win = t->win[k];
+#endif
+  // Every segment decodes before any verdict: a stream error anywhere
+  // (kErrStream) outranks non-zero padding (kErrReserved), on every path.
+  const bool vec = UseVector();
+  bool stream_err = false, pad_err = false;
+  auto note = [&](Status s) {
+    stream_err |= s == kErrStream;
+    pad_err |= s == kErrReserved;
+  };
+#if ZIPCCL_CPU_VBMI2
+  if (vec) {
+    BuildVecDecodeTable(t->table, lens, &t->vec);
+    int full = 0;
+    while (full < L.n_segs && seg[full].m == uint32_t(kSegmentElems)) ++full;
+    int k = 0;
+    for (; k + 4 <= full; k += 4) note(DecodeSegmentsVec<4, false>(t->vec, seg + k));
+    for (; k + 2 <= full; k += 2) note(DecodeSegmentsVec<2, false>(t->vec, seg + k));
+    for (; k < full; ++k) note(DecodeSegmentsVec<1, false>(t->vec, seg + k));
+    for (; k < L.n_segs; ++k) note(DecodeSegmentsVec<1, true>(t->vec, seg + k));
+  } else
+#endif
+  {
+    for (int k = 0; k < L.n_segs; ++k) note(DecodeSegmentScalar(t->table, seg[k]));
   }
-  BuildMultiTable<uint16_t>(t->single, uint16_t(kZeroSymbol), t->multi16);
-  return DecodeHuffStreams<T, uint16_t>(block, L, readable, n, low16, t->single, t->multi16,
-                                        uint16_t(kZeroSymbol), enc[kZeroSymbol], t->syms, out);
+  (void)vec;
+  if (stream_err) return kErrStream;
+  if (pad_err) return kErrReserved;
+  for (int k = 0; k < L.n_segs; ++k) {
+    const uint8_t* raw = block + L.raw_off + uint64_t(L.seg_raw0[k]) * uint64_t(L.raw_width);
+    T* o = out + (uint64_t(k) << kSegmentLog2);
+    bool ok;
+#if ZIPCCL_CPU_VBMI2
+    if (vec) {
+      LongSymbols(t->vec, seg[k].syms, seg[k].win, seg[k].m);
+      ok = MergeVec(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, uint64_t(block + block_bytes - raw), o);
+    }
+    else
+#endif
+      ok = MergeScalar(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, o);
+    if (!ok) return kErrStream;
+  }
+  return kOk;
 }
 
 template <typename T>
@@ -791,16 +849,18 @@ DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
   Status st = ValidateFrameHeader(h, dtype, n, in_bytes);
   if (st != kOk) return {st, -1};
   const uint64_t frame_bytes = h.frame_bytes;
-  if ((h.flags & kFrameFlagChecksum) && FrameChecksum(in, frame_bytes) != h.checksum)
-    return {kErrChecksum, -1};
   const uint64_t nb = NumBlocks(n);
   uint64_t off = kFrameHeaderBytes + nb * kDirEntryBytes;
   // Directory first: the blocks must tile the frame exactly.
   uint64_t total = off;
   for (uint64_t b = 0; b < nb; ++b) total += Load32(in + kFrameHeaderBytes + b * kDirEntryBytes);
+  // The checksum first (FrameChecksum reads only the frame's bytes whatever
+  // the directory says), so that damage anywhere reads as corruption.
+  if ((h.flags & kFrameFlagChecksum) && FrameChecksum(in, frame_bytes) != h.checksum)
+    return {kErrChecksum, -1};
   if (total != frame_bytes) return {kErrFrameSize, -1};
 
-  std::unique_ptr<DecodeScratch> scratch;  // ~50 KB, only for HUFF blocks
+  std::unique_ptr<DecodeScratch> scratch;  // ~280 KB, per call, only for HUFF blocks
   for (uint64_t b = 0; b < nb; ++b) {
     const uint64_t bb = Load32(in + kFrameHeaderBytes + b * kDirEntryBytes);
     const uint64_t nbe = BlockElems(n, b);
@@ -826,7 +886,7 @@ DecodeResult DecodeTyped(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
       if (flags & kBlockFlagsReserved) return {kErrReserved, int64_t(b)};
       if (value) return {kErrReserved, int64_t(b)};
       if (!scratch) scratch.reset(new DecodeScratch);
-      st = DecodeHuffBlock(blk, bb, in_bytes - off, nbe, flags, scratch.get(), ob);
+      st = DecodeHuffBlock(blk, bb, nbe, flags, scratch.get(), ob);
       if (st != kOk) return {st, int64_t(b)};
     } else {
       return {kErrBlockMode, int64_t(b)};
@@ -858,5 +918,6 @@ DecodeResult DecodeFrame(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
 }
 
 const char* CompiledCodePaths() { return ZIPCCL_CPU_VBMI2 ? "avx512_vbmi2" : ""; }
+
 
 }  // namespace zipccl::cpu

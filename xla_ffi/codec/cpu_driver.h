@@ -1,4 +1,5 @@
-// CPU driver for the zipccl codec: whole frames in host memory, one thread.
+// CPU driver for the zipccl codec (format version 2): whole frames in host
+// memory, one thread.
 // Pure C++17; no XLA includes. The per-block rules come from block.h and
 // huffman.h, shared with the CUDA kernels, so both paths emit the same bytes.
 #pragma once
@@ -32,5 +33,9 @@ DecodeResult DecodeFrame(const uint8_t* in_host, uint64_t in_bytes,
 // The instruction-set specific code paths compiled into this driver,
 // comma-separated ("avx512_vbmi2"); "" when only the portable loops are.
 const char* CompiledCodePaths();
+// The instruction-set specific paths run where they are compiled in, unless
+// the environment sets ZIPCCL_CPU_PORTABLE (to anything but "" or "0"): then
+// the portable loops run, which give the same frames and the same verdicts
+// (a test switch, read once per frame).
 
 }  // namespace zipccl::cpu

@@ -11,7 +11,11 @@
 //   cuda_launch.cuh  launch sequences (RunEncode/RunDecode) and the host API
 //
 // Everything a kernel does lives in a `Run` template over a "CTA" type that
-// provides the thread index, barriers and a CTA-wide exclusive scan:
+// provides the thread index, barriers, a CTA-wide exclusive scan and warp
+// primitives (ballot(pred): the mask of the lanes of the caller's warp whose
+// pred is non-zero; shfl(v, src): lane src's v; warp_sync()); every thread of
+// the CTA must reach each warp primitive, because the emulator runs them as
+// CTA barriers:
 //   - codec/kernels.cu instantiates the bodies with DeviceCta (threadIdx,
 //     __syncthreads, a warp-shuffle scan) inside extern "C" __global__ entries,
 //     compiled by NVRTC; codec/kernels_host.cc runs the launch sequence
@@ -44,33 +48,23 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*; no CUDA headers needed her
 namespace zipccl::cuda {
 
 // ---- Geometry ---------------------------------------------------------------
-// Per-block kernels (histogram, block writer, block decoder, poison): one CTA of
-// kThreads threads per 65536-element block. A tile is one 2048-element stream:
-// each thread owns kElemsPerThread consecutive elements of it.
+// Histogram and RAW/CONST work: one CTA of kThreads threads per 65536-element
+// block, walking it in tiles of kTileElems, each thread owning kElemsPerThread
+// consecutive elements of a tile.
 constexpr int kThreads = 256;
 constexpr int kElemsPerThread = 8;
-static_assert(kThreads * kElemsPerThread == kStreamElems, "one tile is one stream");
+constexpr uint64_t kTileElems = uint64_t(kThreads) * kElemsPerThread;  // 2048
 // Per-item kernels (plan, directory gather, frame check/finish, status): one
 // thread per block or per frame, in CTAs of kItemThreads.
 constexpr int kItemThreads = 64;
-// Decoder: one CTA of kDecodeThreads per block; each stream's thread decodes
-// kRoundSyms symbols per round into shared memory; then all threads merge them
-// with the raw bytes, kMergeThreads threads (kMergeElems elements each) per
-// stream. A block has at most 32 streams, i.e. one decoding warp per CTA
-// whatever its size, so the CTA is small: 4 warps (not 8) let twice as many
-// CTAs, hence decoding warps, reside on an SM at the same registers per thread.
-constexpr int kDecodeThreads = 128;
-constexpr int kRoundSyms = 64;
-constexpr int kMergeThreads = kDecodeThreads / kMaxStreamsPerBlock;
-constexpr int kMergeElems = kRoundSyms / kMergeThreads;
-static_assert(kMergeThreads * kMaxStreamsPerBlock == kDecodeThreads, "whole merge groups");
-static_assert(kMergeElems % kElemsPerThread == 0, "a merge thread stores groups of 8 elements");
-static_assert(kStreamElems % kRoundSyms == 0, "rounds tile a stream");
-// Encoder staging, per tile: the bitstream words a tile can touch (up to 31
-// bits of carry from the previous tile + 11 bits per element, plus one word of
-// slack for a 128-bit OR), and the raw bytes (3 alignment bytes + 3 per element).
-constexpr int kBitStageWords = (31 + kStreamElems * kMaxCodeLen) / 32 + 4;
-constexpr int kRawStageWords = (3 + kStreamElems * 3) / 4 + 2;
+// Segment kernels (units count, block writer, block decoder): one CTA per
+// block, warp w working on the block's segment w (FORMAT.md "HUFF blocks"):
+// lane l of it codes the segment's elements 32 t + l at step t, so each step's
+// element loads and stores, unit loads and raw bytes are contiguous. A block
+// that has fewer segments leaves warps idle; every warp still runs the
+// kSegmentSteps steps, so a ballot (a CTA barrier in the emulator) is reached
+// the same number of times by every thread.
+constexpr int kSegThreads = kLanes * kMaxSegmentsPerBlock;  // 128
 
 constexpr unsigned long long kNoError = ~0ull;
 // Frame-level key of a frame the caller asked to skip (DecodeParams::skip): its
@@ -133,6 +127,13 @@ ZIPCCL_HD void AtomicMinGlobal(unsigned long long* p, unsigned long long v) {
   unsigned long long cur = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
+#endif
+}
+ZIPCCL_HD uint32_t Popc(uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return __popc(v);
+#else
+  return uint32_t(__builtin_popcount(v));
 #endif
 }
 // 16 aligned bytes as four little-endian words.
@@ -253,14 +254,6 @@ ZIPCCL_HD uint32_t LoadWordClipped(const uint8_t* word, const uint8_t* lo, const
 }
 
 // ---- Parameters ---------------------------------------------------------------
-// Per-block statistics of the histogram pass (what PlanBlock needs).
-struct BlockStats {
-  uint32_t hist[kNumSymbols];
-  uint32_t first;      // bits of the block's first element
-  uint32_t all_equal;  // every element equals `first`
-  uint32_t low16;      // float32 only: every element has zero low 16 bits
-};
-
 struct EncodeParams {
   const uint8_t* x;    // frames * n elements
   uint64_t frames, n, nb, total;  // nb blocks per frame, total = frames * nb
@@ -271,10 +264,10 @@ struct EncodeParams {
   void* nbytes;        // frames sizes, int32 or int64
   bool nbytes64;
   const uint8_t* skip; // [frames] or null: non-zero = not a frame (zero row, size 0)
-  BlockStats* stats;   // [total]
   BlockPlan* plans;    // [total]
   uint64_t* sizes;     // [total + 1]: block_bytes, then 0
   uint64_t* offsets;   // [total + 1]: exclusive prefix sum of sizes
+  uint32_t* hashes;    // [frames * nb]: the checksum's block hashes
 };
 
 struct DecodeParams {
@@ -288,6 +281,7 @@ struct DecodeParams {
   uint64_t* offsets;        // [total + 1]
   unsigned long long* ferr; // [frames]: frame-level error key (header, checksum)
   unsigned long long* berr; // [frames]: min over block error keys
+  uint32_t* hashes;         // [frames * nb]: the checksum's block hashes
 };
 
 // ---- Scratch layout -----------------------------------------------------------
@@ -298,13 +292,13 @@ ZIPCCL_HD uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a;
 
 struct EncodeLayout {
   uint64_t frames, n, nb, total;
-  uint64_t stats_off, plans_off, sizes_off, offsets_off;
+  uint64_t plans_off, sizes_off, offsets_off, hashes_off;
   uint64_t scratch_bytes;  // 0 when there is no block to code
 };
 
 struct DecodeLayout {
   uint64_t frames, n, nb, total;
-  uint64_t sizes_off, offsets_off, ferr_off, berr_off;
+  uint64_t sizes_off, offsets_off, ferr_off, berr_off, hashes_off;
   uint64_t scratch_bytes;
 };
 
@@ -331,9 +325,9 @@ inline EncodeLayout MakeEncodeLayout(uint64_t frames, uint64_t n) {
   L.total = frames * L.nb;
   if (L.total == 0) return L;  // only frame headers: no scratch
   uint64_t at = 0;
-  L.stats_off = CarveSection(&at, L.total * sizeof(BlockStats));
   L.plans_off = CarveSection(&at, L.total * sizeof(BlockPlan));
   CarveScanSections(&at, &L);
+  L.hashes_off = CarveSection(&at, L.total * sizeof(uint32_t));
   L.scratch_bytes = at;
   return L;
 }
@@ -347,7 +341,10 @@ inline DecodeLayout MakeDecodeLayout(uint64_t frames, uint64_t n) {
   uint64_t at = 0;
   L.ferr_off = CarveSection(&at, frames * sizeof(unsigned long long));
   L.berr_off = CarveSection(&at, frames * sizeof(unsigned long long));
-  if (L.total) CarveScanSections(&at, &L);
+  if (L.total) {
+    CarveScanSections(&at, &L);
+    L.hashes_off = CarveSection(&at, L.total * sizeof(uint32_t));
+  }
   L.scratch_bytes = at;
   return L;
 }
@@ -369,10 +366,10 @@ inline EncodeParams MakeEncodeParams(const EncodeLayout& L, const void* x, uint8
   p.nbytes64 = nbytes64;
   p.skip = skip;
   if (L.total) {
-    p.stats = reinterpret_cast<BlockStats*>(scratch + L.stats_off);
     p.plans = reinterpret_cast<BlockPlan*>(scratch + L.plans_off);
     p.sizes = reinterpret_cast<uint64_t*>(scratch + L.sizes_off);
     p.offsets = reinterpret_cast<uint64_t*>(scratch + L.offsets_off);
+    p.hashes = reinterpret_cast<uint32_t*>(scratch + L.hashes_off);
   }
   return p;
 }
@@ -394,6 +391,7 @@ inline DecodeParams MakeDecodeParams(const DecodeLayout& L, const uint8_t* paylo
   p.ferr = reinterpret_cast<unsigned long long*>(scratch + L.ferr_off);
   p.berr = reinterpret_cast<unsigned long long*>(scratch + L.berr_off);
   if (L.total) {
+    p.hashes = reinterpret_cast<uint32_t*>(scratch + L.hashes_off);
     p.sizes = reinterpret_cast<uint64_t*>(scratch + L.sizes_off);
     p.offsets = reinterpret_cast<uint64_t*>(scratch + L.offsets_off);
   }
@@ -418,76 +416,38 @@ ZIPCCL_HD uint64_t BlockOffsetInFrame(const uint64_t* offsets, uint64_t nb, uint
 }
 
 // ---- Checksum by a CTA ------------------------------------------------------------
-// FrameChecksum (XXH32 of the frame, checksum field read as zero) computed by
-// the kSumThreads threads of a CTA. XXH32 allows four ways of parallelism: its
-// accumulators are four independent chains, chain k taking word k of every
-// 16-byte stripe in order, and its round is not associative, so no chain can
-// be split across stripes. The CTA therefore stages the frame into shared
-// memory with coalesced aligned word loads (the frame may start at any byte:
-// rows sit at f * cap), double-buffered, while threads 0..3 each run one chain
-// over the staged chunk; thread 0 then merges and hashes the < 16 tail bytes.
-// The single-threaded version read the frame one byte at a time from global
-// memory in one thread per frame; the four chains were its only parallelism.
+// FrameChecksum of xxhash32.h (format v2: XXH32 of the parts' XXH32s) by the
+// kSumThreads threads of a CTA: the blocks hash independently, so thread t
+// hashes blocks t, t + kSumThreads, ... (clipped to the frame as FrameChecksum
+// clips them) into hashes[0, nb), and thread 0 then hashes part 0 (the header,
+// read with a zero checksum field, and the directory) and folds the parts in
+// order. The blocks' offsets come from the scan of the directory (offsets,
+// from the frame's first block g0 = f * nb). The per-part hash is serial, over
+// 128 KB at most for a bfloat16 block; a frame of many blocks keeps every
+// thread of the CTA busy. Every thread calls this with the same arguments; the
+// result is in thread 0 (unspecified in the others); barriers on both sides.
 constexpr int kSumThreads = kItemThreads;
-constexpr int kSumChunkWords = 8 * kSumThreads;  // 2 KB: 128 stripes per chain per chunk
-static_assert(kSumChunkWords % 4 == 0, "a chunk holds whole stripes");
 
-struct ChecksumShared {
-  uint32_t words[2][kSumChunkWords];
-  uint32_t v[4];
-};
-
-// Word j (bytes [4j, 4j + 4)) of the hashed stream of a frame of frame_bytes
-// bytes at `frame`: the frame's word, zero for the checksum field (word 7).
-// Needs 4j + 4 <= frame_bytes. Only aligned word loads, none outside the frame.
-ZIPCCL_HD uint32_t HashedFrameWord(const uint8_t* frame, uint64_t frame_bytes, uint64_t j) {
-  if (j == 7) return 0;
-  const uint8_t* p = frame + 4 * j;
-  const uint32_t off = uint32_t(reinterpret_cast<uintptr_t>(p) & 3);
-  if (off == 0) return LoadAligned32(p);
-  const uint8_t* a = p - off;
-  const uint8_t* end = frame + frame_bytes;
-  return (LoadWordClipped(a, frame, end) >> (8 * off)) |
-         (LoadWordClipped(a + 4, frame, end) << (32 - 8 * off));
-}
-
-// Every thread of the CTA calls this with the same frame and frame_bytes
-// (>= 32); the result is FrameChecksum(frame, frame_bytes) in thread 0 and
-// unspecified in the others. Barriers at the start and the end.
 template <class Cta>
-ZIPCCL_HD uint32_t CtaFrameChecksum(Cta& cta, ChecksumShared& sm, const uint8_t* frame,
-                                    uint64_t frame_bytes) {
-  const uint32_t tid = cta.tid();
-  const uint64_t words = frame_bytes / 16 * 4;  // whole stripes only
-  const uint64_t chunks = CeilDiv(words, kSumChunkWords);
-  auto stage = [&](uint64_t c) {
-    uint32_t* dst = sm.words[c & 1];
-    for (uint32_t i = tid; i < uint32_t(kSumChunkWords); i += kSumThreads) {
-      const uint64_t j = c * kSumChunkWords + i;
-      if (j < words) dst[i] = HashedFrameWord(frame, frame_bytes, j);
-    }
-  };
-  uint32_t v[4];
-  XxhInit(kChecksumSeed, v);
-  uint32_t acc = v[tid & 3];  // thread k < 4 runs chain k
-  cta.sync();  // the caller's last use of sm is over
-  stage(0);
+ZIPCCL_HD uint32_t CtaFrameChecksum(Cta& cta, const uint8_t* frame, uint64_t frame_bytes, uint64_t nb,
+                                    const uint64_t* offsets, uint64_t g0, uint32_t* hashes) {
   cta.sync();
-  for (uint64_t c = 0; c < chunks; ++c) {
-    if (c + 1 < chunks) stage(c + 1);  // the other buffer: loads in flight while chains run
-    if (tid < 4) {
-      const uint32_t* w = sm.words[c & 1];
-      const uint64_t left = words - c * kSumChunkWords;
-      const uint32_t n = left < uint64_t(kSumChunkWords) ? uint32_t(left) : uint32_t(kSumChunkWords);
-      for (uint32_t i = tid; i < n; i += 4) acc = XxhRound(acc, w[i]);
-    }
-    cta.sync();
+  const uint64_t body = kFrameHeaderBytes + nb * kDirEntryBytes;
+  for (uint64_t b = cta.tid(); b < nb; b += kSumThreads) {
+    const uint64_t lo = body + (offsets[g0 + b] - offsets[g0]);
+    const uint64_t hi = body + (offsets[g0 + b + 1] - offsets[g0]);
+    const uint64_t a = lo < frame_bytes ? lo : frame_bytes, e = hi < frame_bytes ? hi : frame_bytes;
+    hashes[b] = Xxh32Bytes(frame + a, e - a, kChecksumSeed);
   }
-  if (tid < 4) sm.v[tid] = acc;
   cta.sync();
   uint32_t h = 0;
-  if (tid == 0)
-    h = XxhFinish(XxhMerge(sm.v, frame_bytes), frame + words * 4, frame + frame_bytes);
+  if (cta.tid() == 0) {
+    Xxh32Words outer;
+    outer.Init();
+    outer.Add(ChecksumHeadPart(frame, nb));  // part 0, then the blocks in order
+    for (uint64_t b = 0; b < nb; ++b) outer.Add(hashes[b]);
+    h = outer.Finish();
+  }
   cta.sync();
   return h;
 }

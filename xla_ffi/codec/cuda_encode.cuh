@@ -1,5 +1,6 @@
 // CUDA driver of the zipccl codec: the encoder's kernel bodies (histogram,
-// plan, block writer, frame finish, zero tail), in launch order. Templates over
+// plan and units count in one kernel, block writer, frame finish, zero tail),
+// in launch order. Templates over
 // a CTA type (see cuda_common.cuh); compiles with nvcc and a host compiler.
 #pragma once
 
@@ -11,83 +12,41 @@ namespace zipccl::cuda {
 // Encoder kernels
 // =============================================================================
 
-// 1. Histogram: one CTA per block. Warp-private sub-histograms in shared
-//    memory; runs of equal symbols within a thread's 8 elements are added at
-//    once (zeros and flat exponent regions cost one atomic).
-template <typename T>
-struct HistKernel {
-  static constexpr const char* kName = "zipccl_hist";
-  static constexpr int kBlockThreads = kThreads;
-  using Params = EncodeParams;
-  struct Shared {
-    uint32_t hist[kThreads / 32][kNumSymbols];
-  };
-  template <class Cta>
-  ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
-    const uint64_t g = cta.block();
-    const uint64_t f = g / p.nb, b = g % p.nb;
-    if (Skipped(p, f)) return;  // the whole CTA: no statistics (nothing reads them)
-    const uint64_t m = BlockElems(p.n, b);
-    const uint8_t* xb = p.x + (f * p.n + (b << kBlockLog2)) * sizeof(T);
-    const uint32_t tid = cta.tid(), warp = tid / 32;
-    uint32_t* flat = &sm.hist[0][0];
-    for (uint32_t i = tid; i < (kThreads / 32) * kNumSymbols; i += kThreads) flat[i] = 0;
-    cta.sync();
-    const uint32_t first = LoadElem<T>(xb);
-    uint32_t diff = 0, low = 0;
-    for (uint64_t tile = 0; tile * kStreamElems < m; ++tile) {
-      uint32_t v[kElemsPerThread];
-      const int cnt = LoadElems8<T>(xb, m, tile * kStreamElems + tid * kElemsPerThread, v);
-      int prev = -1;
-      uint32_t run = 0;
-      for (int j = 0; j < cnt; ++j) {
-        const int s = SymbolOf<T>(v[j]);
-        diff |= v[j] ^ first;
-        low |= v[j];
-        if (s == prev) {
-          ++run;
-        } else {
-          if (run) AtomicAddShared(&sm.hist[warp][prev], run);
-          prev = s;
-          run = 1;
-        }
-      }
-      if (run) AtomicAddShared(&sm.hist[warp][prev], run);
-    }
-    const int any_diff = cta.sync_or(diff != 0);              // also a barrier
-    const int any_low = cta.sync_or((low & 0xFFFFu) != 0);
-    BlockStats& st = p.stats[g];
-    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kThreads) {
-      uint32_t c = 0;
-      for (int w = 0; w < kThreads / 32; ++w) c += sm.hist[w][s];
-      st.hist[s] = c;
-    }
-    if (tid == 0) {
-      st.first = first;
-      st.all_equal = !any_diff;
-      st.low16 = sizeof(T) == 4 && !any_low;
-    }
-  }
-};
+// 1. Analyse: one CTA of kSegThreads per block, three phases on one read of
+//    the block (the second pass reads it again, from L2 mostly):
+//    - histogram: warp-private sub-histograms in shared memory; runs of
+//      equal symbols within a thread's 8 elements are added at once (zeros and
+//      flat exponent regions cost one atomic); whether all elements are equal
+//      and (float32) all low halves zero;
+//    - plan: a CONST block is sized at once; else the threads place the used
+//      symbols in sorted order in parallel (SymbolRank), thread 0 builds the
+//      Huffman tree and the table step of the plan (CodeLengthsFromOrder,
+//      PlanTable: the CPU driver's functions) on shared-memory work arrays;
+//    - units: warp w adds up the code lengths of segment w's lanes (lane l:
+//      elements 32 t + l, a coalesced load per step); each lane's units
+//      (LaneUnits) and the non-zero elements go into the segment's totals,
+//      and thread 0 finishes the plan (PlanFinish: HUFF or RAW), writes the
+//      block's size and the plan.
+//    Skipped frames' blocks get size 0 and no plan; the extra CTA `total`
+//    writes the trailing 0 that makes the scan's last entry the grand total.
+constexpr int kWriteBatch = 8;  // steps whose element loads a lane issues together
+static_assert(kSegmentSteps % kWriteBatch == 0, "batches tile a segment");
 
-// 2. Plan: one warp (CTA) per block; the extra CTA `total` writes the
-//    trailing 0 that makes the scan's last entry the grand total. Blocks of
-//    skipped frames get size 0 and no plan. The lanes place the used symbols
-//    in sorted order in parallel (SymbolRank), lane 0 builds the Huffman tree
-//    and the plan (CodeLengthsFromOrder, PlanFromLengths: the CPU driver's
-//    functions) on shared-memory work arrays and the histogram copied to shared
-//    memory, then the warp copies the plan out. No local memory.
-struct PlanKernel {
-  static constexpr const char* kName = "zipccl_plan";
-  static constexpr int kBlockThreads = 32;
+template <typename T>
+struct AnalyseKernel {
+  static constexpr const char* kName = "zipccl_analyse";
+  static constexpr int kBlockThreads = kSegThreads;
+  static constexpr int kWarps = kSegThreads / kLanes;
   using Params = EncodeParams;
   struct Shared {
+    uint32_t sub[kWarps][kNumSymbols];  // the histogram phase's warp-private counts
     // Padded to whole 16-byte words: ptxas vectorizes SymbolRank's loop over hist[0, 257) into 128-bit
-    // loads, whose last one reads 12 bytes past hist[256]; unpadded, those were work.order[0, 6), which
-    // other lanes write in the same phase (compute-sanitizer racecheck on an H200 reported it).
+    // loads, whose last one reads 12 bytes past hist[256]; unpadded, those were the next field, which
+    // other threads write in the same phase (compute-sanitizer racecheck on an H200 reported it for v1).
     uint32_t hist[(kNumSymbols + 3) / 4 * 4];
     HuffmanWork work;
     BlockPlan plan;
+    uint32_t seg_units[kMaxSegmentsPerBlock], seg_nnz[kMaxSegmentsPerBlock];
   };
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
@@ -97,74 +56,187 @@ struct PlanKernel {
       if (tid == 0) p.sizes[g] = 0;
       return;
     }
-    const BlockStats& st = p.stats[g];
-    if (st.all_equal) {
+    const uint64_t f = g / p.nb, b = g % p.nb;
+    const uint64_t m = BlockElems(p.n, b);
+    const uint8_t* xb = p.x + (f * p.n + (b << kBlockLog2)) * sizeof(T);
+    uint32_t first = 0;
+    int low16 = 0;
+    if (Histogram(cta, sm, xb, m, &first, &low16)) {  // all equal: CONST
       if (tid == 0) {
-        PlanConstBlock(st.first, &p.plans[g]);
+        PlanConstBlock(first, &p.plans[g]);
         p.sizes[g] = kBlockHeaderBytes;
       }
       return;
     }
-    uint32_t used = 0;
-    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kBlockThreads) {
-      sm.hist[s] = st.hist[s];
-      used += st.hist[s] != 0;
-    }
-    cta.sync();
-    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kBlockThreads)
-      if (sm.hist[s]) sm.work.order[SymbolRank(sm.hist, int(s))] = uint16_t(s);
-    uint32_t m = 0;
-    cta.exclusive_sum(used, &m);  // the count of used symbols; barriers on both sides
-    BlockPlan& pl = sm.plan;
+    Plan(cta, sm, m, low16 != 0, ElemBytes(p.dtype));
+    CountUnits(cta, sm, xb, m);
     if (tid == 0) {
-      CodeLengthsFromOrder(sm.hist, int(m), sm.work, pl.lens);
-      PlanFromLengths(sm.hist, BlockElems(p.n, g % p.nb), ElemBytes(p.dtype), st.low16 != 0, &pl);
+      BlockPlan& pl = sm.plan;
+      pl.units = 0;
+      for (int k = 0; k < kMaxSegmentsPerBlock; ++k) {
+        pl.seg_units[k] = uint16_t(sm.seg_units[k]);
+        pl.seg_nnz[k] = uint16_t(sm.seg_nnz[k]);
+        pl.units += sm.seg_units[k];
+      }
+      PlanFinish(m, int(sizeof(T)), &pl);
       p.sizes[g] = pl.block_bytes;
     }
     cta.sync();
-    BlockPlan& out = p.plans[g];
-    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kBlockThreads) {
-      out.lens[s] = pl.lens[s];
-      out.enc[s] = pl.enc[s];
+    CopyPlan(cta, sm.plan, &p.plans[g]);
+  }
+  // The histogram into sm.hist; returns whether every element equals the
+  // first (*first); *low16: (float32) every element's low 16 bits are zero.
+  template <class Cta>
+  ZIPCCL_HD static bool Histogram(Cta& cta, Shared& sm, const uint8_t* xb, uint64_t m, uint32_t* first,
+                                  int* low16) {
+    const uint32_t tid = cta.tid(), warp = tid / kLanes;
+    uint32_t* flat = &sm.sub[0][0];
+    for (uint32_t i = tid; i < uint32_t(kWarps * kNumSymbols); i += kSegThreads) flat[i] = 0;
+    cta.sync();
+    *first = LoadElem<T>(xb);
+    uint32_t diff = 0, low = 0;
+    constexpr uint64_t kTile = uint64_t(kSegThreads) * kElemsPerThread;
+    for (uint64_t tile = 0; tile * kTile < m; ++tile) {
+      uint32_t v[kElemsPerThread];
+      const int cnt = LoadElems8<T>(xb, m, tile * kTile + tid * kElemsPerThread, v);
+      int prev = -1;
+      uint32_t run = 0;
+      for (int j = 0; j < cnt; ++j) {
+        const int s = SymbolOf<T>(v[j]);
+        diff |= v[j] ^ *first;
+        low |= v[j];
+        if (s == prev) {
+          ++run;
+        } else {
+          if (run) AtomicAddShared(&sm.sub[warp][prev], run);
+          prev = s;
+          run = 1;
+        }
+      }
+      if (run) AtomicAddShared(&sm.sub[warp][prev], run);
+    }
+    const int any_diff = cta.sync_or(diff != 0);  // also a barrier
+    *low16 = sizeof(T) == 4 && !cta.sync_or((low & 0xFFFFu) != 0);
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kSegThreads) {
+      uint32_t c = 0;
+      for (int w = 0; w < kWarps; ++w) c += sm.sub[w][s];
+      sm.hist[s] = c;
+    }
+    cta.sync();
+    return !any_diff;
+  }
+  // The table step of the plan into sm.plan (lens, enc, table, raw width).
+  template <class Cta>
+  ZIPCCL_HD static void Plan(Cta& cta, Shared& sm, uint64_t m, bool low16, int elem_bytes) {
+    const uint32_t tid = cta.tid();
+    uint32_t used = 0;
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kSegThreads) {
+      used += sm.hist[s] != 0;
+      if (sm.hist[s]) sm.work.order[SymbolRank(sm.hist, int(s))] = uint16_t(s);
+    }
+    uint32_t n_used = 0;
+    cta.exclusive_sum(used, &n_used);  // the count of used symbols; barriers on both sides
+    if (tid == 0) {
+      CodeLengthsFromOrder(sm.hist, int(n_used), sm.work, sm.plan.lens);
+      PlanTable(sm.hist, m, elem_bytes, low16, &sm.plan);
+    }
+    if (tid < uint32_t(kMaxSegmentsPerBlock)) sm.seg_units[tid] = sm.seg_nnz[tid] = 0;
+    cta.sync();
+  }
+  // Each segment's units and non-zero elements (warp w: segment w).
+  template <class Cta>
+  ZIPCCL_HD static void CountUnits(Cta& cta, Shared& sm, const uint8_t* xb, uint64_t m) {
+    const uint32_t tid = cta.tid(), warp = tid / kLanes, lane = tid % kLanes;
+    const uint32_t seg_m = warp < uint32_t(NumSegments(m)) ? SegmentElemsOf(m, int(warp)) : 0;
+    const uint8_t* xs = xb + (uint64_t(warp) << kSegmentLog2) * sizeof(T);
+    uint32_t bits = 0, nnz = 0;
+    for (uint32_t e0 = lane; e0 < seg_m; e0 += kLanes * kWriteBatch) {
+      uint32_t vs[kWriteBatch];  // loads in flight together, as in the writer
+      for (int k = 0; k < kWriteBatch; ++k) {
+        const uint32_t e = e0 + uint32_t(k) * kLanes;
+        vs[k] = e < seg_m ? LoadElem<T>(xs + uint64_t(e) * sizeof(T)) : 0;
+      }
+      for (int k = 0; k < kWriteBatch; ++k) {
+        if (e0 + uint32_t(k) * kLanes >= seg_m) break;
+        bits += sm.plan.enc[SymbolOf<T>(vs[k])] >> 16;
+        nnz += vs[k] != 0;
+      }
+    }
+    if (seg_m) {
+      AtomicAddShared(&sm.seg_units[warp], LaneUnits(bits));
+      AtomicAddShared(&sm.seg_nnz[warp], nnz);
+    }
+    cta.sync();
+  }
+  template <class Cta>
+  ZIPCCL_HD static void CopyPlan(Cta& cta, const BlockPlan& pl, BlockPlan* out) {
+    const uint32_t tid = cta.tid();
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kSegThreads) {
+      out->lens[s] = pl.lens[s];
+      out->enc[s] = pl.enc[s];
     }
     if (tid == 0) {
-      out.mode = pl.mode;
-      out.flags = pl.flags;
-      out.const_value = pl.const_value;
-      out.block_bytes = pl.block_bytes;
-      out.lo = pl.lo;
-      out.hi = pl.hi;
-      out.table_bytes = pl.table_bytes;
-      out.total_bits = pl.total_bits;
-      out.nnz = pl.nnz;
-      out.raw_width = pl.raw_width;
-      out.n_streams = pl.n_streams;
+      out->mode = pl.mode;
+      out->flags = pl.flags;
+      out->const_value = pl.const_value;
+      out->block_bytes = pl.block_bytes;
+      out->lo = pl.lo;
+      out->hi = pl.hi;
+      out->table_bytes = pl.table_bytes;
+      out->nnz = pl.nnz;
+      out->raw_width = pl.raw_width;
+      out->n_segs = pl.n_segs;
+      out->units = pl.units;
+      for (int k = 0; k < kMaxSegmentsPerBlock; ++k) {
+        out->seg_units[k] = pl.seg_units[k];
+        out->seg_nnz[k] = pl.seg_nnz[k];
+      }
     }
   }
 };
 
-// 3. (between 2 and 4) ScanKernel (cuda_scan.cuh): sizes -> offsets.
+// 2. (between 1 and 3) ScanKernel (cuda_scan.cuh): sizes -> offsets.
 
-// 4. Block writer: one CTA per block, skipped when the frame overflows or the
-//    caller skips the frame. HUFF
-//    blocks are written one 2048-element stream (tile) at a time:
-//    - each thread codes its 8 elements; a CTA scan of (bits | nnz << 16)
-//      gives its bit and raw-byte offsets and the stream directory entry;
-//    - codes are OR-ed into a shared staging area whose words are the
-//      4-aligned words of the destination, then whole words are stored
-//      (clipped at the bitstream's ends); the last, partial word carries over
-//      to the next tile. Raw bytes go through a second staging area the same
-//      way, so every global store is a coalesced 32-bit store.
+// Little-endian 16-bit unit and raw bytes at any byte address (HUFF regions
+// start at arbitrary offsets: tables have variable length, rows sit at f * cap).
+ZIPCCL_HD void StoreUnit(uint8_t* q, uint32_t u) {
+  q[0] = uint8_t(u);
+  q[1] = uint8_t(u >> 8);
+}
+template <typename T>
+ZIPCCL_HD void StoreRaw(uint8_t* q, uint32_t v, bool low16) {
+  if (sizeof(T) == 2 || (sizeof(T) == 4 && low16)) {
+    q[0] = uint8_t(Raw16(sizeof(T) == 2 ? v : v >> 16));
+  } else if (sizeof(T) == 4) {
+    const uint32_t w3 = Raw32(v);
+    q[0] = uint8_t(w3);
+    q[1] = uint8_t(w3 >> 8);
+    q[2] = uint8_t(w3 >> 16);
+  }
+}
+
+// 3. Block writer: one CTA of kSegThreads per block, skipped when the frame
+//    overflows or the caller skips the frame. Thread 0 writes the directory
+//    entry, the block header and, for HUFF, the table and the segment
+//    directory; RAW bodies are copied by all threads. HUFF: warp w writes
+//    segment w, step by step (lane l codes element 32 t + l):
+//    - a lane whose code holds a unit's first bit (StartsUnit) takes the next
+//      unit slot: a ballot and a population count over the lanes below it,
+//      the cursor advancing by the ballot's count; so the slots follow the
+//      (step, lane) order the decoder takes them in;
+//    - a lane ORs its code into the bits of its open unit and stores a unit
+//      once full (two byte stores; the last, partial one after the loop);
+//    - non-zero elements take raw-byte slots the same way (a second ballot).
+//    Every warp runs all kSegmentSteps steps (idle lanes vote 0); a lane loads
+//    the elements of kWriteBatch steps before coding them, so their loads are
+//    in flight together.
 template <typename T>
 struct WriteKernel {
   static constexpr const char* kName = "zipccl_write";
-  static constexpr int kBlockThreads = kThreads;
+  static constexpr int kBlockThreads = kSegThreads;
   using Params = EncodeParams;
   struct Shared {
     uint32_t enc[kNumSymbols];
-    uint32_t bits[kBitStageWords];
-    uint32_t raw[kRawStageWords];
-    uint32_t carry_bits, carry_raw;
   };
   template <class Cta>
   ZIPCCL_HD static void Run(Cta& cta, Shared& sm, const Params& p) {
@@ -179,125 +251,82 @@ struct WriteKernel {
     const BlockPlan& pl = p.plans[g];
     const uint32_t tid = cta.tid();
     const uint8_t mode = pl.mode;
+    // HUFF only: a CONST plan's table fields are not set (PlanConstBlock)
+    uint8_t* const dir = mode == kModeHuff ? blk + kBlockHeaderBytes + pl.table_bytes : blk;
     if (tid == 0) {
       Store32(frame + kFrameHeaderBytes + b * kDirEntryBytes, uint32_t(pl.block_bytes));
       WriteBlockHeader(blk, pl);
+      if (mode == kModeHuff) {
+        WriteTable(blk + kBlockHeaderBytes, pl);
+        for (int k = 0; k < pl.n_segs; ++k) {
+          Store16(dir + uint64_t(k) * kSegDirEntryBytes, pl.seg_units[k]);
+          Store16(dir + uint64_t(k) * kSegDirEntryBytes + 2, pl.seg_nnz[k]);
+        }
+      }
     }
     if (mode == kModeConst) return;
     if (mode == kModeRaw) {
       uint8_t* body = blk + kBlockHeaderBytes;
-      for (uint64_t e = tid; e < m; e += kThreads) {
+      for (uint64_t e = tid; e < m; e += kSegThreads) {
         const uint32_t v = LoadElem<T>(xb + e * sizeof(T));
         for (unsigned i = 0; i < sizeof(T); ++i) body[e * sizeof(T) + i] = uint8_t(v >> (8 * i));
       }
       return;
     }
-    // HUFF.
-    if (tid == 0) WriteTable(blk + kBlockHeaderBytes, pl);
-    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kThreads) sm.enc[s] = pl.enc[s];
-    const int n_streams = pl.n_streams;
-    uint8_t* dir = blk + kBlockHeaderBytes + pl.table_bytes;
-    uint8_t* bits = dir + uint64_t(n_streams) * kStreamDirEntryBytes;
-    const uint64_t bit_bytes = (pl.total_bits + 7) / 8;
-    uint8_t* raw = bits + bit_bytes;
-    const uint64_t raw_bytes = pl.nnz * uint64_t(pl.raw_width);
+    for (uint32_t s = tid; s < uint32_t(kNumSymbols); s += kSegThreads) sm.enc[s] = pl.enc[s];
+    cta.sync();
+    const uint32_t warp = tid / kLanes, lane = tid % kLanes, below = (1u << lane) - 1;
+    const int seg = int(warp);
+    const uint32_t seg_m = seg < pl.n_segs ? SegmentElemsOf(m, seg) : 0;
+    uint32_t unit0 = 0, raw0 = 0;  // the segment's first unit and raw slot in the block
+    for (int k = 0; k < seg && k < pl.n_segs; ++k) {
+      unit0 += pl.seg_units[k];
+      raw0 += pl.seg_nnz[k];
+    }
     const int raw_w = pl.raw_width;
     const bool low16 = (pl.flags & kBlockFlagLow16) != 0;
-    // Staging coordinates: stage word 0 is the aligned destination word
-    // containing the next bit (byte) to be produced.
-    uint8_t* const bits_base = bits - (reinterpret_cast<uintptr_t>(bits) & 3);
-    uint8_t* const raw_base = raw - (reinterpret_cast<uintptr_t>(raw) & 3);
-    uint64_t bit_q = (reinterpret_cast<uintptr_t>(bits) & 3) * 8;  // bits since bits_base
-    uint64_t raw_q = reinterpret_cast<uintptr_t>(raw) & 3;         // bytes since raw_base
-    for (int i = tid; i < kBitStageWords; i += kThreads) sm.bits[i] = 0;
-    for (int i = tid; i < kRawStageWords; i += kThreads) sm.raw[i] = 0;
-    cta.sync();
-    for (int k = 0; k < n_streams; ++k) {
-      uint32_t v[kElemsPerThread];
-      const int cnt = LoadElems8<T>(xb, m, uint64_t(k) * kStreamElems + tid * kElemsPerThread, v);
-      uint32_t code[kElemsPerThread];
-      uint32_t my_bits = 0, my_nz = 0;
-      for (int j = 0; j < cnt; ++j) {
-        const int s = SymbolOf<T>(v[j]);
-        code[j] = sm.enc[s];
-        my_bits += code[j] >> 16;
-        my_nz += v[j] != 0;
+    uint8_t* const units = dir + uint64_t(pl.n_segs) * kSegDirEntryBytes + 2 * uint64_t(unit0);
+    uint8_t* const raw = dir + uint64_t(pl.n_segs) * kSegDirEntryBytes + 2 * pl.units + uint64_t(raw0) * raw_w;
+    const uint8_t* xs = xb + (uint64_t(seg) << kSegmentLog2) * sizeof(T);
+    uint32_t acc = 0, nacc = 0, used = 0, slot = 0;  // the lane's open unit: bits, count, slot
+    uint32_t cursor = 0, raw_cursor = 0;              // the warp's next unit and raw slots
+    for (int t0 = 0; t0 < kSegmentSteps; t0 += kWriteBatch) {
+      uint32_t vs[kWriteBatch];  // the batch's elements, loaded before the steps that use them
+      for (int k = 0; k < kWriteBatch; ++k) {
+        const uint32_t e = uint32_t(t0 + k) * kLanes + lane;
+        vs[k] = e < seg_m ? LoadElem<T>(xs + uint64_t(e) * sizeof(T)) : 0;
       }
-      uint32_t agg = 0;
-      const uint32_t excl = cta.exclusive_sum(my_bits | (my_nz << 16), &agg);
-      const uint32_t t_bits = agg & 0xFFFFu, t_nz = agg >> 16;
-      if (tid == 0) {
-        Store16(dir + uint64_t(k) * kStreamDirEntryBytes, uint16_t(t_bits));
-        Store16(dir + uint64_t(k) * kStreamDirEntryBytes + 2, uint16_t(t_nz));
-      }
-      // Codes: up to 88 bits starting anywhere in a word -> a 128-bit OR.
-      {
-        const uint32_t at = uint32_t(bit_q & 31) + (excl & 0xFFFFu);
-        uint64_t lo = 0, hi = 0;
-        uint32_t sh = at & 31;
-        for (int j = 0; j < cnt; ++j) {
-          const uint64_t c = code[j] & 0xFFFFu;
-          const uint32_t len = code[j] >> 16;
-          if (sh < 64) {
-            lo |= c << sh;
-            if (sh + len > 64) hi |= c >> (64 - sh);
-          } else {
-            hi |= c << (sh - 64);
-          }
-          sh += len;
-        }
-        uint32_t* w = sm.bits + (at >> 5);
-        if (uint32_t(lo)) AtomicOrShared(w, uint32_t(lo));
-        if (uint32_t(lo >> 32)) AtomicOrShared(w + 1, uint32_t(lo >> 32));
-        if (uint32_t(hi)) AtomicOrShared(w + 2, uint32_t(hi));
-        if (uint32_t(hi >> 32)) AtomicOrShared(w + 3, uint32_t(hi >> 32));
-      }
-      // Raw bytes of the non-zero elements, in element order (none for one-byte floats).
-      if (sizeof(T) > 1) {
-        uint8_t* r = reinterpret_cast<uint8_t*>(sm.raw) + (raw_q & 3) + (excl >> 16) * raw_w;
-        for (int j = 0; j < cnt; ++j) {
-          if (!v[j]) continue;
-          if (sizeof(T) == 2 || low16) {
-            *r++ = uint8_t(Raw16(sizeof(T) == 2 ? v[j] : v[j] >> 16));
-          } else {
-            const uint32_t w3 = Raw32(v[j]);
-            r[0] = uint8_t(w3);
-            r[1] = uint8_t(w3 >> 8);
-            r[2] = uint8_t(w3 >> 16);
-            r += 3;
+      for (int k = 0; k < kWriteBatch; ++k) {
+        const uint32_t e = uint32_t(t0 + k) * kLanes + lane, v = vs[k];
+        const bool active = e < seg_m;
+        const uint32_t code = active ? sm.enc[SymbolOf<T>(v)] : 0, len = code >> 16;
+        const bool starts = active && StartsUnit(used, len);
+        const uint32_t start_mask = cta.ballot(starts);
+        const uint32_t new_slot = cursor + Popc(start_mask & below);
+        cursor += Popc(start_mask);
+        if (active) {
+          if (nacc == 0) slot = new_slot;  // a lane whose unit is full or unopened starts one
+          acc |= (code & 0xFFFFu) << nacc;
+          nacc += len;
+          used += len;
+          if (nacc >= uint32_t(kUnitBits)) {
+            StoreUnit(units + 2 * uint64_t(slot), acc);
+            acc >>= kUnitBits;
+            nacc -= kUnitBits;
+            slot = new_slot;  // the code ran into the unit it started (if nacc > 0)
           }
         }
+        const bool nz = active && v != 0;
+        const uint32_t nz_mask = cta.ballot(nz);
+        if (nz && raw_w) StoreRaw<T>(raw + uint64_t(raw_cursor + Popc(nz_mask & below)) * raw_w, v, low16);
+        raw_cursor += Popc(nz_mask);
       }
-      cta.sync();
-      const uint64_t end_bits = (bit_q & 31) + t_bits;           // stage-relative
-      const uint64_t end_raw = (raw_q & 3) + uint64_t(t_nz) * raw_w;
-      const uint32_t full_bits = uint32_t(end_bits >> 5), full_raw = uint32_t(end_raw >> 2);
-      uint8_t* const bw = bits_base + (bit_q >> 5) * 4;
-      uint8_t* const rw = raw_base + (raw_q >> 2) * 4;
-      for (uint32_t i = tid; i < full_bits; i += kThreads)
-        StoreWordClipped(bw + 4 * uint64_t(i), sm.bits[i], bits, bits + bit_bytes);
-      for (uint32_t i = tid; i < full_raw; i += kThreads)
-        StoreWordClipped(rw + 4 * uint64_t(i), sm.raw[i], raw, raw + raw_bytes);
-      if (tid == 0) {
-        sm.carry_bits = sm.bits[full_bits];
-        sm.carry_raw = sm.raw[full_raw];
-      }
-      cta.sync();
-      for (int i = tid; i < kBitStageWords; i += kThreads) sm.bits[i] = i == 0 ? sm.carry_bits : 0;
-      for (int i = tid; i < kRawStageWords; i += kThreads) sm.raw[i] = i == 0 ? sm.carry_raw : 0;
-      bit_q += t_bits;
-      raw_q += uint64_t(t_nz) * raw_w;
-      cta.sync();
     }
-    // The last, partial words.
-    if (tid == 0) {
-      StoreWordClipped(bits_base + (bit_q >> 5) * 4, sm.bits[0], bits, bits + bit_bytes);
-      StoreWordClipped(raw_base + (raw_q >> 2) * 4, sm.raw[0], raw, raw + raw_bytes);
-    }
+    if (nacc) StoreUnit(units + 2 * uint64_t(slot), acc);  // the lane's last unit, zero-padded
   }
 };
 
-// 5. Finish: one CTA of kSumThreads per frame. Thread 0 writes the frame
+// 4. Finish: one CTA of kSumThreads per frame. Thread 0 writes the frame
 //    header (or, on overflow, the header alone with frame_bytes = the size
 //    needed) and the frame size (0 and no header for a skipped frame); the CTA
 //    then computes the optional checksum (CtaFrameChecksum), which thread 0
@@ -307,7 +336,6 @@ struct FinishEncodeKernel {
   static constexpr int kBlockThreads = kSumThreads;
   using Params = EncodeParams;
   struct Shared {
-    ChecksumShared sum;
     uint64_t hash_bytes;  // the frame's size if it gets a checksum, else 0
   };
   template <class Cta>
@@ -332,13 +360,14 @@ struct FinishEncodeKernel {
     }
     cta.sync();  // the header is in global memory before the CTA hashes it
     if (sm.hash_bytes) {
-      const uint32_t sum = CtaFrameChecksum(cta, sm.sum, out, sm.hash_bytes);
+      const uint32_t sum =
+          CtaFrameChecksum(cta, out, sm.hash_bytes, p.nb, p.offsets, f * p.nb, p.hashes + f * p.nb);
       if (cta.tid() == 0) Store32(out + 28, sum);
     }
   }
 };
 
-// 6. Zero the payload past the frame (past the header after an overflow), as
+// 5. Zero the payload past the frame (past the header after an overflow), as
 //    the CPU handler does: the padded transport sends all `cap` bytes, and
 //    XLA reuses output buffers, so stale device memory must not reach peers.
 //    The whole row of a skipped frame is zeroed. The grid is sized by bytes:

@@ -13,10 +13,9 @@
 // X(symbol, kernel struct): every kernel the launch sequences of
 // cuda_launch.cuh can launch, per element width where the body is a template.
 #define ZIPCCL_CUDA_KERNELS(X)                          \
-  X(zipccl_hist_u8, HistKernel<uint8_t>)                \
-  X(zipccl_hist_u16, HistKernel<uint16_t>)              \
-  X(zipccl_hist_u32, HistKernel<uint32_t>)              \
-  X(zipccl_plan, PlanKernel)                            \
+  X(zipccl_analyse_u8, AnalyseKernel<uint8_t>)          \
+  X(zipccl_analyse_u16, AnalyseKernel<uint16_t>)        \
+  X(zipccl_analyse_u32, AnalyseKernel<uint32_t>)        \
   X(zipccl_scan, ScanKernel)                            \
   X(zipccl_write_u8, WriteKernel<uint8_t>)              \
   X(zipccl_write_u16, WriteKernel<uint16_t>)            \

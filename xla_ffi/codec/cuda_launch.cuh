@@ -31,8 +31,7 @@ template <class Launcher>
 void RunEncode(Launcher& l, const EncodeParams& p) {
   if (p.frames == 0) return;
   if (p.total) {
-    WithElemType(p.dtype, [&](auto t) { l.template Launch<HistKernel<decltype(t)>>(p.total, p); });
-    l.template Launch<PlanKernel>(p.total + 1, p);
+    WithElemType(p.dtype, [&](auto t) { l.template Launch<AnalyseKernel<decltype(t)>>(p.total + 1, p); });
     l.template Launch<ScanKernel>(1, ScanParams{p.sizes, p.offsets, p.total + 1});
     WithElemType(p.dtype, [&](auto t) { l.template Launch<WriteKernel<decltype(t)>>(p.total, p); });
   }
@@ -43,10 +42,12 @@ void RunEncode(Launcher& l, const EncodeParams& p) {
 template <class Launcher>
 void RunDecode(Launcher& l, const DecodeParams& p) {
   if (p.frames == 0) return;
-  l.template Launch<FrameCheckKernel>(p.frames, p);  // one CTA per frame
-  if (p.total) {
+  if (p.total) {  // the directory first: the checksum hashes the blocks it delimits
     l.template Launch<DirKernel>(CeilDiv(p.total + 1, kItemThreads), p);
     l.template Launch<ScanKernel>(1, ScanParams{p.sizes, p.offsets, p.total + 1});
+  }
+  l.template Launch<FrameCheckKernel>(p.frames, p);  // one CTA per frame
+  if (p.total) {
     WithElemType(p.dtype, [&](auto t) {
       l.template Launch<DecodeBlockKernel<decltype(t)>>(p.total, p);
       l.template Launch<PoisonKernel<decltype(t)>>(p.total, p);

@@ -1,4 +1,4 @@
-// Wire format v1 of zipccl: constants, byte layouts and size bounds.
+// Wire format v2 of zipccl: constants, byte layouts and size bounds.
 //
 // FORMAT.md at the repository root is the normative description; this header
 // mirrors it field for field, and zipccl_jax/format.py mirrors this header (a
@@ -19,10 +19,10 @@ namespace zipccl {
 // ---- Frame --------------------------------------------------------------
 // One frame codes one flat array. Offsets are in bytes, fields little-endian.
 //   [0,4)   magic        0x4C43435A ("ZCCL" in byte order)
-//   [4]     version      1
+//   [4]     version      2 (a frame of another version is refused: kErrVersion)
 //   [5]     dtype        DType below
 //   [6]     flags        bit 0: checksum present; bits 1..7 reserved (0)
-//   [7]     block_log2   log2 of elements per block; v1 requires 16
+//   [7]     block_log2   log2 of elements per block; 16 is the only value
 //   [8,16)  n_elems      u64, element count
 //   [16,24) frame_bytes  u64, total frame size including this header
 //   [24,28) reserved     0
@@ -31,7 +31,7 @@ namespace zipccl {
 //   [32, 32 + 4*n_blocks)  block directory: u32 coded size of each block
 //   then the blocks, back to back.
 constexpr uint32_t kMagic = 0x4C43435Au;
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;
 constexpr uint64_t kFrameHeaderBytes = 32;
 constexpr uint64_t kDirEntryBytes = 4;
 constexpr uint8_t kFrameFlagChecksum = 0x01;
@@ -40,9 +40,18 @@ constexpr uint32_t kChecksumSeed = 0;
 
 constexpr int kBlockLog2 = 16;
 constexpr int64_t kBlockElems = int64_t{1} << kBlockLog2;  // 65536 elements
-constexpr int kStreamLog2 = 11;
-constexpr int64_t kStreamElems = int64_t{1} << kStreamLog2;  // 2048 elements
-constexpr int kMaxStreamsPerBlock = int(kBlockElems / kStreamElems);  // 32
+// A HUFF block is cut into segments of kSegmentElems elements, one GPU warp's
+// work: lane l of the kLanes codes the segment's elements kLanes * t + l
+// (step t = 0, 1, ...), so the warp's loads and stores at one step are
+// contiguous. A lane's bits are read kUnitBits at a time, and the segment's
+// units are stored in the order the warp needs them: by the step whose code
+// holds the unit's first bit, then by lane (FORMAT.md "HUFF blocks").
+constexpr int kSegmentLog2 = 14;
+constexpr int64_t kSegmentElems = int64_t{1} << kSegmentLog2;  // 16384 elements
+constexpr int kMaxSegmentsPerBlock = int(kBlockElems / kSegmentElems);  // 4
+constexpr int kLanes = 32;
+constexpr int kSegmentSteps = int(kSegmentElems / kLanes);  // 512 steps: a lane's serial chain
+constexpr int kUnitBits = 16;
 
 // ---- Block --------------------------------------------------------------
 //   [0]     mode     BlockMode below
@@ -53,7 +62,7 @@ constexpr int kMaxStreamsPerBlock = int(kBlockElems / kStreamElems);  // 32
 //   [4,8)   value    CONST: the element's bits, zero-extended; otherwise 0
 // RAW body:  n_block_elems * elem_bytes bytes, the elements verbatim.
 // CONST body: empty.
-// HUFF body: code-length table, stream directory, bitstream, raw bytes.
+// HUFF body: code-length table, segment directory, units, raw bytes.
 constexpr uint64_t kBlockHeaderBytes = 8;
 enum BlockMode : uint8_t { kModeRaw = 0, kModeConst = 1, kModeHuff = 2 };
 constexpr uint8_t kBlockFlagLow16 = 0x01;
@@ -66,7 +75,7 @@ constexpr uint8_t kBlockFlagsReserved = 0xFE;
 constexpr int kNumSymbols = 257;
 constexpr int kZeroSymbol = 256;
 constexpr int kMaxCodeLen = 11;  // bits; also the decoder's lookup width
-constexpr uint64_t kStreamDirEntryBytes = 4;  // u16 stream_bits, u16 nnz
+constexpr uint64_t kSegDirEntryBytes = 4;  // u16 seg_units, u16 seg_nnz
 
 // Codes 4..11 are the one-byte floats (FORMAT.md "Dtype codes"); the codec
 // treats them all alike, as bytes, and only the rejected-frame fill differs.
@@ -156,7 +165,7 @@ enum Status : int {
   kErrBlockMode,       // unknown block mode, or a flag invalid for the mode
   kErrBlockSize,       // block directory size inconsistent with the block
   kErrTable,           // malformed code-length table
-  kErrStream,          // malformed stream directory or bitstream
+  kErrStream,          // malformed segment directory or units
   kErrCapacity,        // output capacity too small (encoder)
   kNumStatus
 };
@@ -166,7 +175,7 @@ inline const char* StatusMessage(int s) {
     case kOk: return "ok";
     case kErrTruncated: return "payload is truncated (shorter than its frame)";
     case kErrMagic: return "bad magic number: not a zipccl frame";
-    case kErrVersion: return "unsupported format version";
+    case kErrVersion: return "frame of another format version (this build reads version 2; peers must run the same zipccl_jax)";
     case kErrDType: return "frame dtype does not match the requested dtype";
     case kErrReserved: return "a reserved field or bit is set";
     case kErrBlockLog2: return "unsupported block size";
@@ -176,7 +185,7 @@ inline const char* StatusMessage(int s) {
     case kErrBlockMode: return "unknown block mode or invalid block flags";
     case kErrBlockSize: return "block size does not match its contents";
     case kErrTable: return "malformed code-length table";
-    case kErrStream: return "malformed bitstream or stream directory";
+    case kErrStream: return "malformed units or segment directory";
     case kErrCapacity: return "output capacity too small";
     default: return "unknown error";
   }

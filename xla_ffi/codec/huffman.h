@@ -81,17 +81,20 @@ ZIPCCL_HD void CodeLengthsFromOrder(const uint32_t* hist, int m, HuffmanWork& w,
     parent[pick[0]] = parent[pick[1]] = uint16_t(n_nodes);
     ++n_nodes;
   }
-  // Depths: the root is the last node; parents always have larger indices.
+  // Depths: the root is the last node; parents always have larger indices. A
+  // tree of m leaves is at most m - 1 deep, so count[] is used up to m - 1 (the
+  // bounds below keep the serial work of one GPU thread proportional to m).
   uint16_t* depth = w.depth;
   depth[n_nodes - 1] = 0;
   int* count = w.count;
-  for (int l = 0; l <= kNumSymbols; ++l) count[l] = 0;
+  const int top = m > kMaxCodeLen ? m : kMaxCodeLen;
+  for (int l = 0; l <= top; ++l) count[l] = 0;
   for (int i = n_nodes - 2; i >= 0; --i) {
     depth[i] = uint16_t(depth[parent[i]] + 1);
     if (i < m) ++count[depth[i]];
   }
   // Clamp to kMaxCodeLen and repair Kraft's inequality.
-  for (int l = kMaxCodeLen + 1; l <= kNumSymbols; ++l) {
+  for (int l = kMaxCodeLen + 1; l <= top; ++l) {
     count[kMaxCodeLen] += count[l];
     count[l] = 0;
   }

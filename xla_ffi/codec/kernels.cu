@@ -23,6 +23,12 @@ struct DeviceCta {
   __device__ uint64_t block() const { return blockIdx.x; }
   __device__ void sync() { __syncthreads(); }
   __device__ int sync_or(int pred) { return __syncthreads_or(pred); }
+  // The lanes of this warp whose pred is non-zero (warp-level: no CTA barrier).
+  __device__ uint32_t ballot(int pred) { return __ballot_sync(0xFFFFFFFFu, pred); }
+  // v of lane `src` of this warp.
+  __device__ uint32_t shfl(uint32_t v, uint32_t src) { return __shfl_sync(0xFFFFFFFFu, v, src); }
+  // Orders this warp's shared-memory accesses before and after it.
+  __device__ void warp_sync() { __syncwarp(); }
 
   // Inclusive sum over the lanes of a full warp (shuffles, no shared memory).
   __device__ static uint32_t WarpInclusiveSum(uint32_t x, uint32_t lane) {

@@ -1,6 +1,10 @@
 // XXH32 (Yann Collet's xxHash, 32-bit variant), written from its public
-// specification. The frame checksum is XXH32 with seed 0 over the whole frame
-// with header bytes [28, 32) read as zero, so it covers the header too.
+// specification, and the frame checksum of format version 2 built on it
+// (FORMAT.md "Checksum"): XXH32 (seed 0) of the list of the parts' XXH32
+// values as little-endian u32, the parts being the header (bytes [28, 32)
+// read as zero) with the block directory, then each block. The blocks hash
+// independently, so a GPU hashes them in parallel; the list is short (4 bytes
+// per 65536 elements).
 #pragma once
 
 #include <cstdint>
@@ -74,12 +78,75 @@ ZIPCCL_HD uint32_t Xxh32Frame(const uint8_t* head, const uint8_t* rest,
   return XxhFinish(XxhMerge(v, 32 + rest_bytes), p, end);
 }
 
-// Checksum of a complete frame of frame_bytes bytes starting at `frame`.
-ZIPCCL_HD uint32_t FrameChecksum(const uint8_t* frame, uint64_t frame_bytes) {
+// XXH32 of any n bytes at p (fewer than 16 included).
+ZIPCCL_HD uint32_t Xxh32Bytes(const uint8_t* p, uint64_t n, uint32_t seed) {
+  const uint8_t* end = p + n;
+  uint32_t h;
+  if (n >= 16) {
+    uint32_t v[4];
+    XxhInit(seed, v);
+    for (; end - p >= 16; p += 16)
+      for (int k = 0; k < 4; ++k) v[k] = XxhRound(v[k], Load32(p + 4 * k));
+    h = XxhMerge(v, n);
+  } else {
+    h = seed + kXxhP5 + uint32_t(n);
+  }
+  return XxhFinish(h, p, end);
+}
+
+// Part 0 of the checksum: the 32-byte header with the checksum field read as
+// zero, then the nb directory entries.
+ZIPCCL_HD uint32_t ChecksumHeadPart(const uint8_t* frame, uint64_t nb) {
   uint8_t head[kFrameHeaderBytes];
   for (uint64_t i = 0; i < kFrameHeaderBytes; ++i) head[i] = i < 28 ? frame[i] : 0;
-  return Xxh32Frame(head, frame + kFrameHeaderBytes,
-                    frame_bytes - kFrameHeaderBytes, kChecksumSeed);
+  return Xxh32Frame(head, frame + kFrameHeaderBytes, nb * kDirEntryBytes, kChecksumSeed);
+}
+
+// XXH32 (seed 0) of a list of u32 values as little-endian bytes, fed one value
+// at a time: the outer hash of the checksum, over the parts' hashes.
+struct Xxh32Words {
+  uint32_t v[4];
+  uint32_t stripe[4];
+  uint64_t words;
+  ZIPCCL_HD void Init() {
+    XxhInit(kChecksumSeed, v);
+    words = 0;
+  }
+  ZIPCCL_HD void Add(uint32_t w) {
+    stripe[words & 3] = w;
+    if ((++words & 3) == 0)
+      for (int k = 0; k < 4; ++k) v[k] = XxhRound(v[k], stripe[k]);
+  }
+  ZIPCCL_HD uint32_t Finish() const {
+    const uint64_t bytes = 4 * words;
+    uint32_t h = bytes >= 16 ? XxhMerge(v, bytes) : kChecksumSeed + kXxhP5 + uint32_t(bytes);
+    for (uint64_t k = 0; k < (words & 3); ++k) h = XxhRotl(h + stripe[k] * kXxhP3, 17) * kXxhP4;
+    h ^= h >> 15;
+    h *= kXxhP2;
+    h ^= h >> 13;
+    h *= kXxhP3;
+    h ^= h >> 16;
+    return h;
+  }
+};
+
+// Checksum of a complete frame of frame_bytes bytes at `frame` whose header
+// and directory have been checked (the directory's sizes add up to
+// frame_bytes). The serial form: a GPU hashes the parts in parallel and
+// combines them with Xxh32Words in the same order.
+ZIPCCL_HD uint32_t FrameChecksum(const uint8_t* frame, uint64_t frame_bytes) {
+  const uint64_t nb = NumBlocks(Load64(frame + 8));
+  Xxh32Words outer;
+  outer.Init();
+  outer.Add(ChecksumHeadPart(frame, nb));
+  uint64_t at = kFrameHeaderBytes + nb * kDirEntryBytes;
+  for (uint64_t b = 0; b < nb; ++b) {
+    const uint64_t bytes = Load32(frame + kFrameHeaderBytes + b * kDirEntryBytes);
+    const uint64_t take = at + bytes <= frame_bytes ? bytes : (at < frame_bytes ? frame_bytes - at : 0);
+    outer.Add(Xxh32Bytes(frame + at, take, kChecksumSeed));
+    at += take;
+  }
+  return outer.Finish();
 }
 
 }  // namespace zipccl
