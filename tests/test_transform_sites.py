@@ -6,24 +6,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zj
+from test_transform import AXIS, BF16, N, RING, _mesh  # the same mesh and data as the transform's tests
 from zipccl_jax import accounting
-
-N = 8
-AXIS = "x"
-BF16 = np.dtype(ml_dtypes.bfloat16)
-RING = [(i, (i + 1) % N) for i in range(N)]
-
-
-def _mesh():
-  return Mesh(np.array(jax.devices("cpu")[:N]), (AXIS,))
 
 
 def _smap(body):

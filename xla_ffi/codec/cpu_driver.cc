@@ -167,20 +167,26 @@ inline void LoadVecCodeTable(const uint16_t* code_of, uint16_t zero_code, VecCod
   vt->zero = _mm512_set1_epi16(short(zero_code));
 }
 
-// The packed codes of 32 symbol bytes s (u16 lanes, 0..255), ZERO where `zero`.
-inline __m512i LookupCodes(const VecCodeTable& vt, __m512i s, __mmask32 zero) {
+// Entries s of a 256-entry u16 table held in eight registers of 32 entries
+// (t[0..7]), for 32 bytes s in u16 lanes: four two-register byte permutes
+// (the low 6 bits of s pick the entry's two bytes), blended by bits 6 and 7.
+inline __m512i Lookup256(const __m512i* t, __m512i s) {
   const __m512i w = _mm512_and_si512(_mm512_slli_epi16(s, 1), _mm512_set1_epi16(0x7E));
   const __m512i idx = _mm512_or_si512(_mm512_or_si512(w, _mm512_slli_epi16(w, 8)),
                                       _mm512_set1_epi16(0x0100));
-  const __m512i r0 = _mm512_permutex2var_epi8(vt.t[0], idx, vt.t[1]);
-  const __m512i r1 = _mm512_permutex2var_epi8(vt.t[2], idx, vt.t[3]);
-  const __m512i r2 = _mm512_permutex2var_epi8(vt.t[4], idx, vt.t[5]);
-  const __m512i r3 = _mm512_permutex2var_epi8(vt.t[6], idx, vt.t[7]);
+  const __m512i r0 = _mm512_permutex2var_epi8(t[0], idx, t[1]);
+  const __m512i r1 = _mm512_permutex2var_epi8(t[2], idx, t[3]);
+  const __m512i r2 = _mm512_permutex2var_epi8(t[4], idx, t[5]);
+  const __m512i r3 = _mm512_permutex2var_epi8(t[6], idx, t[7]);
   const __mmask32 b6 = _mm512_test_epi16_mask(s, _mm512_set1_epi16(64));
   const __mmask32 b7 = _mm512_test_epi16_mask(s, _mm512_set1_epi16(128));
-  const __m512i r01 = _mm512_mask_blend_epi16(b6, r0, r1);
-  const __m512i r23 = _mm512_mask_blend_epi16(b6, r2, r3);
-  return _mm512_mask_blend_epi16(zero, _mm512_mask_blend_epi16(b7, r01, r23), vt.zero);
+  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1),
+                                 _mm512_mask_blend_epi16(b6, r2, r3));
+}
+
+// The packed codes of 32 symbol bytes s (u16 lanes, 0..255), ZERO where `zero`.
+inline __m512i LookupCodes(const VecCodeTable& vt, __m512i s, __mmask32 zero) {
+  return _mm512_mask_blend_epi16(zero, Lookup256(vt.t, s), vt.zero);
 }
 
 // 32 elements (the lanes in `act`) -> their symbol bytes in u16 lanes, and
@@ -626,19 +632,7 @@ Status DecodeSegmentsVec(const VecDecodeTable& vt, const SegmentIn* seg) {
 
 // The symbols of the codes at the windows lo whose codes have at most 8 bits;
 // 0xFFFF for longer codes.
-inline __m512i ShortSymbols(const VecDecodeTable& vt, __m512i lo) {
-  const __m512i x = _mm512_and_si512(_mm512_slli_epi16(lo, 1), _mm512_set1_epi16(0x7E));
-  const __m512i idx = _mm512_or_si512(_mm512_or_si512(x, _mm512_slli_epi16(x, 8)),
-                                      _mm512_set1_epi16(0x0100));
-  const __m512i r0 = _mm512_permutex2var_epi8(vt.sym8[0], idx, vt.sym8[1]);
-  const __m512i r1 = _mm512_permutex2var_epi8(vt.sym8[2], idx, vt.sym8[3]);
-  const __m512i r2 = _mm512_permutex2var_epi8(vt.sym8[4], idx, vt.sym8[5]);
-  const __m512i r3 = _mm512_permutex2var_epi8(vt.sym8[6], idx, vt.sym8[7]);
-  const __mmask32 b6 = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(64));
-  const __mmask32 b7 = _mm512_test_epi16_mask(lo, _mm512_set1_epi16(128));
-  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1),
-                                 _mm512_mask_blend_epi16(b6, r2, r3));
-}
+inline __m512i ShortSymbols(const VecDecodeTable& vt, __m512i lo) { return Lookup256(vt.sym8, lo); }
 
 // Completes the symbols of a decoded segment: the long codes' (0xFFFF) from
 // the full table by their windows.

@@ -119,14 +119,10 @@ struct Xxh32Words {
   }
   ZIPCCL_HD uint32_t Finish() const {
     const uint64_t bytes = 4 * words;
-    uint32_t h = bytes >= 16 ? XxhMerge(v, bytes) : kChecksumSeed + kXxhP5 + uint32_t(bytes);
-    for (uint64_t k = 0; k < (words & 3); ++k) h = XxhRotl(h + stripe[k] * kXxhP3, 17) * kXxhP4;
-    h ^= h >> 15;
-    h *= kXxhP2;
-    h ^= h >> 13;
-    h *= kXxhP3;
-    h ^= h >> 16;
-    return h;
+    const uint32_t h = bytes >= 16 ? XxhMerge(v, bytes) : kChecksumSeed + kXxhP5 + uint32_t(bytes);
+    uint8_t tail[16];  // the words after the last whole stripe, as the bytes XxhFinish reads
+    for (uint64_t k = 0; k < (words & 3); ++k) Store32(tail + 4 * k, stripe[k]);
+    return XxhFinish(h, tail, tail + 4 * (words & 3));
   }
 };
 
