@@ -57,6 +57,12 @@ ZIPCCL_HD uint32_t SegmentElemsOf(uint64_t m, int seg) {
 ZIPCCL_HD uint32_t LaneElems(uint32_t seg_m, uint32_t lane) {
   return seg_m > lane ? (seg_m - lane + kLanes - 1) / kLanes : 0;
 }
+// Steps of the longest segment of a block of m elements (its first): what
+// every warp of a block's CTA runs, so a warp primitive is reached alike.
+ZIPCCL_HD int BlockSteps(uint64_t m) {
+  const uint64_t first = m < uint64_t(kSegmentElems) ? m : uint64_t(kSegmentElems);
+  return int((first + kLanes - 1) / kLanes);
+}
 // Units a lane of `bits` bits fills (the last one padded with zero bits).
 ZIPCCL_HD uint32_t LaneUnits(uint32_t bits) { return (bits + kUnitBits - 1) / kUnitBits; }
 // Whether a code of `len` bits after the lane's first `before` bits holds the

@@ -61,8 +61,8 @@ constexpr int kItemThreads = 64;
 // block, warp w working on the block's segment w (FORMAT.md "HUFF blocks"):
 // lane l of it codes the segment's elements 32 t + l at step t, so each step's
 // element loads and stores, unit loads and raw bytes are contiguous. A block
-// that has fewer segments leaves warps idle; every warp still runs the
-// kSegmentSteps steps, so a ballot (a CTA barrier in the emulator) is reached
+// that has fewer segments leaves warps idle; every warp still runs the steps
+// of the block's longest segment (BlockSteps), so a ballot (a CTA barrier in the emulator) is reached
 // the same number of times by every thread.
 constexpr int kSegThreads = kLanes * kMaxSegmentsPerBlock;  // 128
 

@@ -245,7 +245,8 @@ struct DecodeBlockKernel {
     uint32_t buf = 0, nbits = 0;          // the lane's next bits (first in bit 0), zeros above
     uint32_t cursor = 0, raw_cursor = 0;  // the warp's next unit and raw slots
     bool bad = false, warp_bad = false, raw_bad = false;
-    for (int r = 0; r < kSegmentSteps / kRoundSteps; ++r) {
+    const int rounds = (BlockSteps(m) + kRoundSteps - 1) / kRoundSteps;  // uniform over the CTA
+    for (int r = 0; r < rounds; ++r) {
       for (int j = 0; j < kRoundSteps; ++j) {  // decode phase
         const uint32_t e = uint32_t(r * kRoundSteps + j) * kLanes + lane;
         const bool active = !warp_bad && !bad && e < seg_m;

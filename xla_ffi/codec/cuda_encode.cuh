@@ -227,7 +227,7 @@ ZIPCCL_HD void StoreRaw(uint8_t* q, uint32_t v, bool low16) {
 //    - a lane ORs its code into the bits of its open unit and stores a unit
 //      once full (two byte stores; the last, partial one after the loop);
 //    - non-zero elements take raw-byte slots the same way (a second ballot).
-//    Every warp runs all kSegmentSteps steps (idle lanes vote 0); a lane loads
+//    Every warp runs the block's BlockSteps (idle lanes vote 0); a lane loads
 //    the elements of kWriteBatch steps before coding them, so their loads are
 //    in flight together.
 template <typename T>
@@ -290,7 +290,8 @@ struct WriteKernel {
     const uint8_t* xs = xb + (uint64_t(seg) << kSegmentLog2) * sizeof(T);
     uint32_t acc = 0, nacc = 0, used = 0, slot = 0;  // the lane's open unit: bits, count, slot
     uint32_t cursor = 0, raw_cursor = 0;              // the warp's next unit and raw slots
-    for (int t0 = 0; t0 < kSegmentSteps; t0 += kWriteBatch) {
+    const int steps = BlockSteps(m);  // uniform over the CTA
+    for (int t0 = 0; t0 < steps; t0 += kWriteBatch) {
       uint32_t vs[kWriteBatch];  // the batch's elements, loaded before the steps that use them
       for (int k = 0; k < kWriteBatch; ++k) {
         const uint32_t e = uint32_t(t0 + k) * kLanes + lane;
