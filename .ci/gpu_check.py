@@ -289,9 +289,10 @@ def benchmark(kit: Kit, have_gpu: bool) -> bool:
         "gb_per_s": round(k["gb_per_s"], 1), "p25": round(k["p25_gb_per_s"], 1),
         "p75": round(k["p75_gb_per_s"], 1), "copy_gb_per_s": round(k["copy_gb_per_s"], 1),
         "ratio": round(k["ratio"], 4), "bit_exact": k["bit_exact"]}
+  r1 = lambda v: None if v is None else round(v, 1)
   device = [{"kernel": k["kernel"], "dtype": k["dtype"], "mib": round(k["raw_bytes"] / 2**20, 2),
-             "gb_per_s": round(k["gb_per_s"], 1), "p25": round(k["p25_gb_per_s"], 1),
-             "p75": round(k["p75_gb_per_s"], 1), "copy_gb_per_s": round(k["copy_gb_per_s"], 1),
+             "resolved": k["resolved"], "gb_per_s": r1(k["gb_per_s"]), "p25": r1(k["p25_gb_per_s"]),
+             "p75": r1(k["p75_gb_per_s"]), "copy_gb_per_s": r1(k["copy_gb_per_s"]),
              "ratio": round(k["ratio"], 4), "bit_exact": k["bit_exact"]} for k in rec.get("kernels_device", [])]
   mem = {m["variant"]: m for m in rec["memory"]}
   verdicts = {f"{k['kernel']}:{k['dtype']}": k["bit_exact"] for k in rec["kernels"]}

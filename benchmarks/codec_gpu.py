@@ -146,14 +146,20 @@ def bench_kernels_device(jax, jnp, np, zj, dev, cases, reps: int, working_set: i
           t0 = time.perf_counter()
           jax.block_until_ready(f(rounds, carry))
           t.append(time.perf_counter() - t0)
-        slopes[k].append(max(t[1] - t[0], 1e-9) / (8 * r))
+        slopes[k].append((t[1] - t[0]) / (8 * r))  # raw: noise can make it <= 0 (then `resolved` is False)
     raw = elems * dt.itemsize
     frame_bytes = int(frames[0][1])
+    # A rate is only meaningful where the loop length resolved the call's time in most repetitions (on a
+    # GPU it does; in the CPU smoke mode, tiny calls drown in noise): otherwise the rates are None.
+    resolved = {k: quantile(v, 0.25) > 0 for k, v in slopes.items()}
+    rate = lambda k: _gbps(raw, slopes[k]) if resolved[k] else {"gb_per_s": None, "p25_gb_per_s": None,
+                                                                "p75_gb_per_s": None}
     for k in ("encode", "decode"):
-      vs = paired_ratio(slopes["copy"], slopes[k])
+      ok = resolved[k] and resolved["copy"]
+      vs = paired_ratio(slopes["copy"], slopes[k]) if ok else {"ratio": None, "ratio_p25": None, "ratio_p75": None}
       out.append({"kernel": k, "dtype": name, "raw_bytes": raw, "frame_bytes": frame_bytes,
                   "ratio": raw / frame_bytes, "rotating_inputs": r, "timing": "device",
-                  **summary(slopes[k]), **_gbps(raw, slopes[k]), "copy_gb_per_s": _gbps(raw, slopes["copy"])["gb_per_s"],
+                  "resolved": ok, **summary(slopes[k]), **rate(k), "copy_gb_per_s": rate("copy")["gb_per_s"],
                   "vs_copy": vs["ratio"], "vs_copy_p25": vs["ratio_p25"], "vs_copy_p75": vs["ratio_p75"],
                   "samples_s": slopes[k], "copy_samples_s": slopes["copy"], "bit_exact": exact})
   return out
@@ -309,6 +315,9 @@ def _print(rec: dict) -> None:
           f"{k['vs_copy']:7.3f} [{k['vs_copy_p25']:.3f}-{k['vs_copy_p75']:.3f}] {k['bit_exact']}")
   print(f"\n{rec['device_timing']}")
   for k in rec["kernels_device"]:
+    if not k["resolved"]:
+      print(f"{k['kernel']:7s} {k['dtype']:14s} {k['raw_bytes'] / 2**20:8.1f} MiB: not resolved (slopes <= 0)")
+      continue
     print(f"{k['kernel']:7s} {k['dtype']:14s} {k['raw_bytes'] / 2**20:8.1f} MiB {k['ratio']:6.3f} "
           f"{k['gb_per_s']:8.1f} GB/s [{k['p25_gb_per_s']:.1f}-{k['p75_gb_per_s']:.1f}] copy "
           f"{k['copy_gb_per_s']:8.1f} /copy {k['vs_copy']:.3f} [{k['vs_copy_p25']:.3f}-{k['vs_copy_p75']:.3f}] "
