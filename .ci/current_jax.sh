@@ -39,7 +39,10 @@ run_pair() {
   return "$rc"
 }
 
-run_pair "$PYENV_ROOT/versions/3.13.0/bin/python" .venv-py313 0.12.0.1 || status=1
+# The whole suite but the sanitized emulator run: it builds and runs the CUDA kernel bodies as C++ under
+# ASan/UBSan and the race detector, which no JAX version touches (the README command runs it; ~7 min here).
+run_pair "$PYENV_ROOT/versions/3.13.0/bin/python" .venv-py313 0.12.0.1 --ignore=tests/test_emulator_sanitized.py \
+  || status=1
 
 run_pair "$PYENV_ROOT/versions/3.12.1/bin/python" .venv-py312 0.11.2 \
   tests/test_collectives.py tests/test_adversarial_collectives.py tests/test_dropin.py tests/test_ragged.py \
