@@ -24,3 +24,16 @@ def test_lowering_and_explain_match_golden():
   base = json.loads(snapshot_api.BASELINE.read_text())
   diff = snapshot_api.compare(snapshot_api.jax_independent(got), snapshot_api.jax_independent(base))
   assert not diff, f"jax {jax.__version__} differs from jax 0.10 beyond the StableHLO text:\n" + diff
+
+
+def test_every_release_golden_agrees_with_baseline_beyond_stablehlo():
+  """Every release's golden, whichever jax runs: re-recording jax 0.10's for an intended change (explain's
+  words, a new case) must re-record the others' too, or the newest jax's CI run is the first to notice."""
+  base = snapshot_api.jax_independent(json.loads(snapshot_api.BASELINE.read_text()))
+  others = sorted(snapshot_api.GOLDEN_DIR.glob("refactor_snapshot.jax-*.json"))
+  assert others, "no per-release goldens found"
+  for path in others:
+    got = snapshot_api.jax_independent(json.loads(path.read_text()))
+    assert sorted(got) == sorted(base), f"{path.name}: other cases than jax 0.10's golden"
+    diff = snapshot_api.compare(got, base)
+    assert not diff, f"{path.name} differs from jax 0.10's golden beyond the StableHLO text:\n" + diff
