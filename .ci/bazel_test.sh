@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the extension and runs every test with Bazel (offline, Debian's bazel-bootstrap 4.2.3):
-#   bazel test //...   (C++ codec tests, sanitized variants, pytest suites against the Bazel-built extension)
+#   bazel build //... && bazel test TARGETS   (default //...: C++ codec tests, sanitized variants, pytest suites
+#   against the Bazel-built extension; CI names //tests/cc/... //tests:ci)
 # The Bazel extension is CPU-only: the CUDA kernels are built by CMake with NVRTC (pip install .); Bazel builds
 # the CUDA handlers and their launch layer only for //tests/cc:ffi_contract_test, over a mock driver.
 # Prints "N passed, N failed" (test targets; a build failure counts as one failure), exits non-zero on any
-# failure, and shuts the Bazel server down. Extra arguments go to `bazel test`.
+# failure, and shuts the Bazel server down. Arguments are the targets (default //...); .ci/run names CI's set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,8 +30,16 @@ fi
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-bazel test --curses=no "$@" -- //... 2>&1 | tee "$log"
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(//...)
+# Every target builds (a BUILD error anywhere fails), whichever are tested.
+bazel build --curses=no -- //... 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
+if [ "$rc" -eq 0 ]; then
+  echo "bazel_test: bazel test ${targets[*]}"
+  bazel test --curses=no -- "${targets[@]}" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+fi
 
 # Bazel's per-target summary lines: "//pkg:target   PASSED in 1.2s", "... FAILED in ...", "... NO STATUS", ...
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
