@@ -36,6 +36,7 @@ class Call:
   groups: tuple | None = None  # axis_index_groups (raw bits; ranks are positions in a group)
   algorithm: str = ""     # psum: "a2a-sum+gather" or "gather-sum" (strategy.PSUM_ALGORITHMS)
   pieces: int = 1         # coded chains per chunk (_exchange.in_pieces)
+  fixed_order: bool = False  # reductions: raw runs the fixed-order program, not jax.lax's call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +63,11 @@ PUBLIC: dict[str, Callable] = {}
 
 @_ours.ours  # the jax.lax collectives it binds are ours (never rewritten by compress_collectives)
 def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, name,
-                role=None, groups=None):
-  """Plans, records and runs `recipe` on every leaf of `x` (role: None = the recipe's)."""
+                role=None, groups=None, fixed_order=None):
+  """Plans, records and runs `recipe` on every leaf of `x` (role: None = the recipe's;
+  fixed_order: None = the active default, `defaults.use_defaults`)."""
   defaults.check_call(recipe.op, compress, capacity, transport)  # at the door, whatever the plan
+  fixed_order = defaults.resolve_fixed_order(fixed_order, recipe.op)
   compress, capacity = defaults.resolve(compress, capacity)
   fwd_cap, bwd_cap = split_capacity(capacity)
   site = call_site(recipe.op, name)
@@ -82,10 +85,11 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
     if grp and raw_reason is None:
       raw_reason = "axis_index_groups"
     if not grp and (lp := hierarchical.plan(recipe.op, x, axis_name, params, compress, fwd_cap,
-                                            site, role)):
+                                            site, role, fixed_order)):
       def backward(ct, args):  # the transposed collective, as `transposed` runs it
         return run(recipe, ct, axis_name, args, compress=compress, capacity=bwd_cap,
-                   transport=transport, name=site + "/bwd", role="gradient")
+                   transport=transport, name=site + "/bwd", role="gradient",
+                   fixed_order=fixed_order)
       return hierarchical.run(lp, x, params, PUBLIC, capacity=fwd_cap, transport=transport,
                               backward=backward)
     pin_alg, pin_pieces = hierarchical.pinned()
@@ -93,12 +97,12 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
                       role=role, site=site, axis_name=axis_name, transport=transport,
                       raw_reason=raw_reason, algorithm=pin_alg if recipe.op == "psum" else None,
                       pieces=pin_pieces if recipe.op in strategy.PIPELINED_OPS else None,
-                      message_elems=x.size)
+                      message_elems=x.size, fixed_order=fixed_order)
     raw_b, wire_b = recipe.wire(x, n, params, _wire_capacity(p, x, m), p.algorithm)
     with accounting.site_scope(accounting.record(site, recipe.op, x, n, p, raw_b, wire_b)):
       return _bind(recipe, p, x, raw_reason, Call(
           recipe.op, axis_name, params, p.capacity if p.compress else 0, p.transport or transport,
-          site, (compress, bwd_cap), grp, p.algorithm, p.pieces), (raw_b, wire_b))
+          site, (compress, bwd_cap), grp, p.algorithm, p.pieces, fixed_order), (raw_b, wire_b))
 
   return tree_apply(leaf, x, site)
 
@@ -139,13 +143,18 @@ def transposed(recipe: Recipe, call: Call, ct, args):
   compress, capacity = call.backward
   return run(recipe, ct, call.axis_name, args, compress=compress, capacity=capacity,
                      transport=call.transport, name=call.site + "/bwd", role="gradient",
-                     groups=call.groups)
+                     groups=call.groups, fixed_order=call.fixed_order)
 
 
 def raw_path(call: Call, x, lax_fn):
   """The uncoded path of a coded dtype (compress=False or auto deciding raw): bits via jax.lax."""
   accounting.count(call.site, jnp.bool_(False))
   return _exchange.raw_bits(lax_fn, x)
+
+
+def lax_raw(call: Call) -> bool:
+  """Whether a reduction's `call` runs jax.lax's own call: planned raw, not `fixed_order`."""
+  return not call.capacity and not call.fixed_order
 
 
 def check_positional(x, api):

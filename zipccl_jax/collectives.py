@@ -1,16 +1,13 @@
 """Lossless compressed collectives: drop-in replacements for ``jax.lax``.
 
 ``all_to_all``, ``all_gather``, ``psum_scatter``, ``psum``, ``ppermute``, ``pmean`` and
-``all_gather_invariant`` take the arguments of their ``jax.lax`` namesakes. Over the manual
-axes of a ``jax.shard_map`` (under ``jit`` or not) each one encodes its
-chunks with the zipccl codec, runs the ``jax.lax`` collective on the uint8
-payload, and decodes on the receiving side. Data-movement collectives return
-results bit-identical to ``jax.lax``; reductions return the documented
-fixed-order float32 reduction (see `psum_scatter`). Whenever a float message
-goes raw (``compress=False``, ``"auto"`` deciding raw, or the overflow
-fallback) its bit pattern moves as a uint16/uint32 view, so NaN payloads
-survive too (XLA:CPU's own 16-bit float collectives widen to float32 on the
-wire and quiet signalling NaNs).
+``all_gather_invariant`` take the arguments of their ``jax.lax`` namesakes. Over the manual axes
+of a ``jax.shard_map`` (under ``jit`` or not) each one encodes its chunks with the zipccl codec,
+runs the ``jax.lax`` collective on the uint8 payload, and decodes on the receiving side.
+Data-movement collectives return results bit-identical to ``jax.lax``; coded reductions return
+the documented fixed-order float32 reduction (see `psum_scatter`). A float message moved raw
+(``compress=False``, ``"auto"`` deciding raw, the overflow fallback) moves as a uint view, so NaN
+payloads survive (XLA:CPU's 16-bit float collectives widen to float32 and quiet signalling NaNs).
 
 Wherever else ``jax.lax`` accepts a call there is no wire of ours, and the call is exactly
 ``jax.lax``'s (`_shard.lax_only_reason`): axes bound by ``jax.vmap(..., axis_name=)`` or
@@ -57,14 +54,17 @@ them.
 
 Reductions and statistics
 -------------------------
-``psum_scatter`` and ``psum`` always compute the fixed-order float32 sum of
-`_exchange.ordered_sum`, raw or coded (see `psum_scatter`). Each call site records the bytes one
-device sends (:mod:`zipccl_jax.accounting`, also home of :func:`set_runtime_stats`' counters).
+Coded, ``psum_scatter`` and ``psum`` compute the fixed-order float32 sum of `_exchange.ordered_sum`
+(so does their overflow fallback); raw they run the ``jax.lax`` call as written (XLA's ring, whose
+host crossings use every device's link). ``fixed_order=True`` (per call, or `use_defaults`) makes
+raw the fixed-order all-to-all and sum too, so the bits never depend on the decision, at the
+all-to-all's cost (``python -m zipccl_jax.model`` prices both). Each call site records the bytes
+one device sends (:mod:`zipccl_jax.accounting`, also home of `set_runtime_stats`' counters).
 
 Differences from ``jax.lax`` (deliberate)
 -----------------------------------------
-* ``psum_scatter``/``psum``/``pmean`` of floats: the documented fixed-order float32 sum, not
-  XLA's order; equal to ``jax.lax`` within one rounding.
+* ``psum_scatter``/``psum``/``pmean`` of floats, coded (or ``fixed_order=True``): the documented
+  fixed-order float32 sum, not XLA's order; equal to ``jax.lax`` within one rounding.
 * ``axis_index_groups`` (all_to_all, all_gather, psum_scatter; psum raises
   ``NotImplementedError`` inside shard_map, as ``jax.lax.psum`` does): sent uncompressed, as raw
   bits (``psum_scatter`` keeps the documented order, ranks being positions in a group).
@@ -83,7 +83,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from zipccl_jax import _exchange, _recipe, accounting
-from zipccl_jax._recipe import (Call, Recipe, check_positional, raw_path, run, size_of,
+from zipccl_jax._recipe import (Call, Recipe, check_positional, lax_raw, raw_path, run, size_of,
                                 transposed)
 from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_split,
                                check_vma_on, itemsize, lax_ppermute, perm_argument, vary)
@@ -148,9 +148,8 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
     rank 0: y = [[a0, a1, a2],          rank 1: y = [[b0, b1, b2],
                  [c0, c1, c2]]                       [d0, d1, d2]]
   """
-  return run(_ALL_TO_ALL, x, axis_name, (split_axis, concat_axis, tiled),
-                     compress=compress, capacity=capacity, transport=transport, name=name,
-                     groups=axis_index_groups)
+  return run(_ALL_TO_ALL, x, axis_name, (split_axis, concat_axis, tiled), compress=compress,
+             capacity=capacity, transport=transport, name=name, groups=axis_index_groups)
 
 
 def _all_to_all_params(x, n, axis_name, args):
@@ -263,9 +262,8 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
   if to not in ("varying", "invarying", "reduced"):
     raise ValueError(f"zipccl_jax.all_gather: to must be 'varying', 'invarying' or 'reduced', "
                      f"got {to!r}")
-  return run(_ALL_GATHER, x, axis_name, (axis, tiled, to), compress=compress,
-                     capacity=capacity, transport=transport, name=name,
-                     groups=axis_index_groups)
+  return run(_ALL_GATHER, x, axis_name, (axis, tiled, to), compress=compress, capacity=capacity,
+             transport=transport, name=name, groups=axis_index_groups)
 
 
 def _all_gather_params(x, n, axis_name, args):
@@ -335,21 +333,19 @@ _ALL_GATHER = Recipe("all_gather", "activation", _all_gather_params, _all_gather
 # --------------------------------------------------------------------------- #
 
 def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False,
-                 compress=None, capacity=None, transport="auto", name=None):
-  """Compressed :func:`jax.lax.psum_scatter` with a fixed float32 reduction order.
+                 compress=None, capacity=None, transport="auto", name=None, fixed_order=None):
+  """Compressed :func:`jax.lax.psum_scatter`; coded, with a fixed float32 reduction order.
 
   Must be called inside ``jax.shard_map``. For bfloat16/float16/float32/float8
   inputs, rank ``i`` returns chunk ``i`` of the sum over ranks, computed as::
 
     out = round_to_dtype(((f32(x_0[i]) + f32(x_1[i])) + ...) + f32(x_{n-1}[i]))
 
-  with ``x_r[i]`` the ``i``-th chunk (along ``scatter_dimension``) of rank
-  ``r``'s input: float32 additions in ascending rank order and one
-  round-to-nearest-even at the end. ``compress=False``, ``'auto'`` and the
-  overflow fallback compute exactly this too, so the result never depends on
-  the transport. ``jax.lax.psum_scatter`` lets XLA choose order and precision;
-  the two agree to within the rounding of the sum. Other dtypes call
-  ``jax.lax.psum_scatter``.
+  with ``x_r[i]`` the ``i``-th chunk (along ``scatter_dimension``) of rank ``r``'s input: float32
+  additions in ascending rank order, one round-to-nearest-even at the end; the overflow fallback
+  too, so the result never depends on the transport. Raw (``compress=False``, or ``'auto'``
+  deciding raw) it is ``jax.lax.psum_scatter`` as called (XLA's order, within the rounding of the
+  sum); with ``fixed_order=True`` raw sums in the fixed order too. Other dtypes: ``jax.lax``'s.
 
   Args:
     x: array(s) with a mapped axis named ``axis_name``.
@@ -359,6 +355,9 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     axis_index_groups: as in ``jax.lax`` (sent uncompressed, see the module docstring).
     tiled: as in ``jax.lax.psum_scatter``.
     compress, capacity, transport, name: see the module docstring.
+    fixed_order: ``True``: raw computes the fixed-order sum too (bits independent of the
+      decision, at an all-to-all's cost); ``False``: raw is ``jax.lax``'s call; ``None``:
+      :func:`zipccl_jax.use_defaults`' (False unless set).
 
   Returns:
     ``x.shape`` with ``scatter_dimension`` divided by ``n`` (``tiled=True``)
@@ -381,8 +380,8 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     rank 0: 1 + 10 = 11    rank 1: 2 + 20 = 22
   """
   return run(_PSUM_SCATTER, x, axis_name, (scatter_dimension, tiled), compress=compress,
-                     capacity=capacity, transport=transport, name=name,
-                     groups=axis_index_groups)
+             capacity=capacity, transport=transport, name=name, groups=axis_index_groups,
+             fixed_order=fixed_order)
 
 
 def _psum_scatter_params(x, n, axis_name, args):
@@ -421,6 +420,9 @@ def _reduce_scatter_rows(rows, axis_name, n, call: Call):
 
 
 def _psum_scatter_impl(call: Call, x):
+  if lax_raw(call):
+    accounting.count(call.site, jnp.bool_(False))
+    return _psum_scatter_lax(x, call.axis_name, call.params, call.groups)
   dim, tiled = call.params
   n = size_of(call)
   x = vary(x, axes_of(call.axis_name))
@@ -448,8 +450,8 @@ _PSUM_SCATTER = Recipe("psum_scatter", "gradient", _psum_scatter_params, _psum_s
 # --------------------------------------------------------------------------- #
 
 def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
-         transport="auto", name=None):
-  """Compressed :func:`jax.lax.psum` (all-reduce) with a fixed float32 order.
+         transport="auto", name=None, fixed_order=None):
+  """Compressed :func:`jax.lax.psum` (all-reduce); coded, with a fixed float32 order.
 
   Must be called inside ``jax.shard_map``. For the coded float dtypes it runs one of two
   algorithms, chosen per call at trace time by the cost model of :mod:`zipccl_jax.strategy`
@@ -468,16 +470,14 @@ def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
       rows = all_gather(x.reshape(-1), axis_name)        # (n, x.size), row s from rank s
       out = ordered_f32_sum(rows).reshape(x.shape)       # on every rank, the same order
 
-  Reduction order: in both algorithms every element is
-  ``round(((f32(x_0) + f32(x_1)) + ...) + f32(x_{n-1}))``, float32 additions in ascending
-  rank order and one round-to-nearest-even (see :func:`psum_scatter`), so the two algorithms
-  return the same bits, every rank holds the same bits, and ``compress=True``, ``False``,
-  ``"auto"`` and the overflow fallback give the same bits too. ``jax.lax.psum`` may round
-  differently (within one rounding). Other dtypes call ``jax.lax.psum``. An int ``capacity``
-  is the bytes of one frame of the algorithm's chunk (``ceil(x.size / n)`` elements, resp.
-  ``x.size``), so with one ``"auto"`` keeps ``"a2a-sum+gather"``. Under ``check_vma`` the
-  result is device-invariant like ``jax.lax.psum``'s, and the transpose is a (free) ``pcast``;
-  without ``check_vma`` the transpose is this ``psum``.
+  Coded, every element is ``round(((f32(x_0) + f32(x_1)) + ...) + f32(x_{n-1}))`` in both
+  algorithms (see :func:`psum_scatter`): the same bits on every rank, for either algorithm and
+  for the overflow fallback. Raw (``compress=False``, or ``"auto"`` deciding raw) it is
+  ``jax.lax.psum`` as called (within one rounding of that); with ``fixed_order=True`` raw sums in
+  the fixed order too. Other dtypes call ``jax.lax.psum``. An int ``capacity`` is the bytes of
+  one frame of the algorithm's chunk (``ceil(x.size / n)`` elements, resp. ``x.size``), so with
+  one ``"auto"`` keeps ``"a2a-sum+gather"``. Under ``check_vma`` the result is device-invariant
+  like ``jax.lax.psum``'s, and the transpose is a (free) ``pcast``; without, this ``psum``.
 
   Args:
     x: array(s) with a mapped axis named ``axis_name``.
@@ -487,6 +487,7 @@ def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
     compress, capacity, transport, name: see the module docstring (both
       phases use the same options; the all-gather phase is always padded; so is the whole
       ``"gather-sum"`` under ``check_vma``, whose result is device-invariant).
+    fixed_order: as :func:`psum_scatter`'s.
 
   Returns:
     Array(s) of ``x.shape``: the sum over ``axis_name``.
@@ -496,9 +497,8 @@ def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
     "a2a-sum+gather": rank 0 keeps 1 + 10 = 11, rank 1 keeps 2 + 20 = 22, all_gather -> [11, 22]
     "gather-sum": both ranks receive [[1, 2], [10, 20]] and add the rows: [11, 22]
   """
-  return run(_PSUM, x, axis_name, (), compress=compress, capacity=capacity,
-                     transport=transport, name=name,
-                     groups=axis_index_groups)
+  return run(_PSUM, x, axis_name, (), compress=compress, capacity=capacity, transport=transport,
+             name=name, groups=axis_index_groups, fixed_order=fixed_order)
 
 
 def _psum_params(x, n, axis_name, args):
@@ -532,6 +532,9 @@ def _gather_sums(red, axis_name, n, call: Call, invariant, site=None):
 
 
 def _psum_impl(call: Call, x):
+  if lax_raw(call):
+    accounting.count(call.site, jnp.bool_(False))
+    return _psum_lax(x, call.axis_name, call.params)
   n = axis_size(call.axis_name, "psum")
   x = vary(x, axes_of(call.axis_name))
   if call.algorithm == "gather-sum":
@@ -661,13 +664,12 @@ _PPERMUTE = Recipe("ppermute", "activation", _ppermute_params, _ppermute_wire, _
 # --------------------------------------------------------------------------- #
 
 def pmean(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
-          transport="auto", name=None):
+          transport="auto", name=None, fixed_order=None):
   """Compressed :func:`jax.lax.pmean`: :func:`psum`, then a division by the number of ranks.
 
-  As in ``jax.lax.pmean``, ``psum(x) / n`` with ``n`` the size of ``axis_name`` (a Python
-  int, so the quotient keeps ``x``'s float dtype; integers divide to floats). The sum is
-  :func:`psum`'s documented fixed-order float32 sum, so the bits are the same with and without
-  compression. Same arguments and options as :func:`psum`.
+  As in ``jax.lax.pmean``, ``psum(x) / n`` with ``n`` the size of ``axis_name`` (a Python int:
+  the quotient keeps ``x``'s float dtype). The sum is :func:`psum`'s (raw: ``jax.lax.psum``'s, so
+  the bits are ``jax.lax.pmean``'s). Same arguments and options as :func:`psum`.
 
   Example, two devices::
 
@@ -675,7 +677,7 @@ def pmean(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
     pmean(x, 'i')            # [2., 4.] on both ranks
   """
   summed = psum(x, axis_name, axis_index_groups=axis_index_groups, compress=compress,
-                capacity=capacity, transport=transport, name=name)
+                capacity=capacity, transport=transport, name=name, fixed_order=fixed_order)
   n = lax.psum(1, axis_name, axis_index_groups=axis_index_groups)  # jax.lax's own count
   return jax.tree_util.tree_map(lambda v: v / n, summed)
 
@@ -685,9 +687,7 @@ def all_gather_invariant(x, axis_name, *, axis=0, tiled=False, compress=None, ca
   """:func:`all_gather` with ``to="invarying"``: a device-invariant result, bit-identical.
 
   ``jax.lax.all_gather(x, axis_name, to="invarying")`` under its own name (newer jax versions
-  export ``jax.lax.all_gather_invariant``). The transpose is a local slice of the cotangent.
-
-  Example, two devices::
+  export ``jax.lax.all_gather_invariant``). The transpose is a local slice of the cotangent::
 
     rank 0: x = [a0, a1]     rank 1: x = [b0, b1]
     all_gather_invariant(x, 'i', tiled=True)   # [a0, a1, b0, b1], invariant over 'i'

@@ -27,22 +27,26 @@ __all__ = ["use_defaults", "get_defaults"]
 
 _UNSET = object()
 _DEFAULTS: contextvars.ContextVar[dict] = contextvars.ContextVar(
-    "zipccl_jax_defaults", default={"compress": "auto", "capacity": None})
+    "zipccl_jax_defaults", default={"compress": "auto", "capacity": None, "fixed_order": False})
 
 
 def get_defaults() -> dict:
-  """The active defaults: ``{"compress": ..., "capacity": ...}``."""
+  """The active defaults: ``{"compress": ..., "capacity": ..., "fixed_order": ...}``."""
   return dict(_DEFAULTS.get())
 
 
 @contextlib.contextmanager
-def use_defaults(*, compress=_UNSET, capacity=_UNSET):
-  """Within the block, collectives called without ``compress=`` / ``capacity=`` use these.
+def use_defaults(*, compress=_UNSET, capacity=_UNSET, fixed_order=_UNSET):
+  """Within the block, collectives called without ``compress=`` / ``capacity=`` /
+  ``fixed_order=`` use these.
 
   Args:
     compress: ``True``, ``False`` or ``"auto"`` (see :mod:`zipccl_jax.collectives`).
     capacity: anything ``capacity=`` accepts (bytes, a ratio, ``"observed"``, a
       ``(forward, backward)`` pair) or None for the padded default.
+    fixed_order: ``True``: the reductions (psum_scatter, psum, pmean, and the psum_scatter that
+      transposes an all_gather) compute the fixed-order float32 sum on every path, so their bits
+      never depend on the decision; ``False`` (default): raw is ``jax.lax``'s own call.
   Omitted arguments keep the enclosing value.
   """
   new = get_defaults()
@@ -50,6 +54,8 @@ def use_defaults(*, compress=_UNSET, capacity=_UNSET):
     new["compress"] = check_compress(compress, "use_defaults")
   if capacity is not _UNSET:
     new["capacity"] = check_capacity(capacity, "use_defaults")
+  if fixed_order is not _UNSET:
+    new["fixed_order"] = check_fixed_order(fixed_order, "use_defaults")
   token = _DEFAULTS.set(new)
   try:
     yield
@@ -104,6 +110,18 @@ def check_capacity(capacity, api: str):
     raise ValueError(f"zipccl_jax.{api}: capacity ratio must be > 0 (a fraction of the raw bytes), "
                      f"got {capacity}")
   return capacity
+
+
+def check_fixed_order(fixed_order, api: str) -> bool:
+  """`fixed_order` if it is a bool; else a TypeError naming `zipccl_jax.<api>`."""
+  if not isinstance(fixed_order, (bool, np.bool_)):
+    raise TypeError(f"zipccl_jax.{api}: fixed_order must be True or False, got {fixed_order!r}")
+  return bool(fixed_order)
+
+
+def resolve_fixed_order(fixed_order, api: str) -> bool:
+  """The caller's ``fixed_order`` (checked), None replaced by the active default."""
+  return _DEFAULTS.get()["fixed_order"] if fixed_order is None else check_fixed_order(fixed_order, api)
 
 
 def resolve(compress, capacity):

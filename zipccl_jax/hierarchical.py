@@ -92,10 +92,14 @@ each phase on its axis's link; the hierarchical programs, raw and with the slow 
 :func:`zipccl_jax.calibrate` measured them over the tuple, when it did, see `_candidates`) and runs
 the cheapest:
 
-* ``compress="auto"``: flat raw, flat compressed, and hierarchical with each phase raw or
-  compressed (compressed candidates must win by the profile's ``min_gain``);
+* ``compress="auto"``: flat raw (the ``jax.lax`` call as written), flat compressed, and
+  hierarchical with at least one phase compressed (compressed candidates must win by the
+  profile's ``min_gain``);
 * ``compress=True``: flat compressed or hierarchical with both phases compressed;
-* ``compress=False``: flat raw or hierarchical raw.
+* ``compress=False``: flat raw.
+
+With ``fixed_order=True`` (:func:`zipccl_jax.use_defaults`) raw means zipccl's fixed-order programs
+and hierarchical with both phases raw is a candidate too (``"auto"`` and ``False``).
 
 :func:`use_algorithm` pins the algorithm (and the per-level compression) at trace time. The
 choice is logged under ``"<site> [levels]"`` with every candidate's estimate
@@ -232,6 +236,7 @@ class LevelPlan:
   candidates: tuple              # ((name, estimate seconds), ...), in cost order
   reason: str
   role: str = "activation"       # the data's statistics (capacity ratios), as strategy.plan's
+  fixed_order: bool = False      # psum_scatter's phases: raw is fixed-order, not jax.lax's call
 
 
 # op -> phases [(level, phase op, chunk elements as a function of (x elements, H, L))] in the
@@ -249,7 +254,7 @@ _FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n
 
 
 def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=None,
-                platform=None):
+                platform=None, fixed_order=False):
   """{name: (estimate s, algorithm, {level: compress})} for the `allowed` compression patterns,
   and a note on where the hierarchical estimates come from.
 
@@ -273,7 +278,8 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=
   H, L = sizes
   prof = profile if profile is not None else get_profile()
   plat = platform if platform is not None else current_platform()
-  model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat)
+  model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat,
+                                   fixed_order)
   tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
   measured = tab.get(hierarchical_key(op))  # none when measured with the other axis as the slow level
   same_dtype = dt == PROGRAM_DTYPE
@@ -309,7 +315,7 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=
   return est, note
 
 
-def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat):
+def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat, fixed_order=False):
   """({(slow coded, fast coded): modelled seconds}, {compress: flat estimate}, bytes one device
   sends in the flat raw collective): each hierarchical variant as the sum of its phases'
   `strategy.decide` models, all_to_all's slow phase as its (H - 1) L rounds, except all_to_all host
@@ -318,7 +324,7 @@ def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat):
 
   def both(o, chunk, axis, n):
     d = strategy.decide(o, dt, chunk, axis_size=n, axis_name=axis, role=role, compress=True,
-                        profile=prof, platform=plat, log=False)
+                        profile=prof, platform=plat, log=False, fixed_order=fixed_order)
     return {False: d.est_raw_s, True: d.est_compressed_s}, d.raw_bytes
 
   flat, flat_sent = both(op, _FLAT_CHUNK[op](m, H * L), axis_name, H * L)
@@ -357,7 +363,9 @@ def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
   return t
 
 
-def _allowed(compress, forced_alg, forced_levels, slow, fast):
+def _allowed(compress, forced_alg, forced_levels, slow, fast, fixed_order=False):
+  """The (algorithm, compression) patterns a call may run. Raw is jax.lax's own call (flat raw):
+  hierarchical with both levels raw, zipccl's program, only when pinned or with `fixed_order`."""
   if forced_levels is not None:
     return {("hier", bool(forced_levels.get(slow, False)), bool(forced_levels.get(fast, False)))}
   modes = (False, True) if compress == "auto" else (bool(compress),)
@@ -369,11 +377,13 @@ def _allowed(compress, forced_alg, forced_levels, slow, fast):
       out |= {("hier", a, b) for a in (False, True) for b in (False, True)}
     else:
       out.add(("hier", bool(compress), bool(compress)))
+    if forced_alg == "auto" and not fixed_order:
+      out.discard(("hier", False, False))
   return out
 
 
 def plan(op: str, x, axis_name, params, compress, capacity, site: str,
-         role: str) -> LevelPlan | None:
+         role: str, fixed_order: bool = False) -> LevelPlan | None:
   """The algorithm of one call over a two-level `axis_name`: a hierarchical LevelPlan, or None
   for the flat path (which then decides raw or compressed itself, as without levels).
 
@@ -396,13 +406,15 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   H, L = axis_size(slow, op), axis_size(fast, op)
   if H < 2 or L < 2:
     return None
-  lp = choose(op, dt, int(x.size), axis_name, (slow, fast), (H, L), compress, role, site=site)
+  lp = choose(op, dt, int(x.size), axis_name, (slow, fast), (H, L), compress, role, site=site,
+              fixed_order=fixed_order)
   _log(lp, dt, int(x.size), role, compress)
   return lp if lp.algorithm == "hierarchical" else None
 
 
 def choose(op: str, dtype, x_elems: int, axis_name, levels, sizes, compress, role: str, *,
-           site: str = "", profile=None, platform: str | None = None) -> LevelPlan:
+           site: str = "", profile=None, platform: str | None = None,
+           fixed_order: bool = False) -> LevelPlan:
   """The cheapest algorithm of one two-level call, neither traced nor logged: what :func:`plan`
   runs at trace time, and what :mod:`zipccl_jax.model` predicts with, so a prediction and a run
   cannot disagree.
@@ -417,6 +429,8 @@ def choose(op: str, dtype, x_elems: int, axis_name, levels, sizes, compress, rol
     compress, role: the call's options (as the collectives'); the innermost
       :func:`use_algorithm` pins apply.
     profile, platform: default the active profile and ``jax.default_backend()``.
+    fixed_order: psum_scatter: raw phases (and flat raw) are zipccl's fixed-order programs, and
+      hierarchical raw is a candidate; otherwise raw is jax.lax's call (`_allowed`).
 
   Returns the :class:`LevelPlan` with every candidate's estimate (``algorithm`` "flat": the flat
   path runs, raw or compressed as its own decision says).
@@ -426,9 +440,9 @@ def choose(op: str, dtype, x_elems: int, axis_name, levels, sizes, compress, rol
   dt = np.dtype(dtype)
   slow, fast = levels
   H, L = sizes
-  allowed = _allowed(compress, forced_alg, forced_levels, slow, fast)
+  allowed = _allowed(compress, forced_alg, forced_levels, slow, fast, fixed_order)
   cands, note = _candidates(op, dt, int(x_elems), axis_name, slow, fast, (H, L), role, allowed,
-                            profile=prof, platform=platform)
+                            profile=prof, platform=platform, fixed_order=fixed_order)
   g = prof.min_gain
   score = {k: t * (1 + g if any(cs.values()) else 1) for k, (t, _, cs) in cands.items()}
   order = sorted(cands, key=lambda k: (score[k], k))
@@ -437,7 +451,7 @@ def choose(op: str, dtype, x_elems: int, axis_name, levels, sizes, compress, rol
   why = ("use_algorithm" if forced_alg != "auto" else f"model (compressed x (1+{g:g}); {note})") \
       + ": " + ", ".join(f"{k} {cands[k][0] * 1e3:.3f} ms" for k in order)
   return LevelPlan(op, site, str(slow), str(fast), (H, L), alg, cs, float(t),
-                   tuple((k, float(cands[k][0])) for k in order), why, role)
+                   tuple((k, float(cands[k][0])) for k in order), why, role, fixed_order)
 
 
 def _log(lp: LevelPlan, dt, m: int, role: str, mode) -> None:
@@ -473,6 +487,8 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward
   def phase(op, v, level, **kw):
     axis = lp.slow if level == "slow" else lp.fast
     c = lp.compress[axis]
+    if op == "psum_scatter":
+      kw["fixed_order"] = lp.fixed_order
     return fns[op](v, axis, compress=c, capacity=capacity if c else None, transport=transport,
                    name=f"{lp.site}/{axis}", **kw)
 

@@ -59,7 +59,6 @@ import sys
 import numpy as np
 
 from zipccl_jax import hierarchical, strategy
-from zipccl_jax.accounting import sent_bytes
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.profile import (DEFAULT_CODEC, CodecModel, LinkModel, Profile, get_profile,
                                 np_dtype, platform_key)
@@ -310,35 +309,27 @@ def _variant(name: str, t: float, raw: float, **kw) -> dict:
           **kw}
 
 
-# zipccl's reductions, raw or coded, are an all-to-all and a float32 sum in rank order (their bits
-# never depend on the decision); jax.lax's are rings
-_REDUCTIONS = {"psum_scatter": "raw a2a-sum (zipccl, compress=False)",
-               "psum": "raw a2a-sum+gather (zipccl, compress=False)"}
+# zipccl's fixed-order reductions run raw (fixed_order=True): an all-to-all and a float32 sum in
+# rank order, whose bits never depend on the decision; raw is otherwise jax.lax's ring
+_REDUCTIONS = {"psum_scatter": "raw fixed-order a2a-sum (zipccl, fixed_order=True)",
+               "psum": "raw fixed-order a2a-sum+gather (zipccl, fixed_order=True)"}
 
 
-def _lax_time(prof: Profile, op: str, axis, n: int, chunk_bytes: int, own_raw_s: float) -> float:
-  """Seconds of the jax.lax collective the call replaces: zipccl's own raw program for data
-  movement (the same collective); for the reductions a ring, which sends what a ring all_gather of
-  the result chunk sends (psum: a reduce-scatter and an all-gather, twice that)."""
-  if op not in _REDUCTIONS:
-    return own_raw_s
-  lk, _ = prof.link(axis, "all_gather", prof.platform)
-  ring = lk.time(sent_bytes("all_gather", chunk_bytes, n))
-  return ring if op == "psum_scatter" else 2 * ring
-
-
-def predict_call(top: Topology, call: Call, *, profile: Profile | None = None) -> dict:
-  """Variants (raw, flat compressed with 1 and the model's K pieces, hierarchical per level
-  compression) and ``auto_choice``, the variant ``compress="auto"`` runs, for one call."""
+def predict_call(top: Topology, call: Call, *, profile: Profile | None = None,
+                 fixed_order: bool = False) -> dict:
+  """Variants (raw: the jax.lax call; for reductions zipccl's fixed-order raw too; flat
+  compressed with 1 and the model's K pieces; hierarchical per level compression) and
+  ``auto_choice``, the variant ``compress="auto"`` runs, for one call (`fixed_order`: as the
+  reductions' argument, raw then being zipccl's fixed-order program)."""
   prof = profile if profile is not None else top.profile()
   plat, n, axis = prof.platform, top.devices, top.axis
   dt, m, chunk = _elems(call, n)
   kw = dict(axis_size=n, axis_name=axis, role=call.role, profile=prof, platform=plat, log=False,
             message_elems=m if call.op == "psum" else None, capacity=call.capacity)
-  own_raw = strategy.decide(call.op, dt, chunk, compress=False, **kw).est_raw_s
-  t_raw = _lax_time(prof, call.op, axis, n, chunk * dt.itemsize, own_raw)
+  t_raw = strategy.decide(call.op, dt, chunk, compress=False, **kw).est_raw_s  # jax.lax's call
+  own_raw = strategy.decide(call.op, dt, chunk, compress=False, fixed_order=True, **kw).est_raw_s
   variants = [_variant("raw", t_raw, t_raw, pieces=1, compressed=False, program="jax.lax")]
-  if call.op in _REDUCTIONS:  # zipccl's raw reduction is not jax.lax's ring
+  if call.op in _REDUCTIONS:  # zipccl's fixed-order raw reduction is not jax.lax's ring
     variants.append(_variant(_REDUCTIONS[call.op], own_raw, t_raw, pieces=1, compressed=False))
   if dt in CODED_DTYPES:
     for k in sorted({1, strategy.decide(call.op, dt, chunk, compress=True, **kw).pieces}):
@@ -346,15 +337,15 @@ def predict_call(top: Topology, call: Call, *, profile: Profile | None = None) -
       variants.append(_variant(f"flat compressed K={d.pieces}", d.est_compressed_s, t_raw,
                                pieces=d.pieces, compressed=True, transport=d.transport,
                                wire_bytes=d.wire_bytes, raw_bytes=d.raw_bytes))
-  auto = strategy.decide(call.op, dt, chunk, compress="auto", **kw)
+  auto = strategy.decide(call.op, dt, chunk, compress="auto", fixed_order=fixed_order, **kw)
   choice = (f"flat compressed K={auto.pieces}" if auto.compress
-            else _REDUCTIONS.get(call.op, "raw"))
+            else _REDUCTIONS.get(call.op, "raw") if fixed_order else "raw")
   why = auto.reason
   levels = hierarchical.levels_of(axis, prof) if isinstance(axis, tuple) else None
   if (levels is not None and call.op in hierarchical.OPS and dt in CODED_DTYPES
       and not isinstance(call.capacity, int)):  # as hierarchical.plan: else the flat path runs
     lp = hierarchical.choose(call.op, dt, m, axis, levels, (top.hosts, top.per_host), "auto",
-                             call.role, profile=prof, platform=plat)
+                             call.role, profile=prof, platform=plat, fixed_order=fixed_order)
     for name, t in lp.candidates:
       if name.startswith("hierarchical"):
         variants.append(_variant(name, t, t_raw, compressed="compressed" in name))
@@ -396,14 +387,12 @@ def crossover(top: Topology, call: Call, lo: float = 1e7, hi: float = 1e13) -> f
 _BEST_K = "flat compressed, model's K"
 
 
-def _step_key(row: dict, v: dict) -> str:
-  """The step variant a call's variant adds to: its name, but the model's K of each call is one
-  step variant (calls of other sizes pick other K) and zipccl's raw reductions are "zipccl raw"."""
-  if v["name"] in _REDUCTIONS.values():
+def _step_key(name: str, best_k: str | None) -> str:
+  """The step variant a call's variant adds to: its own name, except that each call's K (calls of
+  other sizes pick other K) is one step variant and zipccl's raw reductions are "zipccl raw"."""
+  if name in _REDUCTIONS.values():
     return "zipccl raw"
-  if v["name"].startswith("flat compressed K=") and v["name"] == row["auto_flat_name"]:
-    return _BEST_K
-  return v["name"]
+  return _BEST_K if name == best_k else name
 
 
 def predict_step(top: Topology, calls: list[Call], *, compute_s: float = 0.0,
@@ -440,17 +429,6 @@ def predict_step(top: Topology, calls: list[Call], *, compute_s: float = 0.0,
   return {"topology": top.describe(), "assumptions": assumptions(top, prof, calls),
           "calls": rows, "step": {"compute_s": compute_s, "variants": step},
           "variants": step, "auto_choice": choice}
-
-
-_BEST_K = "flat compressed, model's K"
-
-
-def _step_key(name: str, best_k: str | None) -> str:
-  """The step variant a call's variant adds to: its own name, except that each call's K (calls of
-  other sizes pick other K) is one step variant and zipccl's raw reductions are "zipccl raw"."""
-  if name in _REDUCTIONS.values():
-    return "zipccl raw"
-  return _BEST_K if name == best_k else name
 
 
 def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:

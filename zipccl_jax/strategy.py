@@ -43,30 +43,22 @@ then every rank sums the ``n`` rows: one latency instead of two, ``n - 1`` messa
 instead of about 2). Each is costed as above, raw and compressed, and the cheaper one runs; both
 compute the same float32 order, so the choice never changes a bit.
 
-Pieces (pipelining). A compressed all_to_all, all_gather, psum_scatter or psum can code each chunk
-as ``K`` independent chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has
-three stages, encode (``T_e = encode bytes / encode_Bps``, ``o_e`` = encode overhead per piece),
-transfer (``T_w = sent / bandwidth``, the link latency per piece) and decode (``T_d``, ``o_d``)::
-
-  t(K) = sum_s (T_s / K + o_s) + (K - 1) * max_s (T_s / K + o_s)    where transfers overlap codec
-  t(K) = sum_s (T_s + K o_s)                                         otherwise (CPU)
-
-(:func:`pipeline_time`; ``t(1)`` is the unpipelined time either way). :func:`choose_pieces` takes
-the fewest pieces within ``min_gain`` of the best ``K <= MAX_PIECES`` (pieces of at least one
-codec block), if that beats ``K = 1`` by ``min_gain``, on GPU/TPU with the padded transport; on
-CPU ``K = 1`` (XLA:CPU's collectives are blocking thunks on devices that share the host's cores),
-and on the ragged transport too (XLA:GPU runs its chains one after another:
-benchmarks/gpu_schedule.py). ``use_algorithm(pieces=K)`` pins it.
+Pieces (pipelining): :mod:`zipccl_jax._pipeline` (the K-chain schedule, the fastest ``K``, on
+GPU/TPU with the padded transport; ``K = 1`` on CPU and on the ragged transport).
+``use_algorithm(pieces=K)`` pins it.
 
 The padded transport's wire chunk is the capacity ``C``; the ragged one's is
 the expected frame size ``32 + expected_ratio * raw + 64 * blocks`` (capped at
-``C``), plus one size-exchange latency per phase. The reductions run the same
-fixed-order algorithm raw and compressed (an all-to-all, a float32 sum in
-rank order, an all-gather for ``psum``), which is the only algorithm
-collectives.py has, so the result bits never depend on the decision.
+``C``), plus one size-exchange latency per phase.
+
+Raw is what ``compress=False`` runs: the ``jax.lax`` call as written. For the reductions
+that is XLA's ring (`lax_reduction_time`: a ring reduce-scatter of ``S (n-1)/n`` on the axis's
+all_gather link, psum twice that), not the table's all-to-all, which is the coded program's
+phase; with ``fixed_order=True`` raw is zipccl's fixed-order all-to-all and sum (the table).
 
 The call is compressed when ``t_comp * (1 + min_gain) < t_raw`` (and the
-capacity saves bytes, the axis has more than one rank, and the dtype is coded).
+capacity saves bytes, the axis has more than one rank, and the dtype is coded):
+``min_gain`` applies once, here, so the decision is monotone in the capacity and the rates.
 Solving for the bandwidth gives the crossover of a phase-uniform link::
 
   bw* = (B_raw - (1 + g) B_wire) / ((1 + g) (L_comp + K) - L_raw)
@@ -119,6 +111,8 @@ import numpy as np
 
 from zipccl_jax import accounting
 from zipccl_jax import format as fmt
+from zipccl_jax._pipeline import (MAX_PIECES, PIPELINED_OPS, choose_pieces, pipeline_stages,
+                                  pipeline_time)
 from zipccl_jax.accounting import sent_bytes
 from zipccl_jax.capacity import (BLOCK_SLACK_BYTES, CODED_DTYPES, padded_capacity,
                                  resolve_capacity)
@@ -201,20 +195,21 @@ def forget_decision(site: str) -> None:
     _DECISIONS.pop(site, None)
 
 
-# op -> (phases [(link collective, chunks in the operand, coded)], encode chunks, decode chunks)
+# op -> phases [(link collective, chunks sent, chunks encoded, chunks decoded)]: the own row is
+# never coded (_exchange.own_row); psum's invariant gather decodes every row
 def _structure(op: str, n: int, algorithm: str | None = None):
   if op == "psum" and algorithm == "gather-sum":  # the chunk is the whole message
-    return [("all_gather", 1)], 1, n
+    return [("all_gather", 1, 1, n)]
   if op == "ragged_all_to_all":  # frames of `bound` rows
-    return [("all_to_all", n)], n, n
-  if op in ("all_to_all", "psum_scatter"):  # the own row is not coded (_exchange.own_row)
-    return [("all_to_all", n)], n - 1, n - 1
+    return [("all_to_all", n, n, n)]
+  if op in ("all_to_all", "psum_scatter"):
+    return [("all_to_all", n, n - 1, n - 1)]
   if op == "all_gather":
-    return [("all_gather", 1)], 1, n - 1
-  if op == "psum":  # the invariant gather decodes every row
-    return [("all_to_all", n), ("all_gather", 1)], n, 2 * n - 1
+    return [("all_gather", 1, 1, n - 1)]
+  if op == "psum":
+    return [("all_to_all", n, n - 1, n - 1), ("all_gather", 1, 1, n)]
   if op == "ppermute":
-    return [("ppermute", 1)], 1, 1
+    return [("ppermute", 1, 1, 1)]
   raise ValueError(f"zipccl_jax: unknown collective {op!r}")
 
 
@@ -268,7 +263,8 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
            transport: str = "auto", compress="auto", profile: Profile | None = None,
            platform: str | None = None, log: bool = True,
            raw_reason: str | None = None, algorithm: str | None = None,
-           pieces: int | None = None, message_elems: int | None = None) -> Decision:
+           pieces: int | None = None, message_elems: int | None = None,
+           fixed_order: bool = False) -> Decision:
   """The cost-model decision for one call (pure: same inputs, same answer).
 
   Args:
@@ -293,6 +289,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
       the cheaper of the two (:func:`decide_psum`, with ``chunk_elems = ceil(size / n)``).
     pieces: K pinned (:func:`choose_pieces`); None: the model's K.
     message_elems: psum only: the operand's elements (default ``n * chunk_elems``).
+    fixed_order: reductions: raw is zipccl's fixed-order program, not jax.lax's ring.
   """
   prof = profile if profile is not None else get_profile()
   plat = platform_key(platform) if platform is not None else current_platform()
@@ -300,20 +297,20 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
     return decide_psum(dtype, chunk_elems, axis_size=axis_size, axis_name=axis_name, site=site,
                        role=role, capacity=capacity, transport=transport, compress=compress,
                        profile=prof, platform=plat, log=log, raw_reason=raw_reason,
-                       pieces=pieces, message_elems=message_elems)
-  dt = np.dtype(dtype)
-  n = int(axis_size)
-  m = int(chunk_elems)
-  phases, enc_chunks, dec_chunks = _structure(op, n, algorithm)
+                       pieces=pieces, message_elems=message_elems, fixed_order=fixed_order)
+  dt, n, m = np.dtype(dtype), int(axis_size), int(chunk_elems)
+  phases = _structure(op, n, algorithm)
   raw_chunk = m * dt.itemsize
   axis = axis_key(axis_name) if axis_name is not None else None
   algorithm = algorithm or {"psum_scatter": "a2a-sum", "psum": "a2a-sum+gather"}.get(op, "direct")
 
-  links = [prof.link(axis_name, coll, plat)[0] for coll, _ in phases]
-  raw_bytes = sum(sent_bytes(coll, k * raw_chunk, n) for coll, k in phases)
-  t_raw = sum(lk.time(sent_bytes(coll, k * raw_chunk, n)) for lk, (coll, k) in zip(links, phases))
-  bw = links[0].bandwidth_Bps
-  lat = links[0].latency_s
+  links = [prof.link(axis_name, coll, plat)[0] for coll, *_ in phases]
+  if op in LAX_REDUCTIONS and not fixed_order:  # raw is the jax.lax call: XLA's ring
+    size = message_elems or (m if algorithm == "gather-sum" else n * m)
+    t_raw, raw_bytes = lax_reduction_time(prof, op, axis_name, n, size * dt.itemsize, plat)
+  else:
+    raw_bytes, t_raw = _phases_time(links, phases, raw_chunk, n)
+  bw, lat = links[0].bandwidth_Bps, links[0].latency_s
 
   piece = [1, ""]  # K and why (compressed estimates only)
 
@@ -341,6 +338,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
   # compressed estimate, per transport
   codec, _ = prof.codec_model(dt, plat)
   n_coded = len(phases)
+  enc_chunks, dec_chunks = sum(p[2] for p in phases), sum(p[3] for p in phases)
   t_codec = (enc_chunks * raw_chunk / codec.encode_Bps + dec_chunks * raw_chunk / codec.decode_Bps
              + n_coded * (codec.encode_overhead_s + codec.decode_overhead_s))
   exp_frame = min(cap, fmt.FRAME_HEADER_BYTES
@@ -352,8 +350,8 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
       t_fixed=t_codec + prof.fallback_risk * t_raw,
       flag_latency=prof.link(axis_name, "psum", plat)[0].latency_s if op == "ppermute" else 0.0)
   if op in PIPELINED_OPS:  # each transport's time with its best K
-    coded_time = _with_pieces(coded_time, _pipeline_stages(links, phases, codec, cap, raw_chunk, n),
-                              m, plat, prof.min_gain, pieces, piece)
+    coded_time = _with_pieces(coded_time, pipeline_stages(links, phases, codec, cap, raw_chunk, n),
+                              m, plat, pieces, piece)
   tr_best, (t_c, wire) = _best_transport(transport, plat, coded_time)
   if op in PIPELINED_OPS:
     piece[:] = piece[2][tr_best if tr_best in piece[2] else "padded"]
@@ -374,10 +372,32 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
              f"model: {t_c * 1e3:.3f} ms x (1+{g:g}) >= raw {t_raw * 1e3:.3f} ms")
 
 
+def _phases_time(links, phases, chunk_bytes: int, n: int) -> tuple[int, float]:
+  """(bytes one device sends, seconds) of `phases` moving `chunk_bytes` chunks uncoded."""
+  sent = [sent_bytes(coll, k * chunk_bytes, n) for coll, k, *_ in phases]
+  return sum(sent), sum(lk.time(b) for lk, b in zip(links, sent))
+
+
+# The reductions whose raw program is jax.lax's own call (unless fixed_order): XLA's ring, which on
+# a cluster spreads the host crossings over every device's link (one ring per link), where an
+# all-to-all sends (n - L) / n of the message through each device's own.
+LAX_REDUCTIONS = ("psum_scatter", "psum")
+
+
+def lax_reduction_time(prof: Profile, op: str, axis_name, n: int, message_bytes: int,
+                       plat: str) -> tuple[float, int]:
+  """(seconds, bytes one device sends) of ``jax.lax.psum_scatter`` / ``psum`` of a
+  `message_bytes` operand over `n` ranks: a ring reduce-scatter (``S (n-1)/n`` on the profile's
+  all_gather link of the axis, the ring's), for psum followed by a ring all-gather."""
+  lk, _ = prof.link(axis_name, "all_gather", plat)
+  rs = sent_bytes("reduce-scatter", int(message_bytes), n)
+  return (lk.time(rs), rs) if op == "psum_scatter" else (2 * lk.time(rs), 2 * rs)
+
+
 def _coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_latency):
   """(seconds, bytes sent) of the coded call on transport `tr` (`t_fixed`: codec and fallback)."""
   t, wire = t_fixed + flag_latency, 0.0  # flag: ppermute's 4-byte overflow psum
-  for i, (lk, (coll, k)) in enumerate(zip(links, phases)):
+  for i, (lk, (coll, k, *_)) in enumerate(zip(links, phases)):
     ragged = tr == "ragged" and not (op == "psum" and i == 1)  # psum phase 2 stays padded
     chunk = exp_frame if ragged else cap
     s = sent_bytes(coll, k * chunk, n)
@@ -388,14 +408,14 @@ def _coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_
   return t, wire
 
 
-def _with_pieces(coded_time, stages, m: int, plat: str, min_gain: float, pinned, piece: list):
+def _with_pieces(coded_time, stages, m: int, plat: str, pinned, piece: list):
   """`coded_time` plus each transport's best K (:func:`choose_pieces`); `piece[2]` collects, per
   transport, [K, reason suffix]."""
   piece.append({})
 
   def timed(tr: str):
     t, wire = coded_time(tr)
-    k, t_k, cands = choose_pieces(stages, m, plat, min_gain, pinned, transport=tr)
+    k, t_k, cands = choose_pieces(stages, m, plat, pinned, transport=tr)
     why = "" if len(cands) == 1 else f"; K={k} ({'use_algorithm' if pinned else 'model'}: " + \
         ", ".join(f"K={i} {t * 1e3:.3f} ms" for i, t in cands) + ")"
     piece[2][tr] = [k, why]
@@ -446,7 +466,8 @@ def decide_psum(dtype, chunk_elems: int, *, axis_size: int, message_elems=None, 
   cands = {}
   for a in algs:
     d = decide("psum", dtype, chunk_elems if a == "a2a-sum+gather" else size, axis_size=n,
-               capacity=capacity, compress=compress, profile=prof, log=False, algorithm=a, **kw)
+               capacity=capacity, compress=compress, profile=prof, log=False, algorithm=a,
+               message_elems=size, **kw)
     t = ((d.est_compressed_s * (1 + g) if compress == "auto" else d.est_compressed_s)
          if d.compress else d.est_raw_s)
     cands[a] = (t, d)
@@ -458,67 +479,6 @@ def decide_psum(dtype, chunk_elems: int, *, axis_size: int, message_elems=None, 
   if log:
     _record(d)
   return d
-
-
-# --------------------------------------------------------------------------- #
-# Pieces (pipelining)
-# --------------------------------------------------------------------------- #
-
-PIPELINED_OPS = ("all_to_all", "all_gather", "psum_scatter", "psum")
-MAX_PIECES = 8
-# platforms whose collectives run asynchronously beside independent work (the model's overlap)
-_OVERLAP_PLATFORMS = ("gpu", "tpu")
-
-
-def _pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int):
-  """Per coded phase, its three stages as (seconds for the whole message, seconds per piece):
-  encode (codec throughput, overhead), transfer (bytes / bandwidth, latency), decode."""
-  out = []
-  for lk, (coll, k) in zip(links, phases):
-    dec = 1 if coll == "ppermute" else n
-    out.append(((k * raw_chunk / codec.encode_Bps, codec.encode_overhead_s),
-                (sent_bytes(coll, k * cap, n) / lk.bandwidth_Bps, lk.latency_s),
-                (dec * raw_chunk / codec.decode_Bps, codec.decode_overhead_s)))
-  return out
-
-
-def pipeline_time(stages, pieces: int, overlap: bool) -> float:
-  """Seconds for a message in `pieces` chains, summed over phases. With `overlap` a three-stage
-  pipeline: one piece through every stage, then ``K - 1`` times the slowest stage; without,
-  every stage of every piece one after another (``K = 1`` is the unpipelined time either way)."""
-  t = 0.0
-  for phase in stages:
-    per = [total / pieces + fixed for total, fixed in phase]
-    t += sum(per) + (pieces - 1) * (max(per) if overlap else sum(per))
-  return t
-
-
-def choose_pieces(stages, chunk_elems: int, platform: str, min_gain: float,
-                  pinned: int | None = None, transport: str = "padded"):
-  """(K, its time, [(k, time), ...] compared) for a coded call of `stages` (`_pipeline_stages`).
-
-  Pinned: that K (at most one piece per element). Otherwise K = 1 on CPU (XLA:CPU's
-  collectives are blocking thunks and the virtual devices share the host's cores: no overlap to
-  win, only per-piece overheads) and on the ragged transport (XLA:GPU schedules its chains one
-  after another, every collective sync: benchmarks/gpu_schedule.py); on GPU/TPU with the padded
-  transport the fewest pieces (1..MAX_PIECES, each at least one codec block of 65536 elements)
-  within ``min_gain`` of the fastest `pipeline_time`, if that beats K = 1 by ``min_gain``.
-  """
-  overlap = platform in _OVERLAP_PLATFORMS and transport != "ragged"
-  if pinned is not None:
-    ks = sorted({1, max(1, min(int(pinned), int(chunk_elems)))})
-  elif overlap:
-    ks = list(range(1, max(1, min(MAX_PIECES, int(chunk_elems) // fmt.BLOCK_ELEMS)) + 1))
-  else:
-    ks = [1]
-  cands = [(k, pipeline_time(stages, k, overlap)) for k in ks]
-  if pinned is not None:
-    return cands[-1][0], cands[-1][1], cands
-  fastest = min(t for _, t in cands)
-  best = next(c for c in cands if c[1] <= fastest * (1 + min_gain))  # the fewest pieces that do
-  if best[0] > 1 and best[1] * (1 + min_gain) >= cands[0][1]:
-    best = cands[0]
-  return best[0], best[1], cands
 
 
 def crossover_bandwidth(op: str, dtype, chunk_elems: int, *, axis_size: int,
@@ -534,7 +494,7 @@ def crossover_bandwidth(op: str, dtype, chunk_elems: int, *, axis_size: int,
              capacity=capacity, profile=prof, platform=platform, log=False, pieces=1,
              algorithm="a2a-sum+gather" if op == "psum" else None)
   lk, _ = prof.link(None, "*", platform)
-  phases, _, _ = _structure(op, axis_size)
+  phases = _structure(op, axis_size)
   b_raw, b_wire = d.raw_bytes, d.wire_bytes
   # t_comp - wire/bw = fixed part (latencies + codec + extras)
   fixed_c = d.est_compressed_s - prof.fallback_risk * d.est_raw_s - b_wire / lk.bandwidth_Bps
@@ -572,7 +532,7 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
          role: str = "activation", site: str | None = None, axis_name=None,
          transport: str = "auto", raw_reason: str | None = None, algorithm: str | None = None,
          pieces: int | None = None, message_elems: int | None = None,
-         frame_may_exceed_raw: bool = False) -> Plan:
+         frame_may_exceed_raw: bool = False, fixed_order: bool = False) -> Plan:
   """The single place that decides raw vs. compressed for one call, and logs it.
 
   Args:
@@ -593,6 +553,8 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
       :func:`zipccl_jax.use_algorithm`).
     frame_may_exceed_raw: ``compress=True`` codes even where a frame would not be smaller than
       the raw chunk (hierarchical's mixed slots, which have no raw plan of their own).
+    fixed_order: psum_scatter/psum: raw is zipccl's fixed-order program, not jax.lax's call
+      (:func:`decide`).
 
   ``compress=True`` and ``False`` are obeyed as given (capacity from ``capacity=`` or
   :func:`~zipccl_jax.padded_capacity`), but for one case: where that capacity (a frame's bytes)
@@ -608,7 +570,8 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
     chosen = decide_psum(dtype, chunk_elems, axis_size=axis_size, axis_name=axis_name, site=site,
                          role=role, capacity=None if isinstance(capacity, str) else capacity,
                          transport=transport, compress=compress, raw_reason=raw_reason,
-                         pieces=pieces, message_elems=message_elems, log=False)
+                         pieces=pieces, message_elems=message_elems, log=False,
+                         fixed_order=fixed_order)
     algorithm = chosen.algorithm
   if op == "psum" and algorithm == "gather-sum":
     chunk_elems = message_elems if message_elems is not None else axis_size * chunk_elems
@@ -616,7 +579,8 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
   def log(mode, cap=None, reason=None):
     last.append(decide(op, dtype, chunk_elems, axis_size=axis_size, axis_name=axis_name,
                        site=site, role=role, capacity=cap, transport=transport, compress=mode,
-                       raw_reason=reason, algorithm=algorithm, pieces=pieces))
+                       raw_reason=reason, algorithm=algorithm, pieces=pieces,
+                       message_elems=message_elems, fixed_order=fixed_order))
     return last[-1]
 
   p = _plan(op, dtype, chunk_elems, compress, capacity, role, site, log, raw_reason,

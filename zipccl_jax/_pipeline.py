@@ -1,0 +1,74 @@
+"""Pieces (pipelining): the K-chain schedule of a coded collective and the choice of K.
+
+A compressed all_to_all, all_gather, psum_scatter or psum can code each chunk as ``K`` independent
+chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has three stages, encode
+(``T_e`` = the phase's encode bytes / encode_Bps, ``o_e`` = encode overhead per piece), transfer
+(``T_w`` = sent / bandwidth, the link latency per piece) and decode (``T_d``, ``o_d``)::
+
+  t(K) = sum_s (T_s / K + o_s) + (K - 1) * max_s (T_s / K + o_s)    where transfers overlap codec
+  t(K) = sum_s (T_s + K o_s)                                         otherwise (CPU)
+
+(`pipeline_time`; ``t(1)`` is the unpipelined time either way). The codec bytes of each phase are
+the rows it codes (`strategy`'s structure table: the own row is never coded), so ``t(1)`` equals
+`strategy.decide`'s unpipelined estimate.
+"""
+
+from __future__ import annotations
+
+from zipccl_jax import format as fmt
+from zipccl_jax.accounting import sent_bytes
+
+PIPELINED_OPS = ("all_to_all", "all_gather", "psum_scatter", "psum")
+MAX_PIECES = 8
+# platforms whose collectives run asynchronously beside independent work (the model's overlap)
+_OVERLAP_PLATFORMS = ("gpu", "tpu")
+
+
+def pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int):
+  """Per coded phase (``(collective, chunks sent, chunks encoded, chunks decoded)``), its three
+  stages as (seconds for the whole message, seconds per piece): encode (codec throughput,
+  overhead), transfer (bytes / bandwidth, latency), decode."""
+  out = []
+  for lk, (coll, k, enc, dec) in zip(links, phases):
+    out.append(((enc * raw_chunk / codec.encode_Bps, codec.encode_overhead_s),
+                (sent_bytes(coll, k * cap, n) / lk.bandwidth_Bps, lk.latency_s),
+                (dec * raw_chunk / codec.decode_Bps, codec.decode_overhead_s)))
+  return out
+
+
+def pipeline_time(stages, pieces: int, overlap: bool) -> float:
+  """Seconds for a message in `pieces` chains, summed over phases. With `overlap` a three-stage
+  pipeline: one piece through every stage, then ``K - 1`` times the slowest stage; without,
+  every stage of every piece one after another (``K = 1`` is the unpipelined time either way)."""
+  t = 0.0
+  for phase in stages:
+    per = [total / pieces + fixed for total, fixed in phase]
+    t += sum(per) + (pieces - 1) * (max(per) if overlap else sum(per))
+  return t
+
+
+def choose_pieces(stages, chunk_elems: int, platform: str, pinned: int | None = None,
+                  transport: str = "padded"):
+  """(K, its time, [(k, time), ...] compared) for a coded call of `stages` (`pipeline_stages`).
+
+  Pinned: that K (at most one piece per element). Otherwise K = 1 on CPU (XLA:CPU's
+  collectives are blocking thunks and the virtual devices share the host's cores: no overlap to
+  win, only per-piece overheads) and on the ragged transport (XLA:GPU schedules its chains one
+  after another, every collective sync: benchmarks/gpu_schedule.py); on GPU/TPU with the padded
+  transport the fastest K of 1..MAX_PIECES (each piece at least one codec block of 65536
+  elements; a tie keeps the fewer pieces). No margin here: the profile's ``min_gain`` is applied
+  once, to compressed against raw (`strategy.decide`), so the decision is monotone in the
+  capacity and the rates.
+  """
+  overlap = platform in _OVERLAP_PLATFORMS and transport != "ragged"
+  if pinned is not None:
+    ks = sorted({1, max(1, min(int(pinned), int(chunk_elems)))})
+  elif overlap:
+    ks = list(range(1, max(1, min(MAX_PIECES, int(chunk_elems) // fmt.BLOCK_ELEMS)) + 1))
+  else:
+    ks = [1]
+  cands = [(k, pipeline_time(stages, k, overlap)) for k in ks]
+  if pinned is not None:
+    return cands[-1][0], cands[-1][1], cands
+  best = min(cands, key=lambda c: (c[1], c[0]))
+  return best[0], best[1], cands
