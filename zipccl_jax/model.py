@@ -1,6 +1,6 @@
 """What compression buys on a cluster, predicted on paper: the strategy's own cost model, at scale.
 
-    python -m zipccl_jax.model --hosts 16 --per-host 8 --intra 900GB/s --inter 400Gbit/s \\
+    python -m zipccl_jax.model --hosts 16 --per-host 8 --intra 450GB/s --inter 400Gbit/s \\
         --workload moe_dispatch --bytes 64MiB --json out.json --png out.png
 
 A :class:`Topology` (hosts of ``per_host`` devices; the link between hosts and the one inside a host,
@@ -17,9 +17,12 @@ axis is ``"host"``, with one host ``"local"``. Its links, per device and per col
 axis             link model (``t = latency + bytes one device sends / bandwidth``)
 ===============  ===========================================================================
 ``host``         ``--inter``: one device's share of the network between hosts (a rail: every
-                 device its own NIC); ``--shared-link``: the ``n`` devices share one link of that
-                 rate (``bandwidth / n`` each: the CPU testbed's one shaped loopback)
-``local``        ``--intra`` (NVLink: the rate one GPU sends at)
+                 device its own NIC); ``--shared-link host``: the ``L`` devices of a host share
+                 its link (``bandwidth / L`` each: one NIC per host; the two-level CPU testbed's
+                 shaped link per host); ``--shared-link``: all ``n`` devices share one link
+                 (``bandwidth / n``: the flat CPU testbed's one shaped loopback, ``L = 1``)
+``local``        ``--intra`` (NVLink: the rate one GPU sends at, one direction: 450 GB/s on an
+                 H100)
 ``host,local``   the flat collective over both: of the bytes a device sends, the rows for other
                  hosts cross at the inter rate while the rows for its own host move at the intra
                  rate, at once (all_to_all and the reductions built on it: ``(n - L)`` of ``n - 1``
@@ -58,13 +61,14 @@ import sys
 
 import numpy as np
 
-from zipccl_jax import hierarchical, strategy
+from zipccl_jax import _model_cli as _cli, hierarchical, strategy
+from zipccl_jax._model_cli import verdict
 from zipccl_jax.capacity import CODED_DTYPES
-from zipccl_jax.profile import (DEFAULT_CODEC, CodecModel, LinkModel, Profile, get_profile,
-                                np_dtype, platform_key)
+from zipccl_jax.profile import (DEFAULT_CODEC, DEFAULT_CODEC_SOURCE, CodecModel, LinkModel, Profile,
+                                get_profile, np_dtype, platform_key)
 
 __all__ = ["Topology", "Call", "WORKLOADS", "workload", "predict_call", "predict_step", "crossover",
-           "sweep", "parse_rate", "parse_bytes", "main"]
+           "sweep", "verdict", "parse_rate", "parse_bytes", "main"]
 
 SLOW, FAST = "host", "local"
 OPS = ("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute")
@@ -77,28 +81,30 @@ _RATE_UNITS = {"b/s": 1 / 8, "bit/s": 1 / 8, "bps": 1 / 8, "B/s": 1.0, "Bps": 1.
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}  # either case: no rate is in milli-units
 _SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20,
                "GiB": 2**30}
+_NUMBER = r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)"
 
 
 def parse_rate(text: str) -> float:
   """Bytes per second of a rate such as ``"400Gbit/s"``, ``"400Gb/s"``, ``"900GB/s"``, ``"100Gbps"``
   (bits: ``b``, ``bit``, ``bps``; bytes: ``B``, ``Bps``; the prefix k, M, G or T in either case)."""
-  m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kKmMgGtT]?)(b/s|bit/s|bps|B/s|Bps)\s*", str(text))
+  m = re.fullmatch(rf"\s*{_NUMBER}\s*([kKmMgGtT]?)(b/s|bit/s|bps|B/s|Bps)\s*", str(text))
   if not m:
     raise ValueError(f"zipccl_jax.model: a rate is a number, a prefix (k, M, G, T) and a unit (bit/s, "
                      f"b/s, bps or B/s), e.g. 400Gbit/s or 900GB/s; got {text!r}")
   v = float(m.group(1)) * _PREFIX[m.group(2).lower()] * _RATE_UNITS[m.group(3)]
-  if not v > 0:
-    raise ValueError(f"zipccl_jax.model: a rate must be > 0, got {text!r}")
+  if not 0 < v < math.inf:
+    raise ValueError(f"zipccl_jax.model: a rate must be > 0 and finite, got {text!r}")
   return v
 
 
 def parse_bytes(text: str) -> int:
   """Bytes of a size such as ``"64MiB"``, ``"5MB"`` or ``"4096"``."""
-  m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([KMG]i?B|B)?\s*", str(text))
-  if not m:
+  m = re.fullmatch(rf"\s*{_NUMBER}\s*([KMG]i?B|B)?\s*", str(text))
+  v = float(m.group(1)) * _SIZE_UNITS[m.group(2) or "B"] if m else math.nan
+  if not math.isfinite(v):
     raise ValueError(f"zipccl_jax.model: a size is a number and a unit (B, KB, MB, GB, KiB, MiB, "
                      f"GiB), e.g. 64MiB; got {text!r}")
-  v = int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or "B"])
+  v = int(v)
   if v <= 0:
     raise ValueError(f"zipccl_jax.model: a size must be > 0, got {text!r}")
   return v
@@ -123,7 +129,9 @@ class Topology:
     intra: the link inside a host, per device (None with ``per_host == 1``).
     platform: the device kind whose codec model applies ("gpu", "cpu", "tpu").
     codec: ``{dtype name: CodecModel}`` overriding the base profile's for `platform`, or None.
-    shared_link: the devices share one `inter` link (each sends at ``bandwidth / n``).
+    shared_link: False; "host" (or ``--shared-link host``): the devices of a host share its `inter`
+      link (each sends at ``bandwidth / per_host``); "all" (or True): every device shares one
+      (``bandwidth / devices``; only with ``per_host == 1``, the flat CPU testbed's loopback).
     base: the profile the rest comes from (codec, ratios, min_gain, fallback risk); None: the
       active one (:func:`zipccl_jax.get_profile`: calibrated, ``$ZIPCCL_PROFILE``, or defaults).
     link_source: where `inter` and `intra` come from (reported in ``assumptions``).
@@ -134,7 +142,7 @@ class Topology:
   intra: LinkModel | None = None
   platform: str = "gpu"
   codec: dict | None = None
-  shared_link: bool = False
+  shared_link: bool | str = False
   base: Profile | None = None
   link_source: str = "given"
 
@@ -146,6 +154,12 @@ class Topology:
       raise ValueError("zipccl_jax.model: per_host > 1 needs the link inside a host (intra)")
     if self.hosts * self.per_host < 2:
       raise ValueError("zipccl_jax.model: a collective needs at least 2 devices")
+    share = {True: "all"}.get(self.shared_link, self.shared_link or False)
+    if share not in (False, "all", "host") or (share == "all" and self.per_host > 1):
+      raise ValueError(f"zipccl_jax.model: shared_link is False, 'host' (a host's devices share its "
+                       f"link) or 'all' (every device shares one; per_host 1 only), got "
+                       f"{self.shared_link!r} with per_host {self.per_host}")
+    object.__setattr__(self, "shared_link", share)
 
   @property
   def devices(self) -> int:
@@ -159,10 +173,9 @@ class Topology:
     return FAST if self.hosts == 1 else (SLOW, FAST)
 
   def level_links(self) -> tuple[LinkModel, LinkModel | None]:
-    """(inter, intra) per device, the shared link divided among the devices."""
-    inter = self.inter
-    if self.shared_link:
-      inter = LinkModel(inter.latency_s, inter.bandwidth_Bps / self.devices)
+    """(inter, intra) per device: a shared link divided among the devices that share it."""
+    share = {"host": self.per_host, "all": self.devices}.get(self.shared_link, 1)
+    inter = self.inter if share == 1 else LinkModel(self.inter.latency_s, self.inter.bandwidth_Bps / share)
     return inter, self.intra
 
   def profile(self) -> Profile:
@@ -431,6 +444,11 @@ def predict_step(top: Topology, calls: list[Call], *, compute_s: float = 0.0,
           "variants": step, "auto_choice": choice}
 
 
+def _codec_source(table: str, dt: np.dtype) -> str:
+  return (DEFAULT_CODEC_SOURCE[table][dt.name] + " (profile.DEFAULT_CODEC"
+          + ("; the H200's rates, whatever the GPU)" if table == "gpu" else ")"))
+
+
 def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
   """What the prediction rests on, each with where it comes from."""
   plat = prof.platform
@@ -440,12 +458,11 @@ def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
     if dt not in CODED_DTYPES:
       continue
     cm, src = prof.codec_model(dt, plat)
-    if top.codec and dt.name in top.codec:
-      src = "given (--codec)"
-    elif src.startswith("default[gpu]"):
-      src = "measured: H200 GPU kit, jitted step (profile.DEFAULT_CODEC)"
+    if top.codec and dt.name in top.codec:  # --codec: a documented table's rates, or given ones
+      table = next((p for p, tab in DEFAULT_CODEC.items() if tab.get(dt.name) is cm), None)
+      src = f"given (--codec {table}): {_codec_source(table, dt)}" if table else "given (--codec)"
     elif src.startswith("default"):
-      src = f"assumed: documented default for {plat} (profile.DEFAULT_CODEC)"
+      src = _codec_source(plat if plat in DEFAULT_CODEC else "cpu", dt)  # codec_model's fallback
     else:
       src = f"calibrated profile ({src})"
     codec[name] = {"encode_GB_s": cm.encode_Bps / 1e9, "decode_GB_s": cm.decode_Bps / 1e9,
@@ -501,9 +518,13 @@ def _codec_arg(text: str | None, dtype: str, plat: str):
   except ValueError:
     raise ValueError(f"zipccl_jax.model: --codec is cpu, gpu, tpu or 'ENCODE,DECODE' in GB/s, got "
                      f"{text!r}") from None
-  base = DEFAULT_CODEC[plat][np.dtype(np_dtype(dtype)).name]
-  return {np.dtype(np_dtype(dtype)).name: CodecModel(enc, dec, base.encode_overhead_s,
-                                                     base.decode_overhead_s)}
+  if not all(v > 0 and math.isfinite(v) for v in (enc, dec)):
+    raise ValueError(f"zipccl_jax.model: --codec's rates must be > 0 GB/s, got {text!r}")
+  name = np.dtype(np_dtype(dtype)).name
+  base = DEFAULT_CODEC.get(plat, DEFAULT_CODEC["cpu"]).get(name)
+  if base is None:
+    raise ValueError(f"zipccl_jax.model: --codec ENCODE,DECODE is for a compressed --dtype, got {dtype!r}")
+  return {name: CodecModel(enc, dec, base.encode_overhead_s, base.decode_overhead_s)}
 
 
 def topology_from_args(a) -> Topology:
@@ -514,77 +535,48 @@ def topology_from_args(a) -> Topology:
   inter = LinkModel(a.inter_latency_us * 1e-6 if a.inter_latency_us is not None else link.latency_s,
                     parse_rate(a.inter) if a.inter else link.bandwidth_Bps)
   source = ["inter: " + ("--inter" if a.inter else f"the profile's link ({where})")]
-  intra = None
-  if a.per_host > 1:
-    if a.intra:
-      intra = LinkModel(a.intra_latency_us * 1e-6, parse_rate(a.intra))
-      source.append("intra: --intra")
-    elif FAST in base.links:
-      intra, where = base.link(FAST, "*", plat)
-      source.append(f"intra: the profile's link ({where})")
-    else:
-      raise ValueError("zipccl_jax.model: --per-host > 1 needs --intra (the base profile has no "
-                       f"{FAST!r} link)")
+  intra = parse_rate(a.intra) if a.intra else None  # checked even where no host has two devices
+  if a.per_host == 1:
+    intra = None
+  elif intra is not None:
+    intra = LinkModel(a.intra_latency_us * 1e-6, intra)
+    source.append("intra: --intra")
+  elif FAST in base.links:
+    intra, where = base.link(FAST, "*", plat)
+    source.append(f"intra: the profile's link ({where})")
+  else:
+    raise ValueError("zipccl_jax.model: --per-host > 1 needs --intra (the base profile has no "
+                     f"{FAST!r} link)")
   return Topology(a.hosts, a.per_host, inter, intra, plat, _codec_arg(a.codec, a.dtype, plat),
                   a.shared_link, base, ", ".join(source))
 
 
-def _table(result: dict) -> str:
-  top = result["topology"]
-  lines = [f"{top['devices']} devices = {top['hosts']} hosts x {top['per_host']} ({top['platform']}); "
-           f"inter {top['inter_Gbit_s']:.4g} Gbit/s per device"
-           + (f", intra {top['intra_GB_s']:.4g} GB/s" if top["intra_GB_s"] else "")
-           + (" (one shared link)" if top["shared_link"] else "")]
-  for name, c in result["assumptions"]["codec"].items():
-    lines.append(f"codec {name}: encode {c['encode_GB_s']:.4g} GB/s, decode {c['decode_GB_s']:.4g} "
-                 f"GB/s [{c['source']}]")
-  for r in result["calls"]:
-    x = r.get("crossover_inter_Gbit_s")
-    lines.append(f"\n{r['name']}: {r['op']} {r['dtype']}, {r['operand_bytes'] / 2**20:.4g} MiB per "
-                 f"device, x{r['calls']} per step; auto compresses below "
-                 + (f"{x:.4g} Gbit/s" if x is not None else "- (no crossover in 0.08-8e4 Gbit/s)"))
-    for v in r["variants"]:
-      mark = "  <- auto" if v["name"] == r["auto_choice"] else ""
-      lines.append(f"  {v['name']:45s} {v['time_s'] * 1e3:10.3f} ms  {v['speedup_vs_raw']:6.3f}x{mark}")
-  st = result["step"]
-  lines.append(f"\nstep (compute {st['compute_s'] * 1e3:g} ms, not overlapped):")
-  for v in st["variants"]:
-    lines.append(f"  {v['name']:45s} {v['time_s'] * 1e3:10.3f} ms  {v['speedup_vs_raw']:6.3f}x")
-  return "\n".join(lines)
-
-
-def _plot(curves: dict, path: str, title: str) -> None:
-  import matplotlib  # main() checked that it is there
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for devices, pts in sorted(curves.items()):
-    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{devices} devices")
-  ax.axhline(1.0, color="grey", lw=0.8)
-  ax.set_xscale("log")
-  ax.set_xlabel("inter-host bandwidth per device (Gbit/s)")
-  ax.set_ylabel("step speedup, compress='auto' over raw")
-  ax.set_title(title, fontsize=9)
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+def _dtype_arg(text: str) -> str:
+  try:
+    np_dtype(text)
+  except (TypeError, ValueError):
+    raise argparse.ArgumentTypeError(f"not a numpy or ml_dtypes type: {text!r}") from None
+  return text
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m zipccl_jax.model",
-                              description="Predict what zipccl_jax's compression buys on a cluster.",
-                              epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--hosts", type=int, default=4, help="hosts (default 4)")
-  p.add_argument("--per-host", type=int, default=1, help="devices per host (1: no fast level)")
+  p = _cli.Parser(prog="python -m zipccl_jax.model",
+                  description="Predict what zipccl_jax's compression buys on a cluster.",
+                  epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+  count, at_least_0 = _cli.number(int, 1), _cli.number(float, 0)
+  p.add_argument("--hosts", type=count, default=4, help="hosts (default 4)")
+  p.add_argument("--per-host", type=count, default=1, help="devices per host (1: no fast level)")
   p.add_argument("--inter", help="link between hosts per device, e.g. 400Gbit/s (default: the "
                  "profile's link)")
-  p.add_argument("--inter-latency-us", type=float, default=None, help="latency per collective "
+  p.add_argument("--inter-latency-us", type=at_least_0, default=None, help="latency per collective "
                  "between hosts (default: the profile's)")
-  p.add_argument("--intra", help="link inside a host per device, e.g. 900GB/s")
-  p.add_argument("--intra-latency-us", type=float, default=5.0, help="latency inside a host (5)")
-  p.add_argument("--shared-link", action="store_true", help="all devices share one --inter link "
-                 "(the CPU testbed: processes behind one shaped loopback)")
+  p.add_argument("--intra", help="link inside a host: the rate one device sends at, one direction, "
+                 "e.g. 450GB/s (H100 NVLink: 900 GB/s both directions together)")
+  p.add_argument("--intra-latency-us", type=at_least_0, default=5.0, help="latency inside a host (5)")
+  p.add_argument("--shared-link", nargs="?", const="all", default=False, choices=("all", "host"),
+                 help="host: the devices of a host share its --inter link (one NIC per host); no "
+                 "value or all: every device shares one --inter link (--per-host 1: the flat CPU "
+                 "testbed, processes behind one shaped loopback)")
   p.add_argument("--device", choices=("gpu", "cpu", "tpu"), default=None,
                  help="device kind (its codec model); default: the profile's platform, else gpu")
   p.add_argument("--codec", help="cpu, gpu or tpu (that table), or ENCODE,DECODE GB/s for --dtype")
@@ -594,56 +586,52 @@ def _parser() -> argparse.ArgumentParser:
                      f"{k}: {v}" for k, v in WORKLOADS.items()) + ")")
   p.add_argument("--bytes", default="64MiB", help="the workload's size (default 64MiB; a JSON "
                  "workload has its own)")
-  p.add_argument("--dtype", default="bfloat16", help="the workload's element type (bfloat16)")
-  p.add_argument("--layers", type=int, default=1, help="layers per step (each the workload's calls)")
-  p.add_argument("--compute-ms", type=float, default=0.0, help="work per step not overlapped")
+  p.add_argument("--dtype", type=_dtype_arg, default="bfloat16",
+                 help="the workload's element type (bfloat16)")
+  p.add_argument("--layers", type=count, default=1, help="layers per step (each the workload's calls)")
+  p.add_argument("--compute-ms", type=at_least_0, default=0.0, help="work per step not overlapped")
   p.add_argument("--json", help="write the prediction here")
   p.add_argument("--png", help="write the step's speedup against inter bandwidth, per scale, here")
-  p.add_argument("--scales", default="8,64,512", help="devices per curve of --png (and this one's)")
+  p.add_argument("--scales", type=_cli.scales, default="8,64,512",
+                 help="devices per curve of --png (and this one's)")
   return p
 
 
 def main(argv=None) -> int:
-  a = _parser().parse_args(argv)
+  """The command: the table, notes, and the verdict line last; exit status 2 and one line ``error:``
+  on stderr for a bad flag (checked before anything is computed)."""
   try:
+    a = _parser().parse_args(argv)
+    _cli.check_output("--json", a.json)
+    _cli.check_output("--png", a.png)
     top = topology_from_args(a)
     calls = workload(a.workload, parse_bytes(a.bytes), top.devices, dtype=a.dtype, layers=a.layers)
+    result = predict_step(top, calls, compute_s=a.compute_ms * 1e-3)
   except (ValueError, OSError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    print("error: " + str(e).replace("\n", " "), file=sys.stderr)
     return 2
-  result = predict_step(top, calls, compute_s=a.compute_ms * 1e-3)
-  print(_table(result))
+  result["verdict"] = verdict(result)
+  print(_cli.table(result))
   for name in sorted({c.dtype for c in calls if np.dtype(np_dtype(c.dtype)) not in CODED_DTYPES}):
     print(f"note: {name} is not compressed (the codec codes bfloat16, float16, float32 and the float8 "
           "types): every variant of its calls is raw")
+  print(result["verdict"]["line"])
   curves = None
   if a.png:
-    scales = sorted({int(v) for v in a.scales.split(",")} | {top.devices})
     rates = [10 ** (1 + i / 8) * 1e9 / 8 for i in range(0, 21)]  # 10 .. 3162 Gbit/s
-    curves = sweep(top, calls, scales, rates, compute_s=a.compute_ms * 1e-3)
+    curves = sweep(top, calls, sorted(set(a.scales) | {top.devices}), rates, compute_s=a.compute_ms * 1e-3)
     result["sweep"] = {str(k): v for k, v in curves.items()}
   if a.json:  # before the plot: a plot that fails leaves the prediction written
-    with open(a.json, "w") as f:
-      json.dump(result, f, indent=1)
-  if curves is not None:
-    return _write_plot(curves, a, top)
-  return 0
-
-
-def _write_plot(curves: dict, a, top: Topology) -> int:
-  """--png: the plot, or one line saying what is missing (exit status 1; the table and --json stand)."""
-  try:
-    import matplotlib  # noqa: F401
-  except ImportError:
-    print("error: --png needs matplotlib: pip install 'zipccl_jax[plot]' (or pip install matplotlib)"
-          + (f"; the prediction is in {a.json}" if a.json else ""), file=sys.stderr)
-    return 1
-  try:
-    _plot(curves, a.png, f"{a.workload}, {a.bytes} ({top.platform}, {top.per_host} per host)")
-  except OSError as e:
-    print(f"error: --png {a.png}: {e}", file=sys.stderr)
-    return 1
-  return 0
+    try:
+      with open(a.json, "w") as f:
+        json.dump(result, f, indent=1)
+    except OSError as e:
+      print(f"error: --json {a.json}: {e}", file=sys.stderr)
+      return 2
+  if curves is None:
+    return 0
+  return _cli.write_plot(curves, a.png, f"{a.workload}, {a.bytes} ({top.platform}, {top.per_host} per "
+                         "host)", a.json)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from zipccl_jax.capacity import EXPECTED_RATIO
 
 __all__ = [
     "Profile", "LinkModel", "CodecModel", "SiteObservation", "DEFAULT_LINKS", "DEFAULT_CODEC",
+    "DEFAULT_CODEC_SOURCE",
     "get_profile", "set_profile", "use_profile", "load_profile",
 ]
 
@@ -190,6 +191,18 @@ DEFAULT_CODEC: dict[str, dict[str, CodecModel]] = {
         **{d: CodecModel(55e9, 34e9, 10e-6, 10e-6) for d in _FP8_NAMES},
     },
     "tpu": {d: CodecModel(400e9, 400e9, 10e-6, 10e-6) for d in _DTYPE_NAMES},
+}
+# Where each DEFAULT_CODEC rate comes from (what zipccl_jax.model labels them with); the scale factors
+# are the H200 kernel rates of benchmarks/results/gpu_report_h200.json ("codec_gb_per_s").
+_H200 = "on an H200 (GPU kit, benchmarks/results/gpu_report_h200.json); 10 us overheads assumed"
+_SCALED = "scaled: bfloat16's measurement x the {} / bfloat16 kernel rates{} " + _H200
+DEFAULT_CODEC_SOURCE: dict[str, dict[str, str]] = {
+    "cpu": {d: "assumed: documented default for cpu" for d in _DTYPE_NAMES},
+    "gpu": {"bfloat16": "measured: bfloat16 codec inside a jitted step " + _H200,
+            "float16": _SCALED.format("float16", ""), "float32": _SCALED.format("float32", ""),
+            **{d: _SCALED.format("float8", " (float8_e4m3fn's and float8_e5m2's mean, for every float8 "
+                                 "type)") for d in _FP8_NAMES}},
+    "tpu": {d: "assumed: documented default for tpu (not measured)" for d in _DTYPE_NAMES},
 }
 
 
