@@ -12,7 +12,8 @@ coded path is always attempted) and runtime statistics on. Checked:
     views) and to a NumPy model of the collective; against jax.lax on the floats themselves it is identical
     except where jax.lax alters NaN payloads (XLA:CPU widens 16-bit float collectives to float32, which quiets
     signalling NaNs; zipccl does not);
-  - reductions are bit-identical between compress=True and compress=False (the documented invariance) and
+  - reductions are bit-identical between compress=True and compress=False with fixed_order=True (the
+    documented invariance; raw without it is jax.lax's call, tests/test_auto_vs_lax.py) and
     agree with the documented fixed-order float32 sum in NumPy, NaN for NaN, up to the flushing of subnormals
     (XLA:CPU adds float32 with denormals flushed to zero; NumPy does not);
   - the fallback is taken exactly when it should be: a call site falls back on every device if and only if
@@ -126,9 +127,9 @@ def results(dtname: str):
       "ppermute/lax": pp,
       "psum_scatter": lambda v: zj.psum_scatter(v, "i", tiled=True, **on, name=tag + "psum_scatter"),
       "psum_scatter/raw": lambda v: zj.psum_scatter(v, "i", tiled=True, compress=False,
-                                                    name=tag + "psum_scatter/raw"),
+                                                    fixed_order=True, name=tag + "psum_scatter/raw"),
       "psum": lambda v: zj.psum(v, "i", **on, name=tag + "psum"),
-      "psum/raw": lambda v: zj.psum(v, "i", compress=False, name=tag + "psum/raw"),
+      "psum/raw": lambda v: zj.psum(v, "i", compress=False, fixed_order=True, name=tag + "psum/raw"),
   }
   names = list(ops)
 
@@ -249,7 +250,7 @@ def test_reductions_match_the_documented_sum(kind, dtname):
   want = ref_sum(pattern(kind, dtname), dtype)  # (ROWS, COLS)
   for op in ("psum_scatter", "psum"):
     ours, raw = r[op], r[op + "/raw"]
-    assert np.array_equal(ours, raw), f"{op} {kind} {dtname}: compress=True differs from compress=False"
+    assert np.array_equal(ours, raw), f"{op} {kind} {dtname}: compress=True differs from fixed-order raw"
   ps = r["psum"].reshape(NDEV, ROWS, COLS)
   assert (ps == ps[0]).all(), "psum differs between devices"
   rs = r["psum_scatter"].reshape(NDEV, ROWS // NDEV, COLS)  # device d holds row d of the sum
@@ -301,8 +302,8 @@ def psum_phase2_overflow():
   x = v.reshape(NDEV * ROWS, COLS).view(BF16)
   name = "adv:psum_phase2"
   f = jax.jit(jax.shard_map(
-      lambda t: (zj.psum(t, "i", compress=True, name=name), zj.psum(t, "i", compress=False,
-                                                                      name=name + "/raw")),
+      lambda t: (zj.psum(t, "i", compress=True, name=name),
+                 zj.psum(t, "i", compress=False, fixed_order=True, name=name + "/raw")),
       mesh=mesh, in_specs=P("i"), out_specs=P("i")))
   prev = zc.set_runtime_stats(True)
   try:

@@ -560,10 +560,11 @@ def test_mixed_all_to_all_overflow_test_ignores_the_raw_own_host_slots():
   assert st.calls == H * L and st.fallbacks == 0, st
 
 
-def _level_choice(prof, m=H * L * 4096):
-  """The [levels] decision of an auto all_to_all of m bfloat16 elements per device, traced under `prof`."""
+def _level_choice(prof, m=H * L * 4096, fixed_order=False):
+  """The [levels] decision of an auto all_to_all of m bfloat16 elements per device, traced under `prof`
+  (fixed_order: zipccl's raw two-level program is a candidate too)."""
   strategy.reset_decisions()
-  with zipccl_jax.use_profile(prof):
+  with zipccl_jax.use_profile(prof), zipccl_jax.use_defaults(fixed_order=fixed_order):
     f = jax.jit(jax.shard_map(lambda v: zipccl_jax.all_to_all(v, AXES, 0, 0, tiled=True, name="lvl"),
                               mesh=_mesh(), in_specs=P(AXES), out_specs=P(AXES)))
     f.trace(jax.ShapeDtypeStruct((H * L * m,), jnp.bfloat16))
@@ -571,7 +572,8 @@ def _level_choice(prof, m=H * L * 4096):
 
 
 def _estimates(prof, m=H * L * 4096):
-  allowed = hierarchical._allowed("auto", "auto", None, "host", "local")
+  """Every variant's estimate, the raw two-level program's included (a candidate with fixed_order)."""
+  allowed = hierarchical._allowed("auto", "auto", None, "host", "local", fixed_order=True)
   with zipccl_jax.use_profile(prof):
     est, note = hierarchical._candidates("all_to_all", np.dtype(ml_dtypes.bfloat16), m, AXES, "host", "local",
                                          (H, L), "activation", allowed)
@@ -599,8 +601,10 @@ def test_plan_costs_hierarchical_variants_from_the_measured_raw_program():
         assert est[k] - est[raw] == pytest.approx(model[k] - model[raw], rel=1e-9, abs=1e-12), k
       else:
         assert est[k] == model[k]
-    d = _level_choice(prof)
+    d = _level_choice(prof, fixed_order=True)
     assert "hierarchical raw measured" in d.reason and d.algorithm.startswith(want), (bw, d.algorithm, d.reason)
+    if want == "hierarchical":  # without fixed_order raw is the jax.lax call, never the raw two-level one
+      assert not _level_choice(prof).algorithm.startswith("hierarchical(host:r,local:r)")
 
 
 def test_measured_flat_compressed_program_replaces_its_model():
@@ -650,7 +654,7 @@ def test_measured_coded_program_replaces_the_modelled_slow_phase_difference():
     for k in ("hierarchical host:raw local:raw", "hierarchical host:raw local:compressed", "flat raw",
               "flat compressed"):
       assert est[k] == pytest.approx(model[k], rel=1e-12), k
-    d = _level_choice(p)
+    d = _level_choice(p, fixed_order=True)
     assert "slow phase coded measured" in d.reason
     assert ("host:c" in d.algorithm) == (coded_bw > 1e9), (coded_bw, d.algorithm, d.reason)
 

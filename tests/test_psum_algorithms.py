@@ -71,7 +71,8 @@ def test_both_algorithms_bit_identical_to_the_documented_order(dtype, shape):
   for alg in ALGS:
     for compress in (True, False):
       for pieces in (None, 2, 3):
-        got = np.asarray(_psum_fn(mesh, alg, compress, pieces=pieces)(xs))
+        with zipccl_jax.use_defaults(fixed_order=True):  # raw too (else raw is jax.lax.psum)
+          got = np.asarray(_psum_fn(mesh, alg, compress, pieces=pieces)(xs))
         for r in range(N):
           assert np.array_equal(_bits(got[r]), _bits(want)), (alg, compress, pieces, r)
 
@@ -102,11 +103,18 @@ def _latency_profile():
 
 
 def test_model_picks_gather_sum_for_small_and_reduce_scatter_for_large_messages():
+  """Between zipccl's fixed-order programs (fixed_order=True: raw runs them too). Without it raw is
+  jax.lax.psum, the same program whichever algorithm the coded path would use."""
   prof = _latency_profile()
   small = strategy.decide("psum", ml_dtypes.bfloat16, 16, axis_size=N, message_elems=128,
-                          profile=prof, platform="cpu", log=False)
+                          profile=prof, platform="cpu", log=False, fixed_order=True)
   large = strategy.decide("psum", ml_dtypes.bfloat16, 1 << 20, axis_size=N,
-                          message_elems=N << 20, profile=prof, platform="cpu", log=False)
+                          message_elems=N << 20, profile=prof, platform="cpu", log=False,
+                          fixed_order=True)
+  lax_raw = strategy.decide("psum", ml_dtypes.bfloat16, 16, axis_size=N, message_elems=128,
+                            profile=prof, platform="cpu", log=False)
+  assert not lax_raw.compress and len({t for _, t in lax_raw.candidates}) == 1
+  assert lax_raw.est_raw_s == pytest.approx(2 * (2e-4 + 7 * 16 * 2 / 1e9))  # a ring all-reduce
   assert small.algorithm == "gather-sum" and large.algorithm == "a2a-sum+gather", (small, large)
   for d in (small, large):
     names = [a for a, _ in d.candidates]
@@ -124,7 +132,7 @@ def test_traced_calls_follow_the_model_and_explain_says_why():
   strategy.reset_decisions()
   small = _per_device((64,), ml_dtypes.bfloat16)
   large = _per_device((N * 65536,), ml_dtypes.bfloat16, seed=1)
-  with zipccl_jax.use_profile(_latency_profile()):
+  with zipccl_jax.use_profile(_latency_profile()), zipccl_jax.use_defaults(fixed_order=True):
     for x, name in ((small, "small"), (large, "large")):
       f = _psum_fn(mesh, "auto", "auto", name=name)
       got = np.asarray(f(jax.device_put(x, NamedSharding(mesh, P("i")))))
@@ -152,17 +160,22 @@ def _hlo_collectives(f, x):
 
 def test_compiled_hlo_of_each_algorithm():
   """gather-sum: one all-gather of uint8 frames; a2a-sum+gather: an all-to-all and an all-gather of
-  frames; raw: the same collectives on the bit patterns (no float all-reduce in either). Chunks of 2 KiB:
+  frames; raw with fixed_order: the same collectives on the bit patterns (no float all-reduce);
+  raw without: jax.lax.psum's all-reduce. Chunks of 2 KiB:
   compress=True sends raw a chunk whose frame would not be smaller (1024 elements: 256-byte chunks)."""
   mesh = _mesh()
   xs = jax.device_put(_per_device((8192,), ml_dtypes.bfloat16), NamedSharding(mesh, P("i")))
   assert sorted(_hlo_collectives(_psum_fn(mesh, "gather-sum", True), xs)) == [("all-gather", "u8")]
   assert sorted(_hlo_collectives(_psum_fn(mesh, "a2a-sum+gather", True), xs)) == [
       ("all-gather", "u8"), ("all-to-all", "u8")]
-  assert sorted(_hlo_collectives(_psum_fn(mesh, "gather-sum", False), xs)) == [
-      ("all-gather", "u16")]
-  assert sorted(_hlo_collectives(_psum_fn(mesh, "a2a-sum+gather", False), xs)) == [
-      ("all-gather", "u16"), ("all-to-all", "u16")]
+  with zipccl_jax.use_defaults(fixed_order=True):
+    assert sorted(_hlo_collectives(_psum_fn(mesh, "gather-sum", False), xs)) == [
+        ("all-gather", "u16")]
+    assert sorted(_hlo_collectives(_psum_fn(mesh, "a2a-sum+gather", False), xs)) == [
+        ("all-gather", "u16"), ("all-to-all", "u16")]
+  # without fixed_order raw is jax.lax.psum as called: XLA's all-reduce, whichever algorithm
+  # (of floats: XLA:CPU widens bfloat16 to f32)
+  assert [op for op, _ in _hlo_collectives(_psum_fn(mesh, "gather-sum", False), xs)] == ["all-reduce"]
 
 
 @pytest.mark.parametrize("check_vma", [True, False])
