@@ -91,9 +91,13 @@ def variants(coll: str, zc, site: str) -> dict[str, dict]:
     use = getattr(zc, "use_algorithm", None)  # zipccl_jax.hierarchical (two-level collectives)
     pinned = (lambda alg, levels=None: use(alg, levels)) if use else (lambda *a: contextlib.nullcontext())
 
+    # zipccl's own programs, raw included: the reductions' fixed order (else raw is jax.lax's call, and
+    # the two-level raw program is no candidate of "auto")
+    order = (lambda: zc.use_defaults(fixed_order=True)) if use else contextlib.nullcontext
+
     def body(mode, alg, levels=None):
         def f(v):
-            with pinned(alg, levels):  # the algorithm is chosen at trace time, inside the body
+            with pinned(alg, levels), order():  # the algorithm is chosen at trace time, inside the body
                 return call(zc, v, compress=mode, name=site)
         return f
 

@@ -16,7 +16,7 @@ times, interleaved with its baseline (drift hits both alike); each figure is the
 the repetitions, and each ratio the ratio of medians with [p25-p75] of the per-repetition ratios
 (benchmarks/_stats.py). A call is timed from dispatch to `block_until_ready`, so small calls include the
 launch latency. Every result is checked: round trips and data movement bit for bit, the compressed
-reductions against compress=False (the documented order; within one rounding of jax.lax).
+reductions against compress=False, fixed_order=True (the documented order; within one rounding of jax.lax).
 
     python benchmarks/codec_gpu.py --json benchmarks/results/codec_gpu.json     # on a GPU host
     python benchmarks/codec_gpu.py --platform cpu --quick                     # smoke: the same code on CPU
@@ -267,10 +267,10 @@ def _op_pair(zj, lax, jnp, op: str, n: int, transport: str):
   if op == "psum_scatter":
     return (lambda v: bits(zj.psum_scatter(v, "i", tiled=True, **kw)),
             lambda v: bits(lax.psum_scatter(v, "i", tiled=True)),
-            lambda v: bits(zj.psum_scatter(v, "i", tiled=True, compress=False)))
+            lambda v: bits(zj.psum_scatter(v, "i", tiled=True, compress=False, fixed_order=True)))
   if op == "psum":
     return (lambda v: bits(zj.psum(v, "i", **kw)), lambda v: bits(lax.psum(v, "i")),
-            lambda v: bits(zj.psum(v, "i", compress=False)))
+            lambda v: bits(zj.psum(v, "i", compress=False, fixed_order=True)))
   raise ValueError(op)
 
 

@@ -158,8 +158,9 @@ def build_fns(coll: str, nproc: int, impl, calibrated_capacity: int | None = Non
             r = lax.bitcast_convert_type(lax.all_to_all(u, ax, 0, 0, tiled=True), v.dtype)
             return jnp.sum(r.astype(jnp.float32), axis=0).astype(v.dtype)
 
-        def comp(v, mode, **kw):
-            return impl.psum_scatter(v, ax, scatter_dimension=0, tiled=True, compress=mode, **kw)
+        def comp(v, mode, **kw):  # zipccl's fixed-order programs, raw included (its bits: the reference)
+            return impl.psum_scatter(v, ax, scatter_dimension=0, tiled=True, compress=mode,
+                                     fixed_order=True, **kw)
     else:
         raise ValueError(coll)
     fns = {"raw": raw, "raw_bits": raw_bits}

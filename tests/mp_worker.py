@@ -68,9 +68,9 @@ def main() -> int:
       "ppermute": (lambda v: zj.ppermute(v, "i", ring, compress=True, transport=t),
                    lambda v: lax.ppermute(v, "i", ring)),
       "psum_scatter": (lambda v: zj.psum_scatter(v, "i", tiled=True, compress=True, transport=t),
-                       lambda v: zj.psum_scatter(v, "i", tiled=True, compress=False)),
+                       lambda v: zj.psum_scatter(v, "i", tiled=True, compress=False, fixed_order=True)),
       "psum": (lambda v: zj.psum(v, "i", compress=True, transport=t),
-               lambda v: zj.psum(v, "i", compress=False)),
+               lambda v: zj.psum(v, "i", compress=False, fixed_order=True)),
   }
   names = list(ops)
   f = smap(lambda v: tuple((ops[k][0](v), ops[k][1](v)) for k in names))

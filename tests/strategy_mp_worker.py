@@ -54,13 +54,14 @@ def main() -> int:
   def body(v, vi):
     return (zj.all_to_all(v, "i", 0, 0, tiled=True, name="mp/a2a"),
             zj.all_gather(v, "i", tiled=True, name="mp/ag"),
-            zj.psum_scatter(v, "i", tiled=True, name="mp/rs"),
-            zj.psum(v, "i", name="mp/ps"),
+            zj.psum_scatter(v, "i", tiled=True, name="mp/rs", fixed_order=True),
+            zj.psum(v, "i", name="mp/ps", fixed_order=True),
             zj.all_to_all(vi, "i", 0, 0, tiled=True, name="mp/int"))
 
   def lax_body(v, vi):
     return (lax.all_to_all(v, "i", 0, 0, tiled=True), lax.all_gather(v, "i", tiled=True),
-            zj.psum_scatter(v, "i", tiled=True, compress=False), zj.psum(v, "i", compress=False),
+            zj.psum_scatter(v, "i", tiled=True, compress=False, fixed_order=True),
+            zj.psum(v, "i", compress=False, fixed_order=True),
             lax.all_to_all(vi, "i", 0, 0, tiled=True))
 
   def trace_and_run():

@@ -219,10 +219,10 @@ def _bodies(axis, n, tag):
                    lambda v: lax.ppermute(v, axis, ring)),
       "psum_scatter": (lambda v: zj.psum_scatter(v, axis, tiled=True, **on, name=f"{tag}psum_scatter"),
                        lambda v: lax.psum_scatter(v, axis, tiled=True),
-                       lambda v: zj.psum_scatter(v, axis, tiled=True, compress=False)),
+                       lambda v: zj.psum_scatter(v, axis, tiled=True, compress=False, fixed_order=True)),
       "psum": (lambda v: zj.psum(v, axis, **on, name=f"{tag}psum"),
                lambda v: lax.psum(v, axis),
-               lambda v: zj.psum(v, axis, compress=False)),
+               lambda v: zj.psum(v, axis, compress=False, fixed_order=True)),
   }
 
 

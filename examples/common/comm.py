@@ -5,7 +5,8 @@ Every collective of the models and of the FSDP helpers goes through a :class:`Co
 
 - ``compress=True``  codes every message (the default of the examples);
 - ``compress="auto"`` lets zipccl_jax decide per call (raw when compression would not pay);
-- ``compress=False`` sends raw bytes through zipccl_jax's own code path, with the same fixed reduction order,
+- ``compress=False`` sends raw bytes through zipccl_jax's own code path, with the same fixed reduction order
+  (every call runs under ``use_defaults(fixed_order=True)``: without it a raw reduction is ``jax.lax``'s own),
   which is what makes compressed and uncompressed runs bit-identical.
 
 ``backend="lax"`` calls plain ``jax.lax`` (an uncompressed baseline whose reductions follow XLA's order) and
@@ -83,6 +84,13 @@ class Comm:
         n = _axis_size(axis_name)
         self._lax_sites[site] = (op, mult * _sent_bytes(op, x.size * x.dtype.itemsize, n))
 
+    @staticmethod
+    def _fixed_order():
+        """zipccl_jax's fixed-order reductions on every path, raw included, so that a compressed run and a
+        --no-compress run are bit-identical (read when a call is traced, and kept by its transpose: the
+        psum_scatter of an all_gather's gradient too)."""
+        return _zipccl.use_defaults(fixed_order=True)
+
     def _kw(self, site, capacity=None):
         kw = {"compress": self.compress, "name": site}
         capacity = self.capacity if capacity is None else capacity
@@ -98,30 +106,34 @@ class Comm:
         if self.backend == "lax":
             self._lax("all_to_all", x, axis_name, site, mult=2)  # + the transposed all_to_all in jax.grad
             return jax.lax.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled)
-        return _zipccl.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled,
-                                  **self._kw(site, capacity))
+        with self._fixed_order():
+            return _zipccl.all_to_all(x, axis_name, split_axis, concat_axis, tiled=tiled,
+                                      **self._kw(site, capacity))
 
     def all_gather(self, x, axis_name, *, axis=0, tiled=False, name=None, capacity=None):
         site = self._site("all_gather", name)
         if self.backend == "lax":
             self._lax("all_gather", x, axis_name, site)
             return jax.lax.all_gather(x, axis_name, axis=axis, tiled=tiled)
-        return _zipccl.all_gather(x, axis_name, axis=axis, tiled=tiled, **self._kw(site, capacity))
+        with self._fixed_order():
+            return _zipccl.all_gather(x, axis_name, axis=axis, tiled=tiled, **self._kw(site, capacity))
 
     def psum_scatter(self, x, axis_name, *, scatter_dimension=0, tiled=False, name=None, capacity=None):
         site = self._site("psum_scatter", name)
         if self.backend == "lax":
             self._lax("psum_scatter", x, axis_name, site)
             return jax.lax.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
-        return _zipccl.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled,
-                                    **self._kw(site, capacity))
+        with self._fixed_order():
+            return _zipccl.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled,
+                                        **self._kw(site, capacity))
 
     def psum(self, x, axis_name, *, name=None, capacity=None):
         site = self._site("psum", name)
         if self.backend == "lax":
             self._lax("psum", x, axis_name, site)
             return jax.lax.psum(x, axis_name)
-        return _zipccl.psum(x, axis_name, **self._kw(site, capacity))
+        with self._fixed_order():
+            return _zipccl.psum(x, axis_name, **self._kw(site, capacity))
 
     def ragged_all_to_all(self, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
                           axis_name, name=None, capacity=None):
