@@ -87,7 +87,8 @@ AXES = ("host", "local")
 
 
 def _all_gather_estimates(prof, shard_elems):
-  allowed = hierarchical._allowed("auto", "auto", None, "host", "local")
+  """Every variant's estimate, the raw two-level program's included (a candidate with fixed_order)."""
+  allowed = hierarchical._allowed("auto", "auto", None, "host", "local", fixed_order=True)
   with zipccl_jax.use_profile(prof):
     est, _ = hierarchical._candidates("all_gather", np.dtype(ml_dtypes.bfloat16), shard_elems, AXES, "host",
                                       "local", (H, L), "activation", allowed)
