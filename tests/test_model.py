@@ -298,9 +298,12 @@ def test_flat_sweep_within_15_percent_where_the_link_binds(check):
     rec = r["recorded_in_run"]  # (a change to the model that moves it needs the run again)
     assert rec["compressed_over_raw"] == pytest.approx(r["pred_ratio"], rel=1e-9), r
     assert _RENAMED.get(rec["auto_choice"], rec["auto_choice"]) == r["auto_choice"], r
-  # README.md and benchmarks/README.md: auto's choice was the measured better one in 34 of 35 cases
-  right = [(r["auto_choice"] == "flat compressed K=1") == (r["meas_ratio"] < 1) for r in flat]
-  assert sum(right) == 34, [(r["case"], r["rate_gbit"]) for r, ok in zip(flat, right) if not ok]
+  # a property, not a count: what auto's choice measured is within 3% (+1.5 ms) of the measured better of
+  # raw and compressed in every case (README.md quotes how often it was the better one: 34 of 35)
+  for r in flat:
+    chose = r["meas_compressed_s"] if r["auto_choice"] == "flat compressed K=1" else r["meas_raw_s"]
+    best = min(r["meas_compressed_s"], r["meas_raw_s"])
+    assert chose <= 1.03 * best + 1.5e-3, (r["case"], r["rate_gbit"], chose, best)
   bound = [r for r in flat if r["rate_gbit"] is not None and r["rate_gbit"] <= 2.5]
   assert max(abs(r["ratio_err"]) for r in bound) < 0.15
 
