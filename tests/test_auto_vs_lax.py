@@ -208,7 +208,7 @@ def test_two_levels_auto_raw_is_jax_lax(x):
   assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("bad", ["yes", 1, None.__class__])
+@pytest.mark.parametrize("bad", ["yes", 1, 1.0])
 def test_fixed_order_must_be_a_bool(mesh, x, bad):
   with pytest.raises(TypeError, match="zipccl_jax.psum_scatter: fixed_order must be True or False"):
     _run(mesh, lambda v: zipccl_jax.psum_scatter(v, "i", tiled=True, fixed_order=bad), x)

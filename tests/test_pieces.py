@@ -16,7 +16,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import zipccl_jax
-from zipccl_jax import capacity, strategy
+from zipccl_jax import _pipeline, capacity, strategy
 
 N = 8
 BF16 = ml_dtypes.bfloat16
@@ -249,18 +249,18 @@ def test_model_k_is_one_on_cpu_and_grows_on_gpu_for_large_messages():
 
 def test_pipeline_time_model():
   stages = [((4.0, 0.1), (6.0, 0.2), (2.0, 0.1))]  # encode, transfer, decode (total, per piece)
-  assert strategy.pipeline_time(stages, 1, True) == pytest.approx(12.4)
-  assert strategy.pipeline_time(stages, 1, False) == pytest.approx(12.4)
+  assert _pipeline.pipeline_time(stages, 1, True) == pytest.approx(12.4)
+  assert _pipeline.pipeline_time(stages, 1, False) == pytest.approx(12.4)
   # K = 2: one piece through all stages (6.4), then the slowest stage once more (3.2)
-  assert strategy.pipeline_time(stages, 2, True) == pytest.approx(6.4 + 3.2)
-  assert strategy.pipeline_time(stages, 2, False) == pytest.approx(12.8)
-  k, t, cands = strategy.choose_pieces(stages, 1 << 20, "gpu")
+  assert _pipeline.pipeline_time(stages, 2, True) == pytest.approx(6.4 + 3.2)
+  assert _pipeline.pipeline_time(stages, 2, False) == pytest.approx(12.8)
+  k, t, cands = _pipeline.choose_pieces(stages, 1 << 20, "gpu")
   fastest = min(c[1] for c in cands)
   assert k > 1 and t == fastest  # the fastest K; no margin (min_gain applies once, against raw)
   assert all(c[1] > fastest for c in cands if c[0] < k)  # a tie keeps the fewer pieces
-  assert strategy.choose_pieces(stages, 1 << 20, "gpu", transport="ragged")[0] == 1
-  assert strategy.choose_pieces(stages, 1 << 20, "cpu")[0] == 1
-  assert strategy.choose_pieces(stages, 1 << 20, "cpu", pinned=3)[0] == 3
+  assert _pipeline.choose_pieces(stages, 1 << 20, "gpu", transport="ragged")[0] == 1
+  assert _pipeline.choose_pieces(stages, 1 << 20, "cpu")[0] == 1
+  assert _pipeline.choose_pieces(stages, 1 << 20, "cpu", pinned=3)[0] == 3
 
 
 def test_explain_reports_k():

@@ -111,8 +111,7 @@ import numpy as np
 
 from zipccl_jax import accounting
 from zipccl_jax import format as fmt
-from zipccl_jax._pipeline import (MAX_PIECES, PIPELINED_OPS, choose_pieces, pipeline_stages,
-                                  pipeline_time)
+from zipccl_jax._pipeline import PIPELINED_OPS, choose_pieces, pipeline_stages
 from zipccl_jax.accounting import sent_bytes
 from zipccl_jax.capacity import (BLOCK_SLACK_BYTES, CODED_DTYPES, padded_capacity,
                                  resolve_capacity)
