@@ -45,9 +45,23 @@ OPS = {  # name -> (jax.lax call, zipccl_jax call)
 
 
 def analyse(f, spec) -> dict:
-  ma = f.lower(spec).compile().memory_analysis()
+  """XLA's memory analysis of the compiled program, and its conditionals (each one a host round trip
+  on XLA:GPU: ConditionalThunk copies the predicate to the host and waits for the stream)."""
+  c = f.lower(spec).compile()
+  ma = c.memory_analysis()
   return {"temp_bytes": ma.temp_size_in_bytes, "argument_bytes": ma.argument_size_in_bytes,
-          "output_bytes": ma.output_size_in_bytes}
+          "output_bytes": ma.output_size_in_bytes, "conditionals": c.as_text().count(" conditional(")}
+
+
+def lax_ragged_all_to_all(v):
+  """jax.lax.ragged_all_to_all moving what all_to_all moves: the ragged transport's own cost (XLA:GPU
+  places a ragged-all-to-all's output in collective memory, S(1), and copies it out)."""
+  n = N
+  r = v.shape[0] // n
+  sizes = jnp.full((n,), r, jnp.int32)
+  here = jnp.full((n,), jax.lax.axis_index("i").astype(jnp.int32) * r, jnp.int32)
+  return jax.lax.ragged_all_to_all(v, jnp.zeros_like(v), jnp.arange(n, dtype=jnp.int32) * r, sizes,
+                                   here, sizes, axis_name="i")
 
 
 def main(argv=None) -> int:
@@ -67,12 +81,17 @@ def main(argv=None) -> int:
   spec = jax.ShapeDtypeStruct((N * rows, cols), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
   smap = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
   out = []
-  print(f"{'op':13s} {'variant':8s} {'temp MiB':>9s} {'extra':>8s} {'frames':>8s}  (per device, {rows * cols * 2 / 2**20:.0f} MiB)")
+  print(f"{'op':13s} {'variant':8s} {'temp MiB':>9s} {'extra':>8s} {'frames':>8s} {'conds':>5s}  "
+        f"(per device, {rows * cols * 2 / 2**20:.0f} MiB)")
   for op in a.ops.split(","):
     theirs, ours = OPS[op]
     base = analyse(smap(theirs), spec)
     out.append({"op": op, "variant": "jax.lax", **base})
-    print(f"{op:13s} {'jax.lax':8s} {base['temp_bytes'] / 2**20:9.1f}")
+    print(f"{op:13s} {'jax.lax':8s} {base['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {base['conditionals']:5d}")
+    if op == "all_to_all":
+      ref = analyse(smap(lax_ragged_all_to_all), spec)
+      out.append({"op": op, "variant": "jax.lax ragged_all_to_all", **ref})
+      print(f"{op:13s} {'lax rag':8s} {ref['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {ref['conditionals']:5d}")
     for transport in ("padded", "ragged"):
       zj.reset_stats()
       rec = analyse(smap(lambda v: ours(v, compress=True, transport=transport, name=op)), spec)
@@ -81,7 +100,8 @@ def main(argv=None) -> int:
       extra = rec["temp_bytes"] - base["temp_bytes"]
       out.append({"op": op, "variant": transport, **rec, "extra_temp_bytes": extra, "frame_bytes": frames,
                   "within_frames": extra <= frames})
-      print(f"{op:13s} {transport:8s} {rec['temp_bytes'] / 2**20:9.1f} {extra / 2**20:8.1f} {frames / 2**20:8.1f}")
+      print(f"{op:13s} {transport:8s} {rec['temp_bytes'] / 2**20:9.1f} {extra / 2**20:8.1f} {frames / 2**20:8.1f} "
+            f"{rec['conditionals']:5d}")
   if a.json:
     a.json.write_text(json.dumps({"command": "python benchmarks/gpu_memory.py " + " ".join(argv or sys.argv[1:]),
                                   "topology": f"{N} x H100 (described, deviceless)", "jax": jax.__version__,

@@ -5,10 +5,11 @@
 
 Compiles `zipccl_jax.<op>` over 8 devices of a described H100 topology (jax-cuda12-plugin's deviceless
 compile: `jax.experimental.topologies.get_topology_desc(platform="cuda", target_config=...)`), then prints
-the entry computation's scheduled order of what matters for pipelining: the zipccl encode custom calls,
-the collectives' start (marked sync where XLA found nothing to overlap) and done, and the conditionals
-(each chain's decode or raw fallback), and for each collective which encodes and conditionals XLA placed
-between its start and its done (work overlapping that transfer). Nothing runs; no timing is measured.
+the entry computation's scheduled order of what matters for pipelining: the zipccl encode and decode
+custom calls, the collectives' start (marked sync where XLA found nothing to overlap) and done, the
+ragged-all-to-alls XLA runs synchronously, and the conditionals (a padded chain's decode or raw fallback;
+the ragged all_to_all has none), and for each collective which of them XLA placed between its start and
+its done (work overlapping that transfer). Nothing runs; no timing is measured.
 
 Needs, in a venv of its own (the plugin makes every jax import on a machine without a GPU look for one):
 `pip install ".[gpuaot]"` next to a zipccl_jax built with its CUDA handlers (the default build where a CUDA
@@ -56,8 +57,8 @@ _LINE = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*? (?P<op>[a-z\-]+)\("
 
 
 def scheduled(hlo: str) -> list[tuple[str, str]]:
-    """(kind, name) of the entry computation's encodes, async collective starts/dones and conditionals,
-    in the scheduled order (a scheduled module lists instructions in execution order)."""
+    """(kind, name) of the entry computation's encodes, decodes (those outside conditionals), collective
+    starts/dones, synchronous ragged-all-to-alls and conditionals, in the scheduled order (a scheduled module lists instructions in execution order)."""
     out = []
     for line in hlo[hlo.index("\nENTRY"):].splitlines()[1:]:
         m = _LINE.match(line)
@@ -66,6 +67,10 @@ def scheduled(hlo: str) -> list[tuple[str, str]]:
         op = m.group("op")
         if op == "custom-call" and "zipccl_encode" in line:
             out.append(("encode", m.group("name")))
+        elif op == "custom-call" and "zipccl_decode" in line:
+            out.append(("decode", m.group("name")))
+        elif op == "ragged-all-to-all":  # XLA:GPU runs it synchronously (no start/done pair)
+            out.append((op + " (sync)", m.group("name")))
         elif op.endswith("-start"):  # XLA marks a collective it found nothing to overlap with sync
             out.append((op + (" (sync)" if '"is_sync":true' in line else " (async)"), m.group("name")))
         elif op.endswith("-done") or op == "conditional":
@@ -74,7 +79,7 @@ def scheduled(hlo: str) -> list[tuple[str, str]]:
 
 
 def overlaps(seq):
-    """{collective start: [encodes and conditionals scheduled before its done]}."""
+    """{collective start: [encodes, decodes and conditionals scheduled before its done]}."""
     open_, out = {}, {}
     for kind, name in seq:
         if "-start" in kind:

@@ -1,7 +1,8 @@
 """The wire protocol, written once: exchange rows, gather a row, permute a row.
 
 Every compressed collective is one of five exchanges of coded rows, each followed by a
-uniform overflow test and a `lax.cond` between the coded result and the raw fallback:
+uniform overflow test and a `lax.cond` between the coded result and the raw fallback (except
+`exchange_rows` on the ragged transport, which sends the rows that do not fit raw):
 
 * `exchange_rows`: row j of each sender's `(n, m)` rows goes to rank j (all_to_all,
   psum_scatter and psum's first phase);
@@ -43,12 +44,29 @@ of the codec work and changes no result bit.
 
 Ragged transport (``transport="ragged"``, or ``"auto"`` off CPU)
 -----------------------------------------------------------------
-The same frames go through ``jax.lax.ragged_all_to_all``, so only each frame's ``nbytes`` move
-(an overflowed frame sends its 32-byte header only), after a tiny int32 exchange of the sizes.
-XLA:CPU does not implement ragged-all-to-all: there `zipccl_jax._ragged.exchange` runs an exact
-emulation (the frames move padded to ``C`` bytes), so the ragged transport executes, and is
-tested, on CPU too. Frame offsets are int64 once ``n * C`` can pass 2**31. A device-invariant
-gather (psum's second phase, ``all_gather(to="invarying")``) stays padded.
+The same frames go through ``jax.lax.ragged_all_to_all``, so only each frame's ``nbytes`` move,
+after a tiny int32 exchange of the sizes. XLA:CPU does not implement ragged-all-to-all: there
+`zipccl_jax._ragged.exchange` runs an exact emulation (the frames move padded to ``C`` bytes), so
+the ragged transport executes, and is tested, on CPU too. Frame offsets are int64 once ``n * C``
+can pass 2**31. A device-invariant gather (psum's second phase, ``all_gather(to="invarying")``)
+stays padded.
+
+`exchange_rows` on the ragged transport (all_to_all, ragged_all_to_all, psum_scatter and psum's
+first phase: XLA:GPU's default) has no fallback and no ``lax.cond``: a row whose frame does not
+fit travels raw, alone (`_ragged_rows`)::
+
+  sizes:   int32[n]   all_to_all: frame j's nbytes, or -1 where it did not fit (own row: 0)
+  frames:  ragged_all_to_all of the frames that fit (their nbytes), into zeroed uint8[n, C]
+  decode:  (n, m), the raw and own rows skipped (zeros)
+  raw:     ragged_all_to_all of the bit patterns of the rows that did not fit and of the own
+           row (a local copy), written into the decoded rows in place
+
+When every row fits the raw exchange moves no data (one more collective's latency). XLA:GPU runs
+a conditional by copying its predicate to the host and waiting for the stream, so the padded
+transport's cond stops the host once per call; this path never does (on XLA's one-shot
+ragged-all-to-all kernel, intra-node; its NCCL path reads the sizes on the host itself). The
+other exchanges keep the uniform fallback below on both transports (an overflowed frame sends
+its 32-byte header only).
 
 Overflow (uniform fallback)
 ---------------------------
@@ -301,26 +319,25 @@ def _by_transport(transport: str, padded: Callable, ragged: Callable, *args):
   return lax.platform_dependent(*args, cpu=padded, default=ragged)
 
 
-def _move_rows(payload, nbytes, axis_name, n: int, capacity: int, transport: str):
-  """Row j of each sender's (n, C) payload goes to rank j; returns (n, C), row s from rank s."""
-  def padded(p, s):
-    return lax.all_to_all(p, axis_name, 0, 0, tiled=True)
+def _move_rows(payload, axis_name):
+  """Row j of each sender's (n, C) payload goes to rank j (padded); returns (n, C), row s from
+  rank s."""
+  return lax.all_to_all(payload, axis_name, 0, 0, tiled=True)
 
-  def ragged(p, s):
-    send = _send_sizes(s, capacity)
-    recv_sizes = lax.all_to_all(send, axis_name, 0, 0, tiled=True)
-    dt = _ragged.offsets_dtype(n * capacity)
-    with _ragged.index_scope(dt):
-      me = lax.axis_index(axis_name).astype(dt)
-      z = _zero_like_batch(p).astype(dt)
-      in_off = vary_like(jnp.arange(n, dtype=dt) * capacity, p) + z
-      out_off = jnp.full((n,), capacity, dt) * me + z
-    out = vary_like(jnp.zeros((n * capacity,), jnp.uint8), p)
-    r = _ragged.exchange(p.reshape(n * capacity), out, in_off, send, out_off, recv_sizes,
-                         axis_name=axis_name, max_send_rows=capacity)
-    return r.reshape(n, capacity)
 
-  return _by_transport(transport, padded, ragged, payload, nbytes)
+def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int):
+  """The ragged transport of `_move_rows`: only ``send[j]`` bytes of row j move (frame j's
+  prefix); returns (n, C), row s holding the ``recv_sizes[s]`` bytes from rank s, zeros after."""
+  dt = _ragged.offsets_dtype(n * capacity)
+  with _ragged.index_scope(dt):
+    me = lax.axis_index(axis_name).astype(dt)
+    z = _zero_like_batch(payload).astype(dt)
+    in_off = vary_like(jnp.arange(n, dtype=dt) * capacity, payload) + z
+    out_off = jnp.full((n,), capacity, dt) * me + z
+  out = vary_like(jnp.zeros((n * capacity,), jnp.uint8), payload)
+  r = _ragged.exchange(payload.reshape(n * capacity), out, in_off, send, out_off, recv_sizes,
+                       axis_name=axis_name, max_send_rows=capacity)
+  return r.reshape(n, capacity)
 
 
 def _move_row_to_all(payload, nbytes, axis_name, n: int, capacity: int, transport: str,
@@ -392,30 +409,76 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
                   raw: Callable, finish: Callable = lambda out: out, pieces: int = 1):
   """rows (n, m), row j for rank j -> `finish(got)`, got (n, m) with row s from rank s.
 
-  `raw()` is the fallback branch (the `jax.lax` collective on the operand's bits), traced in
-  the fallback scope; it must return what `finish` returns. `pieces` > 1 codes the columns in
-  that many independent chains (`in_pieces`), each with its own fallback.
+  Padded transport: `raw()` is the fallback branch (the `jax.lax` collective on the operand's
+  bits), traced in the fallback scope; it must return what `finish` returns. Ragged transport:
+  no fallback and no conditional, a row that does not fit travels raw (`_ragged_rows`).
+  `pieces` > 1 codes the columns in that many independent chains (`in_pieces`), each with its
+  own fallback (padded).
   """
-  if pieces > 1:
-    def piece(r, cap):
-      fallback, coded = _exchange_chain(r, axis_name, n, cap, transport)
-      move = lambda: raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True), r)
-      return fallback, cond_bits(fallback, lambda: in_fallback(move), coded)
-    return finish(in_pieces(rows, pieces, capacity, site, piece))
-  fallback, coded = _exchange_chain(rows, axis_name, n, capacity, transport)
-  accounting.count(site, fallback)
-  return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
+  def padded(rows):
+    if pieces > 1:
+      def piece(r, cap):
+        fallback, coded = _exchange_chain(r, axis_name, n, cap)
+        move = lambda: raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True), r)
+        return fallback, cond_bits(fallback, lambda: in_fallback(move), coded)
+      return finish(in_pieces(rows, pieces, capacity, site, piece))
+    fallback, coded = _exchange_chain(rows, axis_name, n, capacity)
+    accounting.count(site, fallback)
+    return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
+
+  def ragged(rows):
+    chain = lambda r, cap: _ragged_rows(r, axis_name, n, cap)
+    if pieces > 1:
+      return finish(in_pieces(rows, pieces, capacity, site, chain))
+    any_raw, got = chain(rows, capacity)
+    accounting.count(site, any_raw)
+    return finish(got)
+
+  return _by_transport(transport, padded, ragged, rows)
 
 
-def _exchange_chain(rows, axis_name, n: int, capacity: int, transport: str):
+def _exchange_chain(rows, axis_name, n: int, capacity: int):
   """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s)."""
   skip = own_row(axis_name, n)
   payload, nbytes, _ = encode_rows(rows, capacity, skip)
-  recv = _move_rows(payload, nbytes, axis_name, n, capacity, transport)
+  recv = _move_rows(payload, axis_name)
   fallback = codec.any_overflow(recv, capacity)
   m = rows.shape[1]
   return fallback, lambda: with_own_row(decode_guarded(recv, fallback, m, rows.dtype, skip),
                                         rows, skip)
+
+
+def _ragged_rows(rows, axis_name, n: int, capacity: int):
+  """`exchange_rows` on the ragged transport, with no conditional: (any row came raw, got).
+
+  Each sender sends one int32 per row: the frame's size, or -1 where the frame did not fit in
+  `capacity` (the own row: 0, it is not coded). Then two `ragged_all_to_all`s: the frames that
+  fit (their bytes only) into a zeroed `(n, C)` buffer, decoded with the raw and own rows
+  skipped (zeros); then, written into that decoded result in place (ragged_all_to_all updates
+  its `output` operand), the raw bit patterns of the rows that did not fit and of the own row
+  (a local copy). A row that does not compress costs its raw bytes and nothing else; when
+  every row fits, the second exchange moves no data. Returns the flag for `accounting.count`
+  and (n, m), row s from rank s, the bits of a raw exchange.
+  """
+  m = rows.shape[1]
+  u = uint_of(rows.dtype)
+  skip = own_row(axis_name, n)
+  payload, nbytes = codec.encode_frames(rows, capacity=capacity, skip=skip)
+  fits = nbytes <= capacity
+  size = jnp.where(fits, nbytes, -1).astype(jnp.int32)          # capacity < 2**31
+  got = lax.all_to_all(size, axis_name, 0, 0, tiled=True)       # (n,): row s's from rank s
+  as_raw = got < 0
+  frames = _ragged_frames(payload, jnp.maximum(size, 0), jnp.maximum(got, 0), axis_name, n,
+                          capacity)
+  dec = codec.decode_frames(frames, shape=(m,), dtype=rows.dtype, skip=skip | as_raw)
+  z = _zero_like_batch(payload)
+  me = lax.axis_index(axis_name).astype(jnp.int32)
+  rows_out = vary_like(jnp.arange(n, dtype=jnp.int32), payload) + z
+  here = jnp.full((n,), me, jnp.int32) + z
+  out = _ragged.exchange(lax.bitcast_convert_type(rows, u), lax.bitcast_convert_type(dec, u),
+                         rows_out, (~fits | skip).astype(jnp.int32), here,
+                         (as_raw | skip).astype(jnp.int32), axis_name=axis_name, max_send_rows=1)
+  return jnp.any(as_raw), lax.bitcast_convert_type(out, rows.dtype)
 
 
 def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str,

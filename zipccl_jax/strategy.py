@@ -18,7 +18,8 @@ For one call, per device (``_sent`` is the per-collective byte model of
   t_comp = sum over phases p:  link(p).latency + sent_wire(p) / link(p).bandwidth
            + encode_bytes / codec.encode_Bps + decode_bytes / codec.decode_Bps
            + coded_phases * (codec.encode_overhead_s + codec.decode_overhead_s)
-           + extra latencies (ppermute's 4-byte overflow psum, ragged size exchanges)
+           + extra latencies (ppermute's 4-byte overflow psum, ragged size exchanges, the
+             ragged all-to-all's raw-row exchange)
            + fallback_risk * t_raw
 
 =============  ======================  ===========================  ===========================
@@ -402,8 +403,8 @@ def _coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_
     s = sent_bytes(coll, k * chunk, n)
     wire += s
     t += lk.time(s)
-    if ragged:
-      t += lk.latency_s  # the int32 size exchange
+    if ragged:  # the int32 size exchange; an all-to-all's rows that do not fit move raw in a
+      t += lk.latency_s * (2 if coll == "all_to_all" else 1)  # second exchange (_exchange)
   return t, wire
 
 
