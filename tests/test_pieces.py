@@ -8,6 +8,9 @@ a GPU profile, and explain() reports it.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import jax
 import ml_dtypes
 import numpy as np
@@ -194,12 +197,20 @@ def test_cuda_lowering_has_k_independent_chains(op, transport):
   k = 3
   chains, encodes = _chains(_cuda_module(op, k, transport))
   assert len(encodes) == k, chains
+  # padded: the call's one fallback conditional reads every chain's flag and holds only the raw
+  # collective (no decode: the decodes run outside it, so XLA can overlap them with transfers);
+  # ragged: no conditional, nothing reads two chains' values
+  shared = [(lab, enc) for lab, enc in chains if len(enc) > 1]
+  if transport == "padded":
+    assert len(shared) == 1 and shared[0][1] == set(encodes), shared
+    assert "zipccl_decode" not in shared[0][0] and any(c in shared[0][0] for c in COLLECTIVE_OPS)
+  else:
+    assert not shared, shared
+  chains = [(lab, enc) for lab, enc in chains if len(enc) <= 1]
   decodes = [enc for lab, enc in chains if "zipccl_decode" in lab]
   colls = [enc for lab, enc in chains if any(c in lab for c in COLLECTIVE_OPS)
            and "zipccl_decode" not in lab]
   assert len(decodes) == k and len(colls) >= k, chains
-  for lab, enc in chains:
-    assert len(enc) <= 1, (lab, enc)  # nothing reads two chains' values
   # every chain: its own encode, collective(s) and decode
   assert sorted(next(iter(e)) for e in decodes) == sorted(encodes)
   assert {next(iter(e)) for e in colls} == set(encodes)
@@ -274,3 +285,36 @@ def test_explain_reports_k():
   cap = capacity.padded_capacity(16 * 64, BF16)
   parts = capacity.piece_capacities(cap, 16 * 64, 2, BF16)
   assert st.wire_bytes == (N - 1) * sum(c for *_, c in parts)
+
+
+SCHEDULES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob(
+    "gpu_schedule_*_padded.json"))
+
+
+@pytest.mark.parametrize("path", SCHEDULES, ids=lambda p: p.stem)
+def test_pipeline_formula_follows_the_compiled_schedule(path):
+  """The model's overlap (`_pipeline.overlap_pattern`, which `pipeline_time` sums) is what XLA:GPU
+  scheduled: per transfer, in order, the encodes and decodes placed between its start and done, from
+  deviceless 8 x H100 compiles of the padded transport in K pieces (recorded by
+  `JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu python benchmarks/gpu_schedule.py --op OP
+  --pieces K --json ...` with jax 0.11.2 + jax-cuda12-plugin). The call's one conditional comes after
+  every decode."""
+  rec = json.loads(path.read_text())
+  k = rec["args"]["pieces"]
+  got = [(sum(w.startswith("encode") for w in work), sum(w.startswith("decode") for w in work))
+         for work in rec["overlaps"].values()]
+  assert got == _pipeline.overlap_pattern(k), (path.name, got)
+  kinds = [kind for kind, _ in rec["schedule"]]
+  assert kinds.count("conditional") == 1 and kinds[-1] == "conditional", kinds
+  assert kinds.count("decode") == k and kinds.count("encode") == k
+
+
+def test_pipeline_time_is_the_pattern_laid_out():
+  """t(K) = e + (K-1) max(w, e) + max(w, (K-1) d) + d per phase; t(1) = e + w + d; without overlap
+  K (e + w + d)."""
+  stages = [((3.0, 0.1), (8.0, 0.2), (6.0, 0.1))]
+  e, w, d = 3.0 / 4 + 0.1, 8.0 / 4 + 0.2, 6.0 / 4 + 0.1
+  assert _pipeline.pipeline_time(stages, 4, True) == pytest.approx(
+      e + 3 * max(w, e) + max(w, 3 * d) + d)
+  assert _pipeline.pipeline_time(stages, 1, True) == pytest.approx(3.1 + 8.2 + 6.1)
+  assert _pipeline.pipeline_time(stages, 4, False) == pytest.approx(4 * (e + w + d))

@@ -53,20 +53,11 @@ stays padded.
 
 `exchange_rows` on the ragged transport (all_to_all, ragged_all_to_all, psum_scatter and psum's
 first phase: XLA:GPU's default) has no fallback and no ``lax.cond``: a row whose frame does not
-fit travels raw, alone (`_ragged_rows`)::
-
-  sizes:   int32[n]   all_to_all: frame j's nbytes, or -1 where it did not fit (own row: 0)
-  frames:  ragged_all_to_all of the frames that fit (their nbytes), into zeroed uint8[n, C]
-  decode:  (n, m), the raw and own rows skipped (zeros)
-  raw:     ragged_all_to_all of the bit patterns of the rows that did not fit and of the own
-           row (a local copy), written into the decoded rows in place
-
-When every row fits the raw exchange moves no data (one more collective's latency). XLA:GPU runs
-a conditional by copying its predicate to the host and waiting for the stream, so the padded
-transport's cond stops the host once per call; this path never does (on XLA's one-shot
-ragged-all-to-all kernel, intra-node; its NCCL path reads the sizes on the host itself). The
-other exchanges keep the uniform fallback below on both transports (an overflowed frame sends
-its 32-byte header only).
+fit travels raw, alone (`_ragged_rows` has the steps). XLA:GPU runs a conditional by copying its
+predicate to the host and waiting for the stream, so a padded call stops the host once; this
+path never does (on XLA's one-shot ragged kernel, intra-node; its NCCL path reads the sizes on
+the host itself). The other exchanges keep the uniform fallback below on both transports (an
+overflowed frame sends its 32-byte header only).
 
 Overflow (uniform fallback)
 ---------------------------
@@ -94,15 +85,14 @@ back, and the select works on uint views (`cond_bits`) so NaN payloads survive.
 
 Pieces (pipelining)
 -------------------
-`exchange_rows` and `gather_row` take ``pieces=K``: the columns of the rows are split into K
-near-equal pieces (`capacity.piece_bounds`), each coded in its own frames with its share of the
-capacity (`capacity.piece_capacities`) and moved by its own collective, then concatenated. The K
-encode -> collective -> decode chains share no value (each has its own overflow test and raw
-fallback), so a scheduler that runs collectives asynchronously (XLA:GPU) can overlap encoding
-piece k+1 and decoding piece k-1 with the transfer of piece k. Frames are per piece, so the bits
-of the result do not depend on K. The strategy picks K (`strategy.decide`): 1 on CPU, whose
-collectives are blocking thunks on devices that share the host's cores, so there K > 1 only adds
-per-piece overheads.
+`exchange_rows` and `gather_row` take ``pieces=K``: the columns are split into K near-equal
+pieces (`capacity.piece_bounds`), each coded in its own frames with its share of the capacity
+(`capacity.piece_capacities`), moved by its own collective and decoded outside any conditional,
+then concatenated; one `lax.cond` per call takes the raw collective if any piece overflowed. The
+K chains share no value and no decode shares a conditional with a collective, so XLA:GPU can
+overlap encoding piece k+1 and decoding piece k-1 with the transfer of piece k. The bits do not
+depend on K. The strategy picks K (`strategy.decide`): 1 on CPU, whose collectives are blocking
+thunks on devices that share the host's cores (K > 1 only adds per-piece overheads).
 
 Ordered sum
 -----------
@@ -291,6 +281,13 @@ def decode_guarded(recv, fallback, m: int, dtype, skip=None):
   return dec(recv, fallback, skip)
 
 
+def decode_any(recv, m: int, dtype, skip=None):
+  """Decode outside the fallback's conditional: never raises (a poisoned frame's row comes out as
+  NaNs, `codec.decode_frames` with a status), so it runs unconditionally, batched or not, and
+  the caller's `lax.cond` discards it when the call fell back."""
+  return codec.decode_frames(recv, shape=(m,), dtype=dtype, skip=skip, return_status=True)[0]
+
+
 # --------------------------------------------------------------------------- #
 # Transport: padded or ragged
 # --------------------------------------------------------------------------- #
@@ -320,8 +317,7 @@ def _by_transport(transport: str, padded: Callable, ragged: Callable, *args):
 
 
 def _move_rows(payload, axis_name):
-  """Row j of each sender's (n, C) payload goes to rank j (padded); returns (n, C), row s from
-  rank s."""
+  """Row j of each sender's (n, C) payload to rank j (padded); (n, C), row s from rank s."""
   return lax.all_to_all(payload, axis_name, 0, 0, tiled=True)
 
 
@@ -412,16 +408,16 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
   Padded transport: `raw()` is the fallback branch (the `jax.lax` collective on the operand's
   bits), traced in the fallback scope; it must return what `finish` returns. Ragged transport:
   no fallback and no conditional, a row that does not fit travels raw (`_ragged_rows`).
-  `pieces` > 1 codes the columns in that many independent chains (`in_pieces`), each with its
-  own fallback (padded).
+  `pieces` > 1 codes the columns in that many independent chains (`in_pieces`); padded, one
+  fallback for the call.
   """
   def padded(rows):
     if pieces > 1:
       def piece(r, cap):
-        fallback, coded = _exchange_chain(r, axis_name, n, cap)
-        move = lambda: raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True), r)
-        return fallback, cond_bits(fallback, lambda: in_fallback(move), coded)
-      return finish(in_pieces(rows, pieces, capacity, site, piece))
+        fallback, coded = _exchange_chain(r, axis_name, n, cap, eager=True)
+        return fallback, coded()
+      fallback, got = in_pieces(rows, pieces, capacity, site, piece)
+      return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(got))
     fallback, coded = _exchange_chain(rows, axis_name, n, capacity)
     accounting.count(site, fallback)
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
@@ -429,7 +425,7 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
   def ragged(rows):
     chain = lambda r, cap: _ragged_rows(r, axis_name, n, cap)
     if pieces > 1:
-      return finish(in_pieces(rows, pieces, capacity, site, chain))
+      return finish(in_pieces(rows, pieces, capacity, site, chain)[1])
     any_raw, got = chain(rows, capacity)
     accounting.count(site, any_raw)
     return finish(got)
@@ -437,15 +433,17 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
   return _by_transport(transport, padded, ragged, rows)
 
 
-def _exchange_chain(rows, axis_name, n: int, capacity: int):
-  """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s)."""
+def _exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
+  """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s);
+  `eager`: the decode runs outside the fallback's conditional (`decode_any`)."""
   skip = own_row(axis_name, n)
   payload, nbytes, _ = encode_rows(rows, capacity, skip)
   recv = _move_rows(payload, axis_name)
   fallback = codec.any_overflow(recv, capacity)
   m = rows.shape[1]
-  return fallback, lambda: with_own_row(decode_guarded(recv, fallback, m, rows.dtype, skip),
-                                        rows, skip)
+  dec = (lambda: decode_any(recv, m, rows.dtype, skip)) if eager else \
+      (lambda: decode_guarded(recv, fallback, m, rows.dtype, skip))
+  return fallback, lambda: with_own_row(dec(), rows, skip)
 
 
 def _ragged_rows(rows, axis_name, n: int, capacity: int):
@@ -487,46 +485,54 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
   """Every rank's `x` (coded as one row of x.size elements) -> `finish(got)`, got (n, x.size).
 
   `invariant`: the result must not depend on the rank (padded transport, every row decoded).
-  `pieces` > 1: the row's columns in that many independent chains (`in_pieces`).
+  `pieces` > 1: the row's columns in that many independent chains (`in_pieces`), one fallback.
   """
   if pieces > 1:
     def piece(r, cap):
-      fallback, coded = _gather_chain(r, axis_name, n, cap, transport, invariant)
-      to = "invarying" if invariant else "varying"
-      move = lambda: raw_bits(lambda u: lax.all_gather(u, axis_name, to=to), r[0])
-      return fallback, cond_bits(fallback, lambda: in_fallback(move), coded)
-    return finish(in_pieces(x.reshape(1, x.size), pieces, capacity, site, piece))
+      fallback, coded = _gather_chain(r, axis_name, n, cap, transport, invariant, eager=True)
+      return fallback, coded()
+    fallback, got = in_pieces(x.reshape(1, x.size), pieces, capacity, site, piece)
+    return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(got))
   fallback, coded = _gather_chain(x, axis_name, n, capacity, transport, invariant)
   accounting.count(site, fallback)
   return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
 
 
-def _gather_chain(x, axis_name, n: int, capacity: int, transport: str, invariant: bool):
+def _gather_chain(x, axis_name, n: int, capacity: int, transport: str, invariant: bool,
+                  eager: bool = False):
   """Encode `x` (m elements) -> all-gather -> (fallback flag, thunk decoding (n, m), row s from
-  rank s)."""
+  rank s); `eager` as in `_exchange_chain`."""
   m = x.size
   payload, nbytes, _ = encode_rows(x.reshape(1, m), capacity)
   recv = _move_row_to_all(payload[0], _row_size(nbytes, transport, invariant), axis_name, n,
                           capacity, transport, invariant=invariant)
   fallback = codec.any_overflow(recv, capacity)
 
+  def dec(skip=None):
+    if eager:
+      return decode_any(recv, m, x.dtype, skip)
+    return decode_guarded(recv, fallback, m, x.dtype, skip)
+
   def coded():
     if invariant:  # the result must not depend on the rank: decode every row
-      return decode_guarded(recv, fallback, m, x.dtype)
+      return dec()
     skip = own_row(axis_name, n)
-    return with_own_row(decode_guarded(recv, fallback, m, x.dtype, skip), x.reshape(m), skip)
+    return with_own_row(dec(skip), x.reshape(m), skip)
 
   return fallback, coded
 
 
 def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
-  """The columns of `rows` (R, m) as `pieces` independent chains; returns (R', m), concatenated.
+  """The columns of `rows` (R, m) as `pieces` independent chains; returns (whether any piece fell
+  back or came raw, the results (R', m) concatenated).
 
-  `piece(columns, capacity)` -> (fallback flag, result (R', m_k)) runs one chain: encode, move,
-  decode, and its own raw fallback (every rank sees the same poisoned frames of that piece, so
-  the choice stays uniform per piece). No chain reads another's values, so where collectives run
-  asynchronously (GPU) XLA may overlap encoding piece k+1 and decoding piece k-1 with the
-  transfer of piece k. The call is counted once (a fallback if any piece fell back).
+  `piece(columns, capacity)` -> (flag, result (R', m_k)) runs one chain: encode, move, decode,
+  with no conditional (a padded piece decodes whatever arrived, its flag says whether to use it;
+  the caller's one `lax.cond` per call picks the raw collective if any piece overflowed: every
+  rank sees the same poisoned frames, so the choice is uniform). No chain reads another's values
+  and no decode sits in a conditional with a collective, so where collectives run asynchronously
+  (GPU) XLA may overlap encoding piece k+1 and decoding piece k-1 with the transfer of piece k.
+  The call is counted once (a fallback if any piece fell back).
   """
   dt = rows.dtype
   u = uint_of(dt)
@@ -536,8 +542,9 @@ def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
     fallback, out = piece(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
     outs.append(lax.bitcast_convert_type(out, u))
     flags.append(fallback)
-  accounting.count(site, jnp.any(jnp.stack(flags)))
-  return lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
+  flag = jnp.any(jnp.stack(flags))
+  accounting.count(site, flag)
+  return flag, lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
 
 
 def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, site: str,

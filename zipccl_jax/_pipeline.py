@@ -2,15 +2,18 @@
 
 A compressed all_to_all, all_gather, psum_scatter or psum can code each chunk as ``K`` independent
 chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has three stages, encode
-(``T_e`` = the phase's encode bytes / encode_Bps, ``o_e`` = encode overhead per piece), transfer
-(``T_w`` = sent / bandwidth, the link latency per piece) and decode (``T_d``, ``o_d``)::
+(``e = T_e / K + o_e``: the phase's encode bytes / encode_Bps, the encode overhead per piece),
+transfer (``w = T_w / K + latency``) and decode (``d = T_d / K + o_d``), laid out as XLA:GPU
+schedules the padded transport's chains (`overlap_pattern`, read from the compiled schedule of
+benchmarks/gpu_schedule.py): encode k+1 runs during transfer k, the first K - 1 decodes during the
+last transfer, the last decode after it::
 
-  t(K) = sum_s (T_s / K + o_s) + (K - 1) * max_s (T_s / K + o_s)    where transfers overlap codec
-  t(K) = sum_s (T_s + K o_s)                                         otherwise (CPU)
+  t(K) = e + (K - 1) max(w, e) + max(w, (K - 1) d) + d      where transfers overlap codec
+  t(K) = sum_s (T_s + K o_s)                                 otherwise (CPU, ragged)
 
-(`pipeline_time`; ``t(1)`` is the unpipelined time either way). The codec bytes of each phase are
-the rows it codes (`strategy`'s structure table: the own row is never coded), so ``t(1)`` equals
-`strategy.decide`'s unpipelined estimate.
+(`pipeline_time`; ``t(1) = e + w + d`` is the unpipelined time either way). The codec bytes of
+each phase are the rows it codes (`strategy`'s structure table: the own row is never coded), so
+``t(1)`` equals `strategy.decide`'s unpipelined estimate.
 """
 
 from __future__ import annotations
@@ -36,14 +39,27 @@ def pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int):
   return out
 
 
+def overlap_pattern(pieces: int) -> list[tuple[int, int]]:
+  """(encodes, decodes) XLA:GPU runs during each of the `pieces` transfers of a padded coded
+  call, in order: one encode (the next piece's) during each transfer but the last, the K - 1
+  earlier decodes during the last (tests/test_pieces.py checks it against compiled schedules)."""
+  return [(1, 0)] * (pieces - 1) + [(0, pieces - 1)]
+
+
 def pipeline_time(stages, pieces: int, overlap: bool) -> float:
-  """Seconds for a message in `pieces` chains, summed over phases. With `overlap` a three-stage
-  pipeline: one piece through every stage, then ``K - 1`` times the slowest stage; without,
-  every stage of every piece one after another (``K = 1`` is the unpipelined time either way)."""
+  """Seconds for a message in `pieces` chains, summed over phases. With `overlap`, the first
+  encode, then each transfer beside what `overlap_pattern` runs during it, then the decodes left;
+  without, every stage of every piece one after another (``K = 1`` is the unpipelined time
+  either way)."""
   t = 0.0
   for phase in stages:
-    per = [total / pieces + fixed for total, fixed in phase]
-    t += sum(per) + (pieces - 1) * (max(per) if overlap else sum(per))
+    e, w, d = (total / pieces + fixed for total, fixed in phase)
+    if not overlap:
+      t += pieces * (e + w + d)
+      continue
+    pattern = overlap_pattern(pieces)
+    t += e + sum(max(w, ne * e + nd * d) for ne, nd in pattern)
+    t += (pieces - sum(nd for _, nd in pattern)) * d
   return t
 
 
