@@ -13,7 +13,8 @@ the later ones: a first GPU run should bring back everything it can.
   racecheck  zipccl kernels (`--kernel-name kns=zipccl`), one buffer per allocation
              (XLA_PYTHON_CLIENT_ALLOCATOR=platform) so an out-of-bounds access leaves its buffer
   benchmark  benchmarks/codec_gpu.py: encode/decode GB/s per dtype against a device copy, the codec inside
-             a jitted step, memory of a compressed all_to_all against jax.lax's, collectives on 2+ GPUs
+             a jitted step, a one-GPU compressed all_to_all against its codec alone (plumbing), memory
+             of a compressed all_to_all against jax.lax's, collectives on 2+ GPUs
   profile    each zipccl kernel's GPU time in a 64 MB bfloat16 encode and decode (Nsight Compute), where
              ncu works; informative, never a failure
 
@@ -298,6 +299,7 @@ def benchmark(kit: Kit, have_gpu: bool) -> bool:
   verdicts = {f"{k['kernel']}:{k['dtype']}": k["bit_exact"] for k in rec["kernels"]}
   verdicts.update({f"device:{k['kernel']}:{k['dtype']}:{k['mib']}": k["bit_exact"] for k in device})
   verdicts["step"] = rec["step"]["bit_exact"]
+  verdicts.update({f"plumbing:{q['transport']}": q["bit_exact"] for q in rec.get("plumbing", [])})
   verdicts.update({f"{c['op']}:{c['bytes_per_device']}:{c['transport']}": c["bit_exact"]
                    for c in rec["collectives"]})
   ok = r.returncode == 0 and all(verdicts.values())
@@ -307,6 +309,12 @@ def benchmark(kit: Kit, have_gpu: bool) -> bool:
   kit.report["codec_in_jitted_step"] = {k: rec["step"][k] for k in (
       "what", "raw_bytes", "capacity_bytes", "median_s", "gb_per_s", "p25_gb_per_s", "p75_gb_per_s",
       "codec_s_per_byte", "encode_gb_per_s", "decode_gb_per_s", "copy_gb_per_s", "bit_exact")}
+  kit.report["collective_plumbing"] = [  # one GPU: what a compressed all_to_all adds to its codec
+      {k: q[k] for k in ("transport", "raw_bytes", "capacity_bytes", "plumbing_s", "plumbing_p25_s",
+                         "plumbing_p75_s", "bit_exact")}
+      | {"collective_median_s": q["collective"]["median_s"], "codec_median_s": q["codec"]["median_s"],
+         "copy_median_s": q["copy"]["median_s"], "collective_over_codec": q["collective_over_codec"]}
+      for q in rec.get("plumbing", [])]
   kit.report["memory"] = memory_verdict(mem)
   kit.report["collectives"] = rec["collectives"]
   kit.report["bit_exact"] = verdicts

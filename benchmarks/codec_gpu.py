@@ -9,6 +9,8 @@ Device-timed kernels (`kernels_device`, the figures to quote): per dtype and cal
 R distinct inputs (R x size >= 128 MB, so L2 cannot hold them), each call's result carried to the next
 round; the time per call is the slope between K = 2 and K = 10 rounds (host dispatch and synchronisation
 cancel), per repetition, the same for a device copy (bits XOR the round index: a real read and write).
+Plumbing (`bench_plumbing`): a compressed all_to_all of the step's payload on one device, its row coded,
+against its codec alone and a device copy: what the collective adds to the codec, in ms.
 Collectives: all_to_all, all_gather, ppermute, psum_scatter and psum over all devices of the platform
 (one `shard_map` axis), `compress=True` against `jax.lax` on the same bfloat16 data (data movement on its
 bits; the reductions against jax.lax's own psum), for each per-device size. Every variant is timed --reps
@@ -200,6 +202,48 @@ def bench_step(jax, jnp, np, dev, payload_bytes: int, reps: int, dests: int = 8)
           "copy_gb_per_s": gb(t_copy), "bit_exact": exact}
 
 
+def bench_plumbing(jax, jnp, np, zj, dev, payload_bytes: int, reps: int, transports=("padded", "ragged")) -> list[dict]:
+  """What the collective adds to its codec on one GPU: a compressed `all_to_all` of an MoE payload
+  (bfloat16, Gaussian, `payload_bytes`) over a one-device mesh with its one row coded
+  (`_exchange.code_own_row`: encode, transport, overflow test or size exchange, decode), against the
+  codec alone on the same row at the capacity the collective used (encode + decode in one jitted
+  function) and a jitted device copy, timed interleaved. `plumbing_s` = collective - codec: the
+  collective's own cost (its transfers, conditional, masks and copies) on a device with no link."""
+  from zipccl_jax import _exchange, codec
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+  cols = 1024
+  m = max(cols, payload_bytes // 2 // cols * cols)
+  x_host = _tensor(jnp, np, "bfloat16", m, seed=11).reshape(-1, cols)
+  mesh = Mesh(np.array([dev]), ("i",))
+  x = jax.device_put(x_host, NamedSharding(mesh, P("i")))
+  copy = jax.jit(lambda v: jax.lax.bitcast_convert_type(v, jnp.uint16) + jnp.zeros((), jnp.uint16))
+  out = []
+  for transport in transports:
+    body = lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, compress=True, transport=transport, name="plumb")
+    zj.reset_stats()
+    with _exchange.code_own_row():
+      coll = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+      got = coll(x)
+    cap = zj.stats()["plumb"].capacity
+    row = jax.device_put(x_host.reshape(1, -1), dev)
+    alone = jax.jit(lambda v: codec.decode_frames(codec.encode_frames(v, capacity=cap)[0], shape=(m,),
+                                                  dtype=v.dtype))
+    exact = bool(np.array_equal(np.asarray(got).view(np.uint16), x_host.view(np.uint16))
+                 and np.array_equal(np.asarray(alone(row)).view(np.uint16), x_host.reshape(1, -1).view(np.uint16)))
+    t_coll, t_codec, t_copy = _times([lambda: jax.block_until_ready(coll(x)),
+                                      lambda: jax.block_until_ready(alone(row)),
+                                      lambda: jax.block_until_ready(copy(x))], reps)
+    plumbing = [a - b for a, b in zip(t_coll, t_codec)]
+    out.append({"what": "compressed all_to_all on one device, its row coded, against its codec alone",
+                "transport": transport, "raw_bytes": x_host.nbytes, "capacity_bytes": cap,
+                "collective": summary(t_coll), "codec": summary(t_codec), "copy": summary(t_copy),
+                "plumbing_s": quantile(plumbing, 0.5), "plumbing_p25_s": quantile(plumbing, 0.25),
+                "plumbing_p75_s": quantile(plumbing, 0.75),
+                "collective_over_codec": paired_ratio(t_coll, t_codec), "bit_exact": exact})
+  return out
+
+
 def memory_probe(variant: str, elems_per_device: int) -> dict:
   """One all_to_all of `elems_per_device` bfloat16 on the first device of the default backend, as a
   one-device mesh (`variant` "lax": jax.lax; "padded"/"ragged": zipccl_jax compress=True with its own
@@ -327,6 +371,12 @@ def _print(rec: dict) -> None:
         f"{st['gb_per_s']:.1f} GB/s [{st['p25_gb_per_s']:.1f}-{st['p75_gb_per_s']:.1f}]; alone: encode "
         f"{st['encode_gb_per_s']:.1f}, decode {st['decode_gb_per_s']:.1f} (copy "
         f"{st['copy_gb_per_s']:.1f}), exact {st['bit_exact']}")
+  for q in rec["plumbing"]:
+    r = q["collective_over_codec"]
+    print(f"plumbing {q['transport']:6s}: all_to_all {q['collective']['median_s'] * 1e3:.3f} ms, codec alone "
+          f"{q['codec']['median_s'] * 1e3:.3f} ms, copy {q['copy']['median_s'] * 1e3:.3f} ms: plumbing "
+          f"{q['plumbing_s'] * 1e3:.3f} ms [{q['plumbing_p25_s'] * 1e3:.3f}-{q['plumbing_p75_s'] * 1e3:.3f}], "
+          f"x{r['ratio']:.2f} [{r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}] of the codec, exact {q['bit_exact']}")
   for m in rec["memory"]:
     if "error" in m:
       print(f"memory {m['variant']}: probe failed: {m['error'][-300:]}")
@@ -397,19 +447,21 @@ def main(argv=None) -> int:
   kernels_device = bench_kernels_device(jax, jnp, np, zj, devs[0], cases, reps,
                                         working_set=(1 << 20) if a.quick else (128 << 20))
   step = bench_step(jax, jnp, np, devs[0], int((a.step_mb or (0.25 if a.quick else 64.0)) * 1e6), reps)
+  plumbing = bench_plumbing(jax, jnp, np, zj, devs[0], int((a.step_mb or (0.25 if a.quick else 64.0)) * 1e6), reps)
   collectives = (bench_collectives(jax, jnp, np, zj, devs, [int(s * 1e6) for s in sizes_mb], a.transport, reps)
                  if len(devs) > 1 else [])
   memory = bench_memory(a.platform, int((a.memory_mb or (0.25 if a.quick else 64.0)) * 1e6) // 2 // 1024 * 1024)
   rec = {"command": "python benchmarks/codec_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
          "platform": a.platform, "devices": len(devs), "device_kind": devs[0].device_kind, "reps": reps,
          "info": zj.info(), "load": machine_load(), "kernels": kernels, "device_timing": DEVICE_TIMING,
-         "kernels_device": kernels_device, "step": step,
+         "kernels_device": kernels_device, "step": step, "plumbing": plumbing,
          "collectives": collectives, "memory": memory}
   _print(rec)
   if a.json:
     Path(a.json).write_text(json.dumps(rec, indent=1) + "\n")
   bad = ([k for k in kernels + kernels_device if not k["bit_exact"]] + [c for c in collectives if not c["bit_exact"]]
-         + ([step] if not step["bit_exact"] else []) + [m for m in memory if "error" in m])
+         + ([step] if not step["bit_exact"] else []) + [q for q in plumbing if not q["bit_exact"]]
+         + [m for m in memory if "error" in m])
   if bad:
     print(f"NOT bit-exact: {bad}", file=sys.stderr)
   return 1 if bad else 0

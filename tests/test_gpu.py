@@ -403,6 +403,11 @@ def test_codec_gpu_benchmark_cpu_smoke(tmp_path):
     assert k["bit_exact"], k
   ops = {c["op"] for c in rec["collectives"]}
   assert {"all_to_all", "all_gather", "ppermute", "psum_scatter"} <= ops
+  assert [q["transport"] for q in rec["plumbing"]] == ["padded", "ragged"]
+  for q in rec["plumbing"]:  # the one-device collective against its codec alone
+    assert q["bit_exact"] and q["capacity_bytes"] > 0, q
+    assert q["collective"]["median_s"] > 0 and q["codec"]["median_s"] > 0 and q["copy"]["median_s"] > 0, q
+    assert q["plumbing_p25_s"] <= q["plumbing_s"] <= q["plumbing_p75_s"], q
   for c in rec["collectives"]:
     assert c["bit_exact"] and c["compressed"]["median_s"] > 0 and c["raw"]["median_s"] > 0, c
     assert c["ratio_p25"] <= c["ratio_p75"], c
