@@ -341,7 +341,7 @@ def test_the_bound_patch_still_applies_to_the_code():
     reproduced), once, and the patched text must not be there already."""
     diff = (BENCH / "patches" / "mixed_slots_bound.diff").read_text()
     hunks = _hunks(diff)
-    assert [p for p, _, _ in hunks] == ["zipccl_jax/_exchange.py"] * 2
+    assert [p for p, _, _ in hunks] == ["zipccl_jax/_mixed.py"] * 2
     for path, old, new in hunks:
         text = (REPO / path).read_text()
         assert text.count(old) == 1, (path, old[:200])

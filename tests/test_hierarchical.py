@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import zipccl_jax
-from zipccl_jax import _exchange, hierarchical, strategy
+from zipccl_jax import _exchange, _mixed, hierarchical, strategy
 from zipccl_jax.profile import CodecModel, LinkModel, Profile
 
 H, L = 2, 4
@@ -284,7 +284,7 @@ def test_mixed_all_to_all_hlo_moves_one_slot_exchange_and_the_tails():
   x = _payload((H * L * H * L * 16, 64), ml_dtypes.bfloat16)
   hlo = _hlo(_hier_a2a({"host": True, "local": False}, name="mixed_hlo"), x)
   C = zipccl_jax.stats()["mixed_hlo/host"].capacity
-  T = B - 2 * _exchange.mixed_head_elems(C, m, ml_dtypes.bfloat16)
+  T = B - 2 * _mixed.mixed_head_elems(C, m, ml_dtypes.bfloat16)
   assert 32 <= C < B and T == B - (C - 8), (C, T)
   assert not _colls(hlo, "collective-permute") and not _colls(hlo, "collective-permute", True)
   assert not _colls(hlo, "all-reduce"), _colls(hlo, "all-reduce")
@@ -521,7 +521,7 @@ def test_mixed_all_to_all_forced_overflow_falls_back_everywhere(hot):
                          ids=["dev0_row_for_dev5", "dev1_row_for_dev6", "dev5_row_for_dev1", "dev6_row_for_dev2",
                               "dev1_row_for_dev0_same_host_raw"])
 def test_mixed_exchange_fallback_decision_is_uniform(hot, falls_back):
-  """`_exchange.exchange_mixed` with a fallback that moves nothing (it returns a marker row on the rank that
+  """`_mixed.exchange_mixed` with a fallback that moves nothing (it returns a marker row on the rank that
   takes it): one overflowing frame of one sender must turn every rank to the fallback, not just the ranks its
   poisoned frames reach (a rank that decided otherwise would leave the real raw all_to_all one short). A row
   for the sender's own host is not coded, so incompressible data there overflows nothing."""
@@ -533,7 +533,7 @@ def test_mixed_exchange_fallback_decision_is_uniform(hot, falls_back):
     cap = zipccl_jax.padded_capacity(rows.shape[1], rows.dtype, ratio=0.5)
     bits = jax.lax.bitcast_convert_type(rows, jnp.uint32)
     raw = lambda: jax.lax.bitcast_convert_type(bits * 0 + marker, rows.dtype)  # noqa: E731  (varying, like rows)
-    got = _exchange.exchange_mixed(rows, slow="host", fast="local", capacity=cap, site="uniform", raw=raw)
+    got = _mixed.exchange_mixed(rows, slow="host", fast="local", capacity=cap, site="uniform", raw=raw)
     return jax.lax.bitcast_convert_type(got, jnp.uint32)[None]
 
   got = _run(_mesh(), body, x)

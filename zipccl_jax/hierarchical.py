@@ -27,7 +27,7 @@ per destination rank, coded into slots of ``C`` bytes):
 ===================  ===========================================================================
 slow / fast          algorithm (device ``(h, l)``)
 ===================  ===========================================================================
-coded / raw          *mixed slots* (`_all_to_all_mixed`, `_exchange.exchange_mixed`): ONE
+coded / raw          *mixed slots* (`_all_to_all_mixed`, `_mixed.exchange_mixed`): ONE
                      all_to_all over ``(slow, fast)`` of ``n`` slots: the ``(H - 1) L`` rows for
                      other hosts coded, the ``L`` own-host rows raw (their first ``C - 8``
                      bytes, then the sender's overflow flag), plus a raw all_to_all over
@@ -118,7 +118,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from zipccl_jax import _exchange, accounting, strategy
+from zipccl_jax import _exchange, _mixed, accounting, strategy
 from zipccl_jax._bits import uint_of
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axis_size, ppermute_rank
@@ -356,7 +356,7 @@ def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
   cm = prof.codec_model(dt, plat)[0]
   B = chunk * np.dtype(dt).itemsize
   t = d.est_compressed_s - (L - 1) * (B / cm.encode_Bps + B / cm.decode_Bps)
-  tail = chunk - _exchange.mixed_head_elems(d.capacity, chunk, dt)   # elements
+  tail = chunk - _mixed.mixed_head_elems(d.capacity, chunk, dt)   # elements
   if tail:
     t += strategy.decide("all_to_all", dt, tail, axis_size=L, axis_name=fast, role=role,
                          compress=False, profile=prof, platform=plat, log=False).est_raw_s
@@ -548,7 +548,7 @@ def _a2a_assemble(got, x, split: int, concat: int, tiled: bool):
 
 
 def _all_to_all_mixed(x, args, lp, capacity, site: str):
-  """Host coded, local raw: one `_exchange.exchange_mixed` over ``(slow, fast)``, whose slots carry
+  """Host coded, local raw: one `_mixed.exchange_mixed` over ``(slow, fast)``, whose slots carry
   the coded frames of the ``(H - 1) L`` rows for other hosts and the raw heads of the own host's,
   plus a raw all_to_all over ``fast`` of the own host's row tails; raw fallback: the flat
   ``jax.lax.all_to_all``. Padded transport, whatever the call's ``transport``. Layout copies run
@@ -567,7 +567,7 @@ def _all_to_all_mixed(x, args, lp, capacity, site: str):
   plan = strategy.plan("all_to_all", dt, m, axis_size=n, compress=True, capacity=capacity,
                        role=lp.role, site=site, axis_name=lp.slow, frame_may_exceed_raw=True)
   C, B = plan.capacity, m * dt.itemsize
-  tail = (m - _exchange.mixed_head_elems(C, m, dt)) * dt.itemsize   # bytes per own-host row
+  tail = (m - _mixed.mixed_head_elems(C, m, dt)) * dt.itemsize   # bytes per own-host row
   sent = accounting.sent_bytes
   key = accounting.record(site, "all_to_all", rows, n, plan, sent("all-to-all", n * B, n),
                           sent("all-to-all", n * C, n) + sent("all-to-all", L * tail, L))
@@ -593,7 +593,7 @@ def _mixed_exchange(rows, x, lp, args, site, C):
     out = _a2a_assemble(bits, x, split, concat, tiled)
     return lax.bitcast_convert_type(out, dt)
 
-  return _exchange.exchange_mixed(rows, slow=lp.slow, fast=lp.fast, capacity=C, site=site,
+  return _mixed.exchange_mixed(rows, slow=lp.slow, fast=lp.fast, capacity=C, site=site,
                                   raw=raw, finish=finish)
 
 

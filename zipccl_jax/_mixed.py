@@ -1,0 +1,119 @@
+"""The two-level all_to_all's mixed slot exchange: host coded, local raw, in one collective.
+
+`exchange_mixed` is the fifth exchange of `zipccl_jax._exchange` (whose docstring has the others,
+the own row, overflow and the uniform fallback), used by `zipccl_jax.hierarchical`'s "host coded,
+local raw" all_to_all over ``(slow, fast)``. Wire, per sender: ``uint8[n, C]`` over ``(slow,
+fast)``, then the tails, ``[L, T]`` elements over `fast`, when ``T > 0``.
+
+The mixed slot exchange (``n = H L`` ranks ``h' L + l'``, rows of ``B = m * itemsize`` bytes): the
+slot for a rank of another `slow` group (``h' != h``) holds the row's coded frame; the slot for a
+rank of the own group holds, raw, the first ``min(C - 8, B)`` bytes of the row's bit pattern (whole
+elements), zero-padded, and in its last 8 bytes the sender's overflow flag (0xFF or 0); what is
+left of those L rows (``T = B - head`` bytes each, as elements) goes in one all_to_all over `fast`.
+So every row crosses one level once: the coded ones in the slot exchange, the own group's raw,
+split between the slot exchange and the tails. The self slot carries the rank's own head (a local
+copy inside the collective); the result takes the self row from the operand. The ragged transport
+does not apply (a raw head fills its slot): this exchange is padded only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from zipccl_jax import accounting, codec
+from zipccl_jax import format as fmt
+from zipccl_jax._bits import uint_of
+from zipccl_jax._exchange import cond_bits, decode_guarded, encode_rows, in_fallback, with_own_row
+from zipccl_jax._shard import vary
+
+# The last bytes of an own-group slot of `exchange_mixed`: its sender's overflow flag.
+MIXED_FLAG_BYTES = 8
+
+
+def _byte_view(bits):
+  """uint (F, w) -> uint8 (F, w * itemsize): the bytes of the words (bitcasts, no float op).
+
+  16-bit words go through uint32 pairs behind an optimization barrier: XLA:CPU splits a u16 into
+  bytes ~4x slower than a u32 (and would fold the two bitcasts into that one)."""
+  F, w = bits.shape
+  if bits.dtype == jnp.uint16 and w % 2 == 0:
+    bits = lax.optimization_barrier(lax.bitcast_convert_type(bits.reshape(F, w // 2, 2),
+                                                             jnp.uint32))
+  return lax.bitcast_convert_type(bits, jnp.uint8).reshape(F, -1)
+
+
+def _words(b, u):
+  """uint8 (F, w * itemsize) -> (F, w) of the uint type `u`: the inverse of `_byte_view`."""
+  k = np.dtype(u).itemsize
+  return b if k == 1 else lax.bitcast_convert_type(b.reshape(b.shape[0], -1, k), u)
+
+
+def mixed_head_elems(capacity: int, m: int, dtype) -> int:
+  """Elements of an own-group row of `m` that ride raw in its `exchange_mixed` slot of `capacity`
+  bytes: as many whole elements as fit before the flag (the other ones move in the tails)."""
+  return min((capacity - MIXED_FLAG_BYTES) // np.dtype(dtype).itemsize, m)
+
+
+def exchange_mixed(rows, *, slow, fast, capacity: int, site: str, raw: Callable,
+                   finish: Callable = lambda out: out):
+  """rows (n, m), row j for rank j = h' L + l' of the axes ``(slow, fast)`` -> `finish(got)`, got
+  (n, m) with row s from rank s: the rows for other `slow` groups coded, the own group's raw.
+
+  The "mixed slot" exchange (padded transport only; wire layout in the module docstring): one
+  all_to_all over ``(slow, fast)`` of ``uint8[n, C]`` slots, where the slot of a rank of another
+  group holds the coded frame (the encoder skips the own group's rows) and the slot of a rank of
+  the own group holds the first ``min(C - 8, B)`` bytes of the row's bit pattern (``B = m *
+  itemsize``) and, in its last 8 bytes, the sender's overflow flag; the rest of the own group's
+  rows (when ``B > C - 8``) goes in one all_to_all over `fast`, as elements. The self row is
+  taken from `rows`.
+
+  Uniform fallback: `raw()` (the flat `jax.lax` all_to_all on the operand's bits, returning what
+  `finish` returns) spans every device, so all must agree, and they do without a collective of
+  its own: every receiver gets one slot from every sender, a frame (poisoned if its sender
+  overflowed anywhere) from the other groups and a flag from its own group, so every receiver
+  sees every sender's overflow. The frame test reads only the slots that hold frames (a raw
+  head's bytes [16, 24) could read as any ``frame_bytes``).
+  """
+  n, m = rows.shape
+  dt = np.dtype(rows.dtype)
+  u = uint_of(dt)
+  L = lax.axis_size(fast)
+  flag_at = capacity - MIXED_FLAG_BYTES                 # C >= 32 (a frame header)
+  hw = mixed_head_elems(capacity, m, dt)                # elements of an own-group row in its slot
+  head = hw * dt.itemsize                               # ... as bytes
+  # varying over both axes like the data: vmap's dynamic-slice rule combines them with the rows'
+  h, l = (vary(lax.axis_index(a).astype(jnp.int32), (slow, fast)) for a in (slow, fast))
+  own = jnp.arange(n, dtype=jnp.int32) // L == h        # (n,): rows for / from the own group
+  payload, _, over = encode_rows(rows, capacity, own)
+  bits = lax.bitcast_convert_type(rows, u)
+  mine = lax.dynamic_slice_in_dim(bits, h * L, L, 0)                        # (L, m)
+  flag = jnp.broadcast_to(jnp.where(over, jnp.uint8(0xFF), jnp.uint8(0)), (L, MIXED_FLAG_BYTES))
+  heads = jnp.concatenate([jnp.pad(_byte_view(mine[:, :hw]), ((0, 0), (0, flag_at - head))),
+                           flag], axis=1)                                   # (L, C)
+  slots = lax.dynamic_update_slice_in_dim(payload, heads, h * L, 0)
+  recv = lax.all_to_all(slots, (slow, fast), 0, 0, tiled=True)             # (n, C): row s from s
+  tails = None
+  if hw < m:
+    tails = lax.all_to_all(mine[:, hw:], fast, 0, 0, tiled=True)  # (L, m - hw): from (h, l')
+  frames = jnp.where(own[:, None], jnp.uint8(0), recv[:, :fmt.FRAME_HEADER_BYTES])
+  flags = jnp.where(own, recv[:, flag_at], jnp.uint8(0))
+  fallback = codec.any_overflow(frames, capacity) | jnp.any(flags != 0)
+  accounting.count(site, fallback)
+  self_row = lax.dynamic_index_in_dim(bits, h * L + l, 0, keepdims=False)   # never moved
+
+  def coded():
+    dec = decode_guarded(recv, fallback, m, rows.dtype, own)                # own group's rows: 0
+    got = _words(lax.dynamic_slice_in_dim(recv, h * L, L, 0)[:, :head], u)  # (L, hw)
+    if tails is not None:
+      got = jnp.concatenate([got, tails], axis=1)                           # (L, m)
+    got = jnp.where((jnp.arange(L, dtype=jnp.int32) == l)[:, None], self_row[None, :], got)
+    H = n // L
+    out = with_own_row(dec.reshape(H, L * m), lax.bitcast_convert_type(got, rows.dtype).reshape(
+        L * m), jnp.arange(H, dtype=jnp.int32) == h)
+    return finish(out.reshape(n, m))
+
+  return cond_bits(fallback, lambda: in_fallback(raw), coded)
