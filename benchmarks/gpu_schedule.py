@@ -52,6 +52,7 @@ _OPS = {
     "all_to_all": lambda v, **kw: zipccl_jax.all_to_all(v, "i", 0, 0, tiled=True, **kw),
     "all_gather": lambda v, **kw: zipccl_jax.all_gather(v, "i", tiled=True, **kw),
     "psum_scatter": lambda v, **kw: zipccl_jax.psum_scatter(v, "i", tiled=True, **kw),
+    "ppermute": lambda v, **kw: zipccl_jax.ppermute(v, "i", [(i, (i + 1) % 8) for i in range(8)], **kw),
 }
 _LINE = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*? (?P<op>[a-z\-]+)\(")
 

@@ -38,6 +38,8 @@ def _bits(a):
 
 
 # op -> (zipccl body, jax.lax twin or None for reductions, out_specs)
+RING = [(i, (i + 1) % 8) for i in range(8)]
+PARTIAL = [(0, 1), (2, 5), (3, 4)]
 CASES = {
     "all_to_all": (lambda v, **kw: zipccl_jax.all_to_all(v, "i", 0, 1, tiled=True, **kw),
                    lambda v: lax.all_to_all(v, "i", 0, 1, tiled=True), P("i")),
@@ -46,6 +48,10 @@ CASES = {
     "psum_scatter": (lambda v, **kw: zipccl_jax.psum_scatter(v, "i", tiled=True, **kw), None,
                      P("i")),
     "psum": (lambda v, **kw: zipccl_jax.psum(v, "i", **kw), None, P()),
+    "ppermute": (lambda v, **kw: zipccl_jax.ppermute(v, "i", RING, **kw),
+                 lambda v: lax.ppermute(v, "i", RING), P("i")),
+    "ppermute_partial": (lambda v, **kw: zipccl_jax.ppermute(v, "i", PARTIAL, **kw),
+                         lambda v: lax.ppermute(v, "i", PARTIAL), P("i")),  # ranks 0, 2, 3, 6, 7 get zeros
 }
 
 
@@ -86,7 +92,7 @@ def test_every_k_gives_the_same_bits(op):
     assert np.array_equal(_bits(got), _bits(ref)), (op, k)
 
 
-@pytest.mark.parametrize("op", ["all_to_all", "all_gather"])
+@pytest.mark.parametrize("op", ["all_to_all", "all_gather", "ppermute", "ppermute_partial"])
 def test_a_piece_that_overflows_falls_back_alone(op):
   """Random bits in a few rows: their pieces take the raw fallback, the others decode; the bits are
   jax.lax's either way."""
@@ -192,11 +198,21 @@ def _cuda_module(op, pieces, transport):
 
 
 @pytest.mark.parametrize("op,transport", [("all_to_all", "padded"), ("all_to_all", "ragged"),
-                                          ("all_gather", "padded"), ("psum_scatter", "ragged")])
+                                          ("all_gather", "padded"), ("psum_scatter", "ragged"),
+                                          ("ppermute", "padded")])
 def test_cuda_lowering_has_k_independent_chains(op, transport):
   k = 3
   chains, encodes = _chains(_cuda_module(op, k, transport))
   assert len(encodes) == k, chains
+  if op == "ppermute":  # chained, not independent: transfer k+1 waits for transfer k (a barrier on
+    # its frame), else XLA combines the permutes into one; decode k never waits for a later encode
+    # (the call's fallback conditional, its raw permute, reads every chain's flag)
+    prefixes = [set(sorted(encodes)[:i + 1]) for i in range(k)]
+    for what, want in (("stablehlo.collective_permute", prefixes + [set(encodes)]),
+                       ("zipccl_decode", prefixes)):
+      sets = [enc for lab, enc in chains if lab == [what]]
+      assert sorted(sets, key=len) == want, (what, chains)
+    return
   # padded: the call's one fallback conditional reads every chain's flag and holds only the raw
   # collective (no decode: the decodes run outside it, so XLA can overlap them with transfers);
   # ragged: no conditional, nothing reads two chains' values
@@ -302,7 +318,7 @@ def test_pipeline_formula_follows_the_compiled_schedule(path):
   rec = json.loads(path.read_text())
   k = rec["args"]["pieces"]
   got = [(sum(w.startswith("encode") for w in work), sum(w.startswith("decode") for w in work))
-         for work in rec["overlaps"].values()]
+         for start, work in rec["overlaps"].items() if not start.startswith("all-reduce")]  # ppermute's flag
   assert got == _pipeline.overlap_pattern(k), (path.name, got)
   kinds = [kind for kind, _ in rec["schedule"]]
   assert kinds.count("conditional") == 1 and kinds[-1] == "conditional", kinds

@@ -74,7 +74,7 @@ back, and the select works on uint views (`cond_bits`) so NaN payloads survive.
 
 Pieces (pipelining)
 -------------------
-`exchange_rows` and `gather_row` take ``pieces=K``: the columns are split into K near-equal
+`exchange_rows`, `gather_row` and `permute_row` take ``pieces=K``: the columns are split into K
 pieces (`capacity.piece_bounds`), each coded in its own frames with its share of the capacity
 (`capacity.piece_capacities`), moved by its own collective and decoded outside any conditional,
 then concatenated; one `lax.cond` per call takes the raw collective if any piece overflowed. The
@@ -82,6 +82,8 @@ K chains share no value and no decode shares a conditional with a collective, so
 overlap encoding piece k+1 and decoding piece k-1 with the transfer of piece k. The bits do not
 depend on K. The strategy picks K (`strategy.decide`): 1 on CPU, whose collectives are blocking
 thunks on devices that share the host's cores (K > 1 only adds per-piece overheads).
+`permute_row`'s transfers are chained (piece k+1's frame waits for piece k's transfer behind an
+optimization barrier), since XLA:GPU combines independent collective-permutes into one.
 
 Ordered sum
 -----------
@@ -509,7 +511,7 @@ def _gather_chain(x, axis_name, n: int, capacity: int, transport: str, invariant
   return fallback, coded
 
 
-def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
+def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable, count: bool = True):
   """The columns of `rows` (R, m) as `pieces` independent chains; returns (whether any piece fell
   back or came raw, the results (R', m) concatenated).
 
@@ -530,34 +532,59 @@ def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
     outs.append(lax.bitcast_convert_type(out, u))
     flags.append(fallback)
   flag = jnp.any(jnp.stack(flags))
-  accounting.count(site, flag)
+  if count:  # else the caller counts (ppermute: its flag is made uniform by a psum first)
+    accounting.count(site, flag)
   return flag, lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
 
 
 def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, site: str,
-                raw: Callable):
-  """`x` of rank s to rank d for (s, d) in `perm` (zeros where no one sends), coded as one row.
+                raw: Callable, pieces: int = 1):
+  """`x` of rank s to rank d for (s, d) in `perm` (zeros where no one sends), coded as one row
+  (`pieces` > 1: its columns in that many chains, `in_pieces`).
 
-  The overflow flag goes through a 4-byte psum over every manual axis (see the docstring).
+  The overflow flag goes through a 4-byte psum over every manual axis (see the docstring). A rank
+  that receives nothing decodes the zeros it got (rejected frames, `decode_any`) and a select
+  zeroes them, so the only conditional is the call's fallback.
   """
   m = x.size
-  payload, nbytes, over = encode_rows(x.reshape(1, m), capacity)
-  flag_axes = manual_axes(axis_name)
-  any_over = lax.psum(vary(over.astype(jnp.int32), flag_axes), flag_axes) > 0
-  recv = _move_row_by_perm(payload[0], _row_size(nbytes, transport), axis_name, n, perm, capacity,
-                           transport)
-  accounting.count(site, any_over)
   receivers = np.zeros((n,), bool)
   for _, d in perm:
     receivers[d] = True
+  every = receivers.all()
+
+  prev = []  # pieces: the last piece's received frame
+
+  def piece(r, cap, eager: bool):  # r (1, m_k) -> (overflowed here, flag -> decoded (1, m_k))
+    payload, nbytes, over = encode_rows(r, cap)
+    if prev:  # after the previous piece's transfer: XLA would combine independent permutes
+      payload, _ = lax.optimization_barrier((payload, prev[-1]))  # into one (no overlap left)
+    recv = _move_row_by_perm(payload[0], _row_size(nbytes, transport), axis_name, n, perm, cap,
+                             transport)
+    prev.append(recv)
+    if eager or not every:
+      return over, lambda flag: decode_any(recv[None], r.shape[1], x.dtype)
+    return over, lambda flag: decode_guarded(recv[None], flag, r.shape[1], x.dtype)
+
+  if pieces > 1:
+    def chain(r, cap):
+      over, dec = piece(r, cap, eager=True)
+      return over, dec(None)
+    over, got = in_pieces(x.reshape(1, m), pieces, capacity, site, chain, count=False)
+    decoded = lambda flag: got
+  else:
+    over, decoded = piece(x.reshape(1, m), capacity, eager=False)
+  flag_axes = manual_axes(axis_name)
+  any_over = lax.psum(vary(over.astype(jnp.int32), flag_axes), flag_axes) > 0
+  accounting.count(site, any_over)
 
   def coded():
-    def dec():
-      return decode_guarded(recv[None], any_over, m, x.dtype).reshape(x.shape)
-    if receivers.all():
-      return dec()
+    out = decoded(any_over).reshape(x.shape)
+    if every:
+      return out
     is_recv = jnp.asarray(receivers)[ppermute_index(axis_name)]
-    return cond_bits(is_recv, dec, lambda: vary(jnp.zeros(x.shape, x.dtype), axes_of(axis_name)))
+    u = uint_of(x.dtype)
+    bits = jnp.where(is_recv, lax.bitcast_convert_type(out, u), jnp.zeros((), u))
+    return lax.bitcast_convert_type(bits, x.dtype)
 
   return cond_bits(any_over, lambda: in_fallback(raw), coded)
 

@@ -1,7 +1,7 @@
 """Pieces (pipelining): the K-chain schedule of a coded collective and the choice of K.
 
-A compressed all_to_all, all_gather, psum_scatter or psum can code each chunk as ``K`` independent
-chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has three stages, encode
+A compressed all_to_all, all_gather, psum_scatter, psum or ppermute can code each chunk as ``K``
+independent chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has three stages, encode
 (``e = T_e / K + o_e``: the phase's encode bytes / encode_Bps, the encode overhead per piece),
 transfer (``w = T_w / K + latency``) and decode (``d = T_d / K + o_d``), laid out as XLA:GPU
 schedules the padded transport's chains (`overlap_pattern`, read from the compiled schedule of
@@ -21,7 +21,7 @@ from __future__ import annotations
 from zipccl_jax import format as fmt
 from zipccl_jax.accounting import sent_bytes
 
-PIPELINED_OPS = ("all_to_all", "all_gather", "psum_scatter", "psum")
+PIPELINED_OPS = ("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute")
 MAX_PIECES = 8
 # platforms whose collectives run asynchronously beside independent work (the model's overlap)
 _OVERLAP_PLATFORMS = ("gpu", "tpu")

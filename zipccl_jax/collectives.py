@@ -648,7 +648,7 @@ def _ppermute_impl(call: Call, x):
     return raw_path(call, x, move)
   return _exchange.permute_row(
       x, axis_name=axis_name, n=n, perm=pairs, capacity=call.capacity, transport=call.transport,
-      site=call.site, raw=lambda: _exchange.raw_bits(move, x))
+      site=call.site, pieces=call.pieces, raw=lambda: _exchange.raw_bits(move, x))
 
 
 def _ppermute_transpose_rule(call: Call, ct):
