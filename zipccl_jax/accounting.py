@@ -195,7 +195,8 @@ class CallSiteStats:
   reason: str = ""
   traces: int = 0
   calls: int = 0      # runtime, per local device execution (set_runtime_stats)
-  fallbacks: int = 0  # runtime, per local device execution (set_runtime_stats)
+  fallbacks: int = 0  # runtime, per local device execution (set_runtime_stats); ragged all_to_all:
+                      # executions in which this device received a raw row
 
 
 _STATS: dict[str, CallSiteStats] = {}
