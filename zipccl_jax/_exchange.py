@@ -311,16 +311,18 @@ def _move_rows(payload, axis_name):
 
 
 def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int):
-  """The ragged transport of `_move_rows`: only ``send[j]`` bytes of row j move (frame j's
-  prefix); returns (n, C), row s holding the ``recv_sizes[s]`` bytes from rank s, zeros after."""
+  """The ragged transport of `_move_rows` (payload (n, C): frame j to rank j) and of
+  `_move_row_to_all` (payload (C,): the one frame to every rank): only ``send[j]`` bytes go to
+  rank j; returns (n, C), row s holding the ``recv_sizes[s]`` bytes from rank s, zeros after."""
   dt = _ragged.offsets_dtype(n * capacity)
   with _ragged.index_scope(dt):
     me = lax.axis_index(axis_name).astype(dt)
     z = _zero_like_batch(payload).astype(dt)
-    in_off = vary_like(jnp.arange(n, dtype=dt) * capacity, payload) + z
+    start = jnp.arange(n, dtype=dt) * capacity if payload.ndim == 2 else jnp.zeros((n,), dt)
+    in_off = vary_like(start, payload) + z
     out_off = jnp.full((n,), capacity, dt) * me + z
   out = vary_like(jnp.zeros((n * capacity,), jnp.uint8), payload)
-  r = _ragged.exchange(payload.reshape(n * capacity), out, in_off, send, out_off, recv_sizes,
+  r = _ragged.exchange(payload.reshape(-1), out, in_off, send, out_off, recv_sizes,
                        axis_name=axis_name, max_send_rows=capacity)
   return r.reshape(n, capacity)
 
@@ -335,17 +337,8 @@ def _move_row_to_all(payload, nbytes, axis_name, n: int, capacity: int, transpor
 
   def ragged(p, s):
     send1 = _send_sizes(s[None], capacity)
-    send = jnp.broadcast_to(send1, (n,))
     recv_sizes = lax.all_gather(send1, axis_name, tiled=True)
-    dt = _ragged.offsets_dtype(n * capacity)
-    with _ragged.index_scope(dt):
-      me = lax.axis_index(axis_name).astype(dt)
-      z = _zero_like_batch(p).astype(dt)
-      in_off = vary_like(jnp.zeros((n,), dt), p) + z
-      out_off = jnp.full((n,), capacity, dt) * me + z
-    out = vary_like(jnp.zeros((n * capacity,), jnp.uint8), p)
-    r = _ragged.exchange(p, out, in_off, send, out_off, recv_sizes, axis_name=axis_name)
-    return r.reshape(n, capacity)
+    return _ragged_frames(p, jnp.broadcast_to(send1, (n,)), recv_sizes, axis_name, n, capacity)
 
   if invariant:
     return padded(payload, nbytes)
@@ -552,33 +545,33 @@ def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, si
     receivers[d] = True
   every = receivers.all()
 
-  prev = []  # pieces: the last piece's received frame
+  last = None  # pieces: the previous piece's received frame
 
-  def piece(r, cap, eager: bool):  # r (1, m_k) -> (overflowed here, flag -> decoded (1, m_k))
+  def move(r, cap):  # r (1, m_k) -> (overflowed here, the frame received (C_k,))
+    nonlocal last
     payload, nbytes, over = encode_rows(r, cap)
-    if prev:  # after the previous piece's transfer: XLA would combine independent permutes
-      payload, _ = lax.optimization_barrier((payload, prev[-1]))  # into one (no overlap left)
-    recv = _move_row_by_perm(payload[0], _row_size(nbytes, transport), axis_name, n, perm, cap,
+    if last is not None:  # after the previous piece's transfer: XLA would combine independent
+      payload, _ = lax.optimization_barrier((payload, last))  # permutes (no overlap left)
+    last = _move_row_by_perm(payload[0], _row_size(nbytes, transport), axis_name, n, perm, cap,
                              transport)
-    prev.append(recv)
-    if eager or not every:
-      return over, lambda flag: decode_any(recv[None], r.shape[1], x.dtype)
-    return over, lambda flag: decode_guarded(recv[None], flag, r.shape[1], x.dtype)
+    return over, last
 
   if pieces > 1:
     def chain(r, cap):
-      over, dec = piece(r, cap, eager=True)
-      return over, dec(None)
+      over, recv = move(r, cap)
+      return over, decode_any(recv[None], r.shape[1], x.dtype)
     over, got = in_pieces(x.reshape(1, m), pieces, capacity, site, chain, count=False)
-    decoded = lambda flag: got
+    decoded = lambda: got
   else:
-    over, decoded = piece(x.reshape(1, m), capacity, eager=False)
+    over, recv = move(x.reshape(1, m), capacity)
+    decoded = ((lambda: decode_guarded(recv[None], any_over, m, x.dtype)) if every
+               else (lambda: decode_any(recv[None], m, x.dtype)))
   flag_axes = manual_axes(axis_name)
   any_over = lax.psum(vary(over.astype(jnp.int32), flag_axes), flag_axes) > 0
   accounting.count(site, any_over)
 
   def coded():
-    out = decoded(any_over).reshape(x.shape)
+    out = decoded().reshape(x.shape)
     if every:
       return out
     is_recv = jnp.asarray(receivers)[ppermute_index(axis_name)]
