@@ -68,6 +68,7 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--mib", type=float, default=64.0, help="MiB of bfloat16 per device")
   ap.add_argument("--ops", default=",".join(OPS))
+  ap.add_argument("--pieces", type=int, default=1, help="K, the pieces each compressed call is coded in")
   ap.add_argument("--json", type=Path)
   a = ap.parse_args(argv)
   _ffi.register()
@@ -94,7 +95,8 @@ def main(argv=None) -> int:
       print(f"{op:13s} {'lax rag':8s} {ref['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {ref['conditionals']:5d}")
     for transport in ("padded", "ragged"):
       zj.reset_stats()
-      rec = analyse(smap(lambda v: ours(v, compress=True, transport=transport, name=op)), spec)
+      with zj.use_algorithm(pieces=a.pieces):
+        rec = analyse(smap(lambda v: ours(v, compress=True, transport=transport, name=op)), spec)
       st = zj.stats()[op]
       frames = 2 * st.wire_bytes  # per device and call: what it sends, and as much received
       extra = rec["temp_bytes"] - base["temp_bytes"]

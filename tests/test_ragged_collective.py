@@ -306,6 +306,37 @@ def test_ragged_all_to_all_sends_rows_that_do_not_fit_raw_without_a_conditional(
   assert "ragged-all-to-all" in cuda and " conditional(" not in cuda
 
 
+@pytest.mark.parametrize("dtype,cols,capacity", [
+    ("bfloat16", 512, None), ("float16", 333, None), ("float32", 256, None),
+    ("float8_e4m3fn", 777, None), ("float8_e5m2", 512, None),
+    ("bfloat16", 512, 4096), ("float32", 64, 96)],
+    ids=["bf16", "f16_odd_cols", "f32", "e4m3_odd_bytes", "e5m2", "bf16_slot_is_capacity",
+         "f32_tiny_capacity"])
+def test_ragged_rows_share_one_receive_buffer_bit_exact(dtype, cols, capacity):
+  """The ragged transport's receive buffer holds a frame or a raw row per slot: rows that fit (coded),
+  rows that do not (sender 5's random bits, raw), the own row (a local copy), slots wider than a row (a
+  capacity above the row's bytes) and a capacity too small for any frame (every row raw), with NaN
+  payloads, -0, subnormals and infinities among compressible values. Bits equal jax.lax's."""
+  mesh = mesh8()
+  spec = P(AXIS)
+  dt = np.dtype(getattr(ml_dtypes, dtype) if dtype.startswith(("bfloat", "float8")) else dtype)
+  u = {1: np.uint8, 2: np.uint16, 4: np.uint32}[dt.itemsize]
+  rng = np.random.default_rng(11)
+  data = (rng.standard_normal((8 * 8, cols)) * 0.02).astype(dt)
+  bits = data.view(u)
+  bits[5 * 8:6 * 8] = rng.integers(0, np.iinfo(u).max, size=(8, cols), dtype=u, endpoint=True)
+  special = np.array([np.nan, -0.0, np.inf, -np.inf], dt).view(u)
+  specials = np.concatenate([special, special | 1, np.array([1, 2, u(1) << (8 * dt.itemsize - 1) | 1], u)])
+  bits[::7, :specials.size] = specials
+  x = jax.device_put(bits.view(dt), NamedSharding(mesh, spec))
+  f = jax.jit(jax.shard_map(
+      lambda v: zj.all_to_all(v, AXIS, 0, 0, tiled=True, compress=True, capacity=capacity,
+                              transport="ragged"), mesh=mesh, in_specs=spec, out_specs=spec))
+  g = jax.jit(jax.shard_map(lambda v: lax.all_to_all(lax.bitcast_convert_type(v, u), AXIS, 0, 0, tiled=True),
+                            mesh=mesh, in_specs=spec, out_specs=spec))
+  assert_bits_equal(np.asarray(f(x)).view(u), np.asarray(g(x)), f"{dtype} {cols} {capacity}")
+
+
 def test_ragged_transport_int64_offsets(monkeypatch):
   """Frame offsets are int64 once n*C can pass 2**31 (forced here with a small limit): still exact on
   CPU, and the CUDA ragged-all-to-all takes s64 offsets."""
@@ -326,10 +357,10 @@ def test_ragged_transport_int64_offsets(monkeypatch):
     zj.set_runtime_stats(prev)
   calls = re.findall(r"ragged-all-to-all\(([^)]*)\)", cuda)
   type_of = lambda name: re.search(rf"\n\s*{re.escape(name)} = (\w+)\[", cuda).group(1)
-  # operand, output, then the four offsets and sizes; the frames' exchange (uint8, offsets in bytes) is
-  # int64, the raw rows' (bit patterns, offsets in rows: at most n) int32
+  # operand, output, then the four offsets and sizes: both exchanges (the frames, then the raw rows into
+  # the same receive buffer) move bytes, with int64 offsets
   kinds = sorted((type_of(ops.split(", ")[0]), {type_of(x) for x in ops.split(", ")[2:]}) for ops in calls)
-  assert kinds == [("u16", {"s32"}), ("u8", {"s64"})], kinds
+  assert kinds == [("u8", {"s64"}), ("u8", {"s64"})], kinds
 
 
 @pytest.mark.parametrize("axis", ["b", ("a", "b")], ids=["one_axis_of_2x4", "both_axes"])

@@ -310,21 +310,24 @@ def _move_rows(payload, axis_name):
   return lax.all_to_all(payload, axis_name, 0, 0, tiled=True)
 
 
-def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int):
+def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
+                   slot: int | None = None):
   """The ragged transport of `_move_rows` (payload (n, C): frame j to rank j) and of
   `_move_row_to_all` (payload (C,): the one frame to every rank): only ``send[j]`` bytes go to
-  rank j; returns (n, C), row s holding the ``recv_sizes[s]`` bytes from rank s, zeros after."""
-  dt = _ragged.offsets_dtype(n * capacity)
+  rank j; returns (n, slot), row s holding the ``recv_sizes[s]`` bytes from rank s, zeros after
+  (``slot`` bytes per received row, default C; `_ragged_rows` makes room for a raw row)."""
+  slot = capacity if slot is None else slot
+  dt = _ragged.offsets_dtype(n * max(capacity, slot))
   with _ragged.index_scope(dt):
     me = lax.axis_index(axis_name).astype(dt)
     z = _zero_like_batch(payload).astype(dt)
     start = jnp.arange(n, dtype=dt) * capacity if payload.ndim == 2 else jnp.zeros((n,), dt)
     in_off = vary_like(start, payload) + z
-    out_off = jnp.full((n,), capacity, dt) * me + z
-  out = vary_like(jnp.zeros((n * capacity,), jnp.uint8), payload)
+    out_off = jnp.full((n,), slot, dt) * me + z
+  out = vary_like(jnp.zeros((n * slot,), jnp.uint8), payload)
   r = _ragged.exchange(payload.reshape(-1), out, in_off, send, out_off, recv_sizes,
                        axis_name=axis_name, max_send_rows=capacity)
-  return r.reshape(n, capacity)
+  return r.reshape(n, slot)
 
 
 def _move_row_to_all(payload, nbytes, axis_name, n: int, capacity: int, transport: str,
@@ -432,33 +435,46 @@ def _ragged_rows(rows, axis_name, n: int, capacity: int):
   """`exchange_rows` on the ragged transport, with no conditional: (any row came raw, got).
 
   Each sender sends one int32 per row: the frame's size, or -1 where the frame did not fit in
-  `capacity` (the own row: 0, it is not coded). Then two `ragged_all_to_all`s: the frames that
-  fit (their bytes only) into a zeroed `(n, C)` buffer, decoded with the raw and own rows
-  skipped (zeros); then, written into that decoded result in place (ragged_all_to_all updates
-  its `output` operand), the raw bit patterns of the rows that did not fit and of the own row
-  (a local copy). A row that does not compress costs its raw bytes and nothing else; when
-  every row fits, the second exchange moves no data. Returns the flag for `accounting.count`
-  and (n, m), row s from rank s, the bits of a raw exchange.
+  `capacity` (the own row: 0, it is not coded). The receiver holds one buffer of n slots, each
+  wide enough for a frame or a raw row (``max(C, m * itemsize)`` bytes), filled by two
+  `ragged_all_to_all`s: the frames that fit (their bytes only), then, written into that same
+  buffer in place (ragged_all_to_all updates its `output` operand), the raw bit patterns of the
+  rows that did not fit and of the own row (a local copy), sent straight from the operand's
+  bits. The frames are decoded with those rows skipped, and one select takes the raw slots'
+  bits instead. A row that does not compress costs its raw bytes and nothing else; when every
+  row fits, the second exchange moves no data. The only buffer beyond the frames sent is the
+  receive buffer, the size of the operand (XLA:GPU keeps a ragged exchange's output in its
+  collective memory space, so a decode written there would be copied out once more). Returns
+  the flag for `accounting.count` and (n, m), row s from rank s, the bits of a raw exchange.
   """
   m = rows.shape[1]
   u = uint_of(rows.dtype)
+  row_bytes = m * rows.dtype.itemsize
+  slot = max(capacity, row_bytes)
   skip = own_row(axis_name, n)
   payload, nbytes = codec.encode_frames(rows, capacity=capacity, skip=skip)
   fits = nbytes <= capacity
   size = jnp.where(fits, nbytes, -1).astype(jnp.int32)          # capacity < 2**31
   got = lax.all_to_all(size, axis_name, 0, 0, tiled=True)       # (n,): row s's from rank s
   as_raw = got < 0
-  frames = _ragged_frames(payload, jnp.maximum(size, 0), jnp.maximum(got, 0), axis_name, n,
-                          capacity)
-  dec = codec.decode_frames(frames, shape=(m,), dtype=rows.dtype, skip=skip | as_raw)
-  z = _zero_like_batch(payload)
-  me = lax.axis_index(axis_name).astype(jnp.int32)
-  rows_out = vary_like(jnp.arange(n, dtype=jnp.int32), payload) + z
-  here = jnp.full((n,), me, jnp.int32) + z
-  out = _ragged.exchange(lax.bitcast_convert_type(rows, u), lax.bitcast_convert_type(dec, u),
-                         rows_out, (~fits | skip).astype(jnp.int32), here,
-                         (as_raw | skip).astype(jnp.int32), axis_name=axis_name, max_send_rows=1)
-  return jnp.any(as_raw), lax.bitcast_convert_type(out, rows.dtype)
+  recv = _ragged_frames(payload, jnp.maximum(size, 0), jnp.maximum(got, 0), axis_name, n,
+                        capacity, slot)
+  dt = _ragged.offsets_dtype(n * slot)
+  with _ragged.index_scope(dt):
+    z = _zero_like_batch(payload).astype(dt)
+    me = lax.axis_index(axis_name).astype(dt)
+    in_off = vary_like(jnp.arange(n, dtype=dt) * row_bytes, payload) + z
+    out_off = jnp.full((n,), slot, dt) * me + z
+    send = jnp.where(~fits | skip, row_bytes, 0).astype(dt)
+    take = jnp.where(as_raw | skip, row_bytes, 0).astype(dt)
+  raw_send = lax.bitcast_convert_type(lax.bitcast_convert_type(rows, u), jnp.uint8).reshape(-1)
+  recv = _ragged.exchange(raw_send, recv.reshape(-1), in_off, send, out_off, take,
+                          axis_name=axis_name, max_send_rows=row_bytes).reshape(n, slot)
+  dec = codec.decode_frames(recv, shape=(m,), dtype=rows.dtype, skip=skip | as_raw)
+  raw_got = recv[:, :row_bytes].reshape(n, m, rows.dtype.itemsize)
+  raw_got = lax.bitcast_convert_type(raw_got if rows.dtype.itemsize > 1 else raw_got[..., 0], u)
+  bits = jnp.where((as_raw | skip)[:, None], raw_got, lax.bitcast_convert_type(dec, u))
+  return jnp.any(as_raw), lax.bitcast_convert_type(bits, rows.dtype)
 
 
 def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str,
