@@ -8,7 +8,8 @@ benchmarks/gpu_schedule.py: a JAX CUDA plugin, no GPU) for a bfloat16 message of
 `jax.lax` and as `zipccl_jax` with `compress=True` on each transport, and reads XLA's memory analysis of the
 compiled program (temp, argument, output bytes). The compressed program's extra temp is set against its
 frames: the coded bytes one device sends plus those it receives, at the capacity the call used
-(twice `zipccl_jax.stats()`' wire bytes: what one device sends per call, and as much received). On a real GPU the kit
+(twice `zipccl_jax.stats()`' wire bytes: what one device sends per call, and as much received), and against
+the call's size (the larger of operand and result bytes: the "/ size" column). On a real GPU the kit
 (`.ci/gpu_check.sh`) measures a one-device all_to_all's temp and allocator peak (benchmarks/codec_gpu.py).
 """
 from __future__ import annotations
@@ -82,17 +83,19 @@ def main(argv=None) -> int:
   spec = jax.ShapeDtypeStruct((N * rows, cols), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
   smap = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
   out = []
-  print(f"{'op':13s} {'variant':8s} {'temp MiB':>9s} {'extra':>8s} {'frames':>8s} {'conds':>5s}  "
-        f"(per device, {rows * cols * 2 / 2**20:.0f} MiB)")
+  print(f"{'op':13s} {'variant':8s} {'temp MiB':>9s} {'extra':>8s} {'frames':>8s} {'/ size':>6s} {'conds':>5s}  "
+        f"(per device, {rows * cols * 2 / 2**20:.0f} MiB; size = the larger of operand and result)")
   for op in a.ops.split(","):
     theirs, ours = OPS[op]
     base = analyse(smap(theirs), spec)
     out.append({"op": op, "variant": "jax.lax", **base})
-    print(f"{op:13s} {'jax.lax':8s} {base['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {base['conditionals']:5d}")
+    print(f"{op:13s} {'jax.lax':8s} {base['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {'':6s} "
+          f"{base['conditionals']:5d}")
     if op == "all_to_all":
       ref = analyse(smap(lax_ragged_all_to_all), spec)
       out.append({"op": op, "variant": "jax.lax ragged_all_to_all", **ref})
-      print(f"{op:13s} {'lax rag':8s} {ref['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {ref['conditionals']:5d}")
+      print(f"{op:13s} {'lax rag':8s} {ref['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {'':6s} "
+            f"{ref['conditionals']:5d}")
     for transport in ("padded", "ragged"):
       zj.reset_stats()
       with zj.use_algorithm(pieces=a.pieces):
@@ -100,10 +103,11 @@ def main(argv=None) -> int:
       st = zj.stats()[op]
       frames = 2 * st.wire_bytes  # per device and call: what it sends, and as much received
       extra = rec["temp_bytes"] - base["temp_bytes"]
+      size = max(rec["argument_bytes"], rec["output_bytes"])
       out.append({"op": op, "variant": transport, **rec, "extra_temp_bytes": extra, "frame_bytes": frames,
-                  "within_frames": extra <= frames})
+                  "within_frames": extra <= frames, "extra_over_size": round(extra / size, 3)})
       print(f"{op:13s} {transport:8s} {rec['temp_bytes'] / 2**20:9.1f} {extra / 2**20:8.1f} {frames / 2**20:8.1f} "
-            f"{rec['conditionals']:5d}")
+            f"{extra / size:6.2f} {rec['conditionals']:5d}")
   if a.json:
     a.json.write_text(json.dumps({"command": "python benchmarks/gpu_memory.py " + " ".join(argv or sys.argv[1:]),
                                   "topology": f"{N} x H100 (described, deviceless)", "jax": jax.__version__,

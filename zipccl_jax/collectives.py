@@ -409,14 +409,13 @@ def _reduce_scatter_rows(rows, axis_name, n, call: Call):
     return _exchange.raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True,
                                                        axis_index_groups=call.groups), rows)
 
+  total = lambda got: _exchange.ordered_sum(got, rows.dtype)  # in each branch: a cond returns (m,)
   if call.capacity:
-    got = _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
-                                  transport=call.transport, site=call.site, raw=raw,
-                                  pieces=call.pieces)
-  else:
-    got = raw()
-    accounting.count(call.site, jnp.bool_(False))
-  return _exchange.ordered_sum(got, rows.dtype)
+    return _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
+                                   transport=call.transport, site=call.site,
+                                   raw=lambda: total(raw()), finish=total, pieces=call.pieces)
+  accounting.count(call.site, jnp.bool_(False))
+  return total(raw())
 
 
 def _psum_scatter_impl(call: Call, x):
