@@ -197,9 +197,13 @@ def worker_mesh(args) -> None:
 
     def phase(go) -> list[dict]:
         prof, calib_error = _calibrate(zc, mesh, link_bytes, args.reps, log)
+        # the model's links-only prediction (benchmarks/model_check.py) reads a second profile, measured at
+        # sizes no case has, so that no prediction is compared with the calibration of its own call
+        held, _ = _calibrate(zc, mesh, bench.HELD_OUT_LINK_BYTES, args.reps, log)
         records = []
         for case, gx, vs in prepared:
-            records += _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log)
+            records += _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log,
+                                  held)
         return records
 
     _netns.worker_phases(ctl, rank, args.phase_timeout, barrier, phase)
@@ -232,7 +236,8 @@ def _profile_summary(prof) -> dict | None:
             "in_situ": cal.get("in_situ"), "net_s": cal.get("net_s"), "bytes": cal.get("bytes")}
 
 
-def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log) -> list[dict]:
+def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log,
+               held=None) -> list[dict]:
     import collectives as bench
     import numpy as np
     from jax.experimental import multihost_utils
@@ -286,7 +291,8 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
             "plan": plans.get(name), "chosen": v.get("chosen"), "same_program_as": v.get("same_as"),
             **_stats.summary(reps), "rep_times_s": reps, "bit_identical": identical[name],
             "reference": v["reference"], "calibrate_error": calib_error if name in plans else None,
-            "profile": _profile_summary(prof) if name in plans else None, **load,
+            "profile": _profile_summary(prof) if name in plans else None,
+            "model_profile": _profile_summary(held) if name == "auto" else None, **load,
         })
     log(f"{_netns.rate_label(go['rate_gbit']):>9} {coll}:{payload} " +
         " ".join(f"{r['variant']}={r['median_s'] * 1e3:.1f}±{r['spread_s'] * 1e3:.1f}ms" for r in records))

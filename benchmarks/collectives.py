@@ -26,9 +26,11 @@ interleaved), with a barrier before each repetition and the slowest rank counted
 * ``codec_s``      encode + decode alone on the same chunks, no collective (``codec_share`` = codec_s /
                    compressed_s).
 
-Beside them, ``model``: what ``zipccl_jax.model`` predicts for the case from the profile calibrated at that
-rate (``profile``; raw and compressed seconds, their ratio, ``auto``'s choice), and ``model_over_measured``:
-its compressed / raw over the measured ``compressed_s`` / best raw (column ``model/c``).
+Beside them, ``model``: what ``zipccl_jax.model`` predicts for the case from a profile calibrated at that
+rate at sizes no case has (``model_profile``, ``HELD_OUT_LINK_BYTES``; raw and compressed seconds, their ratio,
+``auto``'s choice), and ``model_over_measured``: its compressed / raw over the measured ``compressed_s`` / best
+raw (column ``model/c``). ``model_in_sample`` is the same from ``auto``'s profile (``profile``), calibrated at
+the cases' own sizes too.
 
 Wire bytes are bytes one device sends per call (``zipccl_jax.hlo_wire_bytes``' model: all_to_all
 and psum_scatter S(n-1)/n, all_gather S(n-1) for an operand of S bytes). ``wire_bytes_raw`` is the logical
@@ -338,6 +340,9 @@ def _prepare_case(w: _Worker, case, impl, codec, zs, auto_prof):
 
 # calibrate()'s default sizes, kept in every run so the fitted slopes span small messages too
 CALIBRATE_LINK_BYTES = (256 << 10, 4 << 20)
+# The sizes of the profile the model predicts from (`model`): none is a case's own (the cases send 3.5-4.6 MB
+# per device and call), so every prediction interpolates, as one for a program nobody measured would.
+HELD_OUT_LINK_BYTES = (128 << 10, 1 << 20, 8 << 20)
 _SENT_KIND = {"all_to_all": "all-to-all", "all_gather": "all-gather", "psum_scatter": "reduce-scatter"}
 
 
@@ -355,9 +360,12 @@ def calibration_sizes(operands, n: int) -> tuple[int, ...]:
 def _retrace_auto(w: _Worker, prepared, auto_prof, zs):
     """Measures the link at this rate (zipccl_jax.calibrate, all ranks at once, agreed, at the defaults' and the
     cases' sizes), then traces each case's compress="auto" again with that profile and the frame sizes observed
-    at preparation; returns the profile."""
+    at preparation; returns the profile. The model's prediction (`model`) comes from a second, held-out
+    calibration at sizes no case has (`HELD_OUT_LINK_BYTES`, `model_profile`), so it is not read back from a
+    measurement of the call it predicts."""
     sizes = calibration_sizes([(item[0][0], item[1].nbytes) for item in prepared], w.nproc)
     auto_prof = zs.calibrate(w.mesh, "x", profile=auto_prof, link_bytes=sizes, activate=False)
+    held = zs.calibrate(w.mesh, "x", profile=zs.Profile(), link_bytes=HELD_OUT_LINK_BYTES, activate=False)
     for case, x, gx, fns, codec_fn, info in prepared:
         if "auto_body" in info:
             auto_prof.sites = info["auto_sites"]
@@ -370,9 +378,12 @@ def _retrace_auto(w: _Worker, prepared, auto_prof, zs):
             info["auto_choice"] = ["compressed" if d.compress else "raw" for d in zs.decisions().values()]
             w.log(f"auto {case[0]}:{case[1]}: " + "; ".join(d.summary() for d in zs.decisions().values()))
         if info.get("frame_capacity"):
-            info["model"] = model_check.flat_case(auto_prof, case[0], case[1], case[3], x.nbytes,
+            info["model"] = model_check.flat_case(held, case[0], case[1], case[3], x.nbytes,
                                                   info["frame_capacity"], w.nproc)
-            info["profile"] = auto_prof.to_dict()  # what the prediction and `auto` used
+            info["model_in_sample"] = model_check.flat_case(auto_prof, case[0], case[1], case[3], x.nbytes,
+                                                            info["frame_capacity"], w.nproc)
+            info["profile"] = auto_prof.to_dict()  # what `auto` used
+            info["model_profile"] = held.to_dict()  # what the prediction used
     return auto_prof
 
 
@@ -447,7 +458,8 @@ def _time_case(w: _Worker, item, go: dict, impl, impl_error) -> dict:
         "bit_identical_calibrated": info.get("bit_identical_calibrated"),
         "compressed_impl": args.compressed_impl if impl is not None else None,
         "errors": dict(info["errors"], **({"compressed": impl_error} if impl_error else {})),
-        "model": info.get("model"), "profile": info.get("profile"),
+        "model": info.get("model"), "model_in_sample": info.get("model_in_sample"),
+        "profile": info.get("profile"), "model_profile": info.get("model_profile"),
         "rank_times_s": {n: [[round(t, 6) for t in row] for row in allt[:, i, :].tolist()]
                          for i, n in enumerate(names)},
     }

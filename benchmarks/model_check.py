@@ -102,8 +102,9 @@ def flat_sweep() -> list[dict]:
     rows = []
     for rec in json.loads(FLAT_RUN.read_text()):
         nbytes = math.prod(rec["shape_per_rank"]) * np.dtype(_np_dtype(rec["dtype"])).itemsize
-        p = flat_case(Profile.from_dict(rec["profile"]), rec["collective"], rec["payload"], rec["dtype"],
-                      nbytes, rec["frame_capacity"], rec["n_processes"])
+        held_out = rec.get("model_profile") is not None  # runs since the held-out calibration
+        p = flat_case(Profile.from_dict(rec["model_profile" if held_out else "profile"]), rec["collective"],
+                      rec["payload"], rec["dtype"], nbytes, rec["frame_capacity"], rec["n_processes"])
         meas = rec["compressed_s"] / rec["best_raw_s"]
         rows.append({"case": f"{rec['collective']}:{rec['payload']}", "rate_gbit": rec["rate_gbit"],
                      "link_MBps": rec["link_MBps"], "pred_ratio": p["compressed_over_raw"],
@@ -111,7 +112,7 @@ def flat_sweep() -> list[dict]:
                      "pred_compressed_s": p["compressed_s"], "meas_compressed_s": rec["compressed_s"],
                      "pred_raw_s": p["raw_s"], "meas_raw_s": rec["best_raw_s"],
                      "auto_choice": p["auto_choice"], "meas_auto_choice": rec.get("auto_choice"),
-                     "recorded_in_run": rec.get("model")})
+                     "held_out": held_out, "recorded_in_run": rec.get("model")})
     return rows
 
 
@@ -121,12 +122,15 @@ def _np_dtype(name):
 
 
 def two_levels(prof) -> list[dict]:
-    """Every variant of the 2 x 4 run: the anchored and the links-only prediction against the median."""
+    """Every variant of the 2 x 4 run: the anchored and the links-only prediction against the median. Links
+    only reads the run's held-out profile where it has one (calibrated at sizes no case has)."""
     zm = _zs()
-    from zipccl_jax import hierarchical
+    from zipccl_jax import Profile, hierarchical
     recs = json.loads(PROFILE_RUN.read_text())
-    top = zm.Topology(2, 4, prof.link("host", "*", "cpu")[0], prof.link("local", "*", "cpu")[0],
-                      platform="cpu", base=_without_programs(prof))
+    held = next((r["model_profile"] for r in recs if r["variant"] == "auto" and r.get("model_profile")), None)
+    lp_ = Profile.from_dict(held) if held else prof
+    top = zm.Topology(2, 4, lp_.link("host", "*", "cpu")[0], lp_.link("local", "*", "cpu")[0],
+                      platform="cpu", base=_without_programs(lp_))
     rows = []
     for op in ("all_to_all", "all_gather", "psum_scatter"):
         by = {r["variant"]: r for r in recs if r["collective"] == op}

@@ -184,9 +184,15 @@ def test_collectives_benchmark_smoke(tmp_path):
         assert r["wire_bytes_calibrated"] <= r["wire_bytes_compressed"]
         if r["dtype"] == "bfloat16":  # Gaussian BF16 must cross the wire smaller than raw
             assert r["wire_bytes_compressed"] < r["wire_bytes_raw"], r
-        # the model's prediction beside the measurement, from the profile calibrated in the run
+        # the model's prediction beside the measurement, from a profile calibrated in the run at sizes no
+        # case has (held out), and the same from auto's profile, calibrated at the cases' sizes too
         m = r["model"]
         assert m["raw_s"] > 0 and m["compressed_s"] > 0 and r["profile"]["links"]["x"], r
+        held = [b for b, _ in r["model_profile"]["links"]["x"]["all_to_all"]["points"]]
+        own = [b for b, _ in r["profile"]["links"]["x"]["all_to_all"]["points"]]
+        assert len(held) == 3 and all(abs(b / r["wire_bytes_raw"] - 1) > 0.05 for b in held), (held, r)
+        assert any(abs(b / r["wire_bytes_raw"] - 1) < 0.05 for b in own), (own, r)  # auto's has the case
+        assert r["model_in_sample"]["raw_s"] > 0
         assert m["compressed_over_raw"] == pytest.approx(m["compressed_s"] / m["raw_s"])
         assert r["model_over_measured"] == pytest.approx(m["compressed_over_raw"] / r["compressed_over_best_raw"])
 
@@ -214,6 +220,8 @@ def test_collectives_benchmark_mesh_smoke(tmp_path):
             assert x["bit_identical"] is True, x
         if x["compress"] == "auto":
             assert x["plan"], x
+        if x["variant"] == "auto":  # the links-only prediction's profile, measured at sizes no case has
+            assert x["model_profile"]["links"]["host"] and x["model_profile"]["links"]["local"], x
     assert any(x["variant"] == "flat_compressed" for x in records)
 
 
