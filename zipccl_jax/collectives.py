@@ -413,7 +413,8 @@ def _reduce_scatter_rows(rows, axis_name, n, call: Call):
   if call.capacity:
     return _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
                                    transport=call.transport, site=call.site,
-                                   raw=lambda: total(raw()), finish=total, pieces=call.pieces)
+                                   raw=lambda: total(raw()), finish=total, pieces=call.pieces,
+                                   by_columns=True)
   accounting.count(call.site, jnp.bool_(False))
   return total(raw())
 
