@@ -17,9 +17,34 @@
 // work; the encoder still launches its CTAs over all frames (the grid is sized
 // on the host, which cannot read the device-resident flags without a sync).
 //
-// Not command-buffer compatible: the scratch comes from XLA's allocator at run
-// time, which CUDA-graph capture forbids (XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER
-// _COMPATIBLE condition 2), so XLA runs these calls outside command buffers.
+// Scratch (per-block plans, sizes, offsets, error keys) is the custom call's
+// last result, uint8[cuda_scratch_bytes], allocated by XLA like any other
+// buffer (codec.py declares it on CUDA only, with the size the extension's
+// cuda_scratch_bytes() gives: cuda_scratch.h, from MakeEncodeLayout /
+// MakeDecodeLayout). The handlers check its size and align the 256-byte
+// sections inside it (cuda_scratch.h says what XLA guarantees and why 240
+// bytes of slack cover it). They allocate nothing at run time.
+//
+// Command-buffer compatible (ffi::Traits::kCmdBufferCompatible here, and the
+// COMMAND_BUFFER_COMPATIBLE trait at registration, zipccl_jax/_ffi.py): XLA
+// may trace a call into a CUDA graph (stream capture) and replay it. What
+// the trait asks (xla/ffi/api/api.h, Traits): (1) only launches that belong in
+// the graph: the codec's kernels on XLA's stream, nothing else; (2) only
+// device memory passed in as buffers: operands, results and the scratch
+// result; (3) no query of the stream's status: no synchronisation, no event,
+// no memcpy. The launches depend only on the shapes and the `checksum`
+// attribute (grids are sized from frames, elements and capacity; skip flags
+// and data are read on the device), so a replay with new buffer addresses
+// runs the same kernels. Under capture the handler's host work is a cached
+// context lookup and cuLaunchKernel. One call is not a stream operation: the
+// first call on a device loads the kernel library (codec/kernels_host.cc,
+// cuLibraryLoadData, then cuLibraryGetKernel; the driver loads the module into
+// the context at the first launch). XLA runs a command buffer's first
+// execution op by op, a warm-up, when it holds collectives or compatible FFI
+// custom calls (CustomCallThunk::requires_warmup, openxla/xla#43729; present
+// in jaxlib 0.11.2's CUDA plugin), so that load happens outside capture; a
+// capture that did meet it and refused it would return the driver's error as
+// the launch's. Unverified on a GPU.
 //
 // Plain host C++ (no CUDA headers: cudaStream_t is CUstream_st*). The kernels
 // are reached only through the host API of codec/cuda_launch.cuh
@@ -35,132 +60,14 @@
 
 #include "codec/cuda_launch.cuh"
 #include "codec/format.h"
+#include "cuda_scratch.h"
 #include "operands.h"
 #include "handlers.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
-// The alignment asked of XLA's allocator. XLA_FFI_DeviceMemory_Allocate
-// accepts powers of two up to 16 and rejects anything else with
-// "Unsupported alignment" (xla/ffi/ffi_api.cc, kMaxAlignment), so the
-// 256-byte alignment of the scratch sections (kScratchAlign) is made inside an
-// over-sized block. Overridable only so the contract test can seed the old bug.
-#ifndef ZIPCCL_SCRATCH_REQUEST_ALIGN
-#define ZIPCCL_SCRATCH_REQUEST_ALIGN 16
-#endif
-
-namespace zipccl {
-
-// An XLA error's message, the error then destroyed: through the C API (c_api.h), whose structs are
-// versioned, not xla::ffi::internal, whose helpers have moved between releases. FFI API 0.3 (jaxlib 0.10.2
-// and 0.11.0) has XLA_FFI_Error_GetMessage; 0.4 (jaxlib 0.11.2) replaced it with XLA_FFI_Error_GetDetails
-// (message and code), kept in 0.5 (jaxlib 0.12). Chosen by the headers' API version, not by jaxlib's; the
-// #if can go when the oldest supported jaxlib has FFI API 0.4.
-static std::string TakeErrorMessage(const XLA_FFI_Api* api, XLA_FFI_Error* err) {
-#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR < 4
-  XLA_FFI_Error_GetMessage_Args get;
-  get.struct_size = XLA_FFI_Error_GetMessage_Args_STRUCT_SIZE;
-#else
-  XLA_FFI_Error_GetDetails_Args get;
-  get.struct_size = XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE;
-  get.errc = XLA_FFI_Error_Code_INTERNAL;
-#endif
-  get.extension_start = nullptr;
-  get.error = err;
-  get.message = nullptr;
-#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR < 4
-  api->XLA_FFI_Error_GetMessage(&get);
-#else
-  api->XLA_FFI_Error_GetDetails(&get);
-#endif
-  std::string msg = get.message ? get.message : "(XLA gave no message)";
-  XLA_FFI_Error_Destroy_Args destroy;
-  destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-  destroy.extension_start = nullptr;
-  destroy.error = err;
-  api->XLA_FFI_Error_Destroy(&destroy);
-  return msg;
-}
-
-// One block of device scratch from XLA's allocator, freed when the handler
-// returns (Free, or the destructor on an early return). Unlike
-// ffi::ScratchAllocator, whose failure message goes to a diagnostic engine that
-// XLA reads only when operand decoding fails, a failed allocation here keeps
-// XLA's own message in the handler's error.
-class DeviceScratch {
- public:
-  static constexpr uint64_t kRequestAlign = ZIPCCL_SCRATCH_REQUEST_ALIGN;
-
-  DeviceScratch(const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ctx) : api_(api), ctx_(ctx) {}
-  DeviceScratch(DeviceScratch&& o) noexcept
-      : api_(o.api_), ctx_(o.ctx_), data_(std::exchange(o.data_, nullptr)), size_(o.size_) {}
-  DeviceScratch& operator=(DeviceScratch&&) = delete;
-  ~DeviceScratch() { (void)Free(); }
-
-  // `bytes` of scratch whose start is kScratchAlign-aligned (null for 0).
-  ffi::ErrorOr<uint8_t*> Allocate(uint64_t bytes, const char* what) {
-    if (bytes == 0) return static_cast<uint8_t*>(nullptr);
-    const uint64_t slack = cuda::kScratchAlign > kRequestAlign ? cuda::kScratchAlign - kRequestAlign : 0;
-    XLA_FFI_DeviceMemory_Allocate_Args args;
-    args.struct_size = XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE;
-    args.extension_start = nullptr;
-    args.ctx = ctx_;
-    args.size = size_t(bytes + slack);
-    args.alignment = size_t(kRequestAlign);
-    args.data = nullptr;
-    if (XLA_FFI_Error* err = api_->XLA_FFI_DeviceMemory_Allocate(&args)) {
-      std::string msg = std::string(what) + ": XLA's device allocator refused " +
-                        std::to_string(args.size) + " bytes of scratch (alignment " +
-                        std::to_string(kRequestAlign) + "): " + TakeErrorMessage(api_, err);
-      return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted, msg));
-    }
-    data_ = args.data;
-    size_ = args.size;
-    if (data_ == nullptr)
-      return ffi::Unexpected(ffi::Error::Internal(std::string(what) + ": XLA's device allocator returned null"));
-    const uintptr_t at = reinterpret_cast<uintptr_t>(data_);
-    return reinterpret_cast<uint8_t*>(cuda::AlignUp(at, cuda::kScratchAlign));
-  }
-
-  // Returns the block to XLA now; an error if XLA refuses it.
-  ffi::Error Free() {
-    if (data_ == nullptr) return ffi::Error::Success();
-    XLA_FFI_DeviceMemory_Free_Args args;
-    args.struct_size = XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE;
-    args.extension_start = nullptr;
-    args.ctx = ctx_;
-    args.size = size_;
-    args.data = std::exchange(data_, nullptr);
-    if (XLA_FFI_Error* err = api_->XLA_FFI_DeviceMemory_Free(&args)) {
-      std::string msg = std::string("zipccl: XLA could not free the scratch block: ") +
-                        TakeErrorMessage(api_, err);
-      return ffi::Error::Internal(msg);
-    }
-    return ffi::Error::Success();
-  }
-
- private:
-  const XLA_FFI_Api* api_;
-  XLA_FFI_ExecutionContext* ctx_;
-  void* data_ = nullptr;
-  size_t size_ = 0;
-};
-
-}  // namespace zipccl
-
-template <>
-struct xla::ffi::CtxDecoding<zipccl::DeviceScratch> {
-  using Type = zipccl::DeviceScratch;
-  static std::optional<Type> Decode(const XLA_FFI_Api* api, XLA_FFI_ExecutionContext* ctx,
-                                    DiagnosticEngine&) {
-    return Type(api, ctx);
-  }
-};
-
 namespace {
-
-using zipccl::DeviceScratch;
 
 using zipccl::ffi_operands::Invalid;
 
@@ -184,16 +91,40 @@ ffi::Error PrepareLaunch(uint64_t frames, uint64_t n, const char* what) {
   return ffi::Error::Success();
 }
 
-// The launch's error, else the release's.
-ffi::Error Finish(ffi::Error launch, DeviceScratch& scratch) {
-  ffi::Error freed = scratch.Free();
-  return launch.failure() ? launch : freed;
+// The kScratchAlign-aligned start of the layout's `layout_bytes` inside the
+// scratch result, or kInvalidArgument naming what the call needs and what it
+// got (`what` names the operation and the call's shape).
+ffi::ErrorOr<uint8_t*> ScratchOf(const ffi::AnyBuffer& scratch, uint64_t layout_bytes,
+                                 const std::string& what) {
+  namespace cu = zipccl::cuda;
+  const uint64_t need = cu::ScratchResultBytes(layout_bytes);
+  const uint64_t got = uint64_t(scratch.size_bytes());
+  if (scratch.element_type() != ffi::DataType::U8)
+    return ffi::Unexpected(Invalid(what + ": the last result (scratch) must be uint8"));
+  if (got < need)
+    return ffi::Unexpected(Invalid(
+        what + ": the scratch result is too small: this call needs " + std::to_string(need) +
+        " bytes (" + std::to_string(layout_bytes) + " for the kernels' sections + " +
+        std::to_string(cu::kScratchResultSlack) + " to align them to " + std::to_string(cu::kScratchAlign) +
+        "), got " + std::to_string(got) + " (zipccl_jax._ffi.extension().cuda_scratch_bytes gives the size)"));
+  uint8_t* at = cu::ScratchStart(scratch.untyped_data(), got, layout_bytes);
+  if (at == nullptr)
+    return ffi::Unexpected(Invalid(
+        what + ": the scratch result (" + std::to_string(got) + " bytes at address " +
+        std::to_string(reinterpret_cast<uintptr_t>(scratch.untyped_data())) + ") is aligned to less than " +
+        std::to_string(cu::kScratchResultAlign) + " bytes: its " + std::to_string(layout_bytes) +
+        " bytes of sections do not fit once aligned to " + std::to_string(cu::kScratchAlign)));
+  return at;
 }
 
-ffi::Error EncodeImpl(CUstream_st* stream, DeviceScratch scratch, ffi::AnyBuffer x,
-                      ffi::RemainingArgs extra, bool checksum,
-                      ffi::Result<ffi::Buffer<ffi::U8>> payload,
-                      ffi::Result<ffi::AnyBuffer> nbytes) {
+std::string CallName(const char* op, uint64_t frames, uint64_t n) {
+  return std::string("zipccl ") + op + " (" + std::to_string(frames) + " frames of " + std::to_string(n) +
+         " elements)";
+}
+
+ffi::Error EncodeImpl(CUstream_st* stream, ffi::AnyBuffer x, ffi::RemainingArgs extra, bool checksum,
+                      ffi::Result<ffi::Buffer<ffi::U8>> payload, ffi::Result<ffi::AnyBuffer> nbytes,
+                      ffi::Result<ffi::AnyBuffer> scratch) {
   zipccl::ffi_operands::EncodeCall call{};
   if (ffi::Error e = zipccl::ffi_operands::CheckEncode(x, extra, *payload, *nbytes, &call); e.failure())
     return e;
@@ -204,46 +135,50 @@ ffi::Error EncodeImpl(CUstream_st* stream, DeviceScratch scratch, ffi::AnyBuffer
   // whenever a frame could exceed them (the CPU handler checks the actual size).
   if (!call.nbytes64 && zipccl::MaxEncodedBytes(n, dtype) > uint64_t(INT32_MAX))
     return Invalid("zipccl encode: a frame may exceed 2^31-1 bytes; enable jax_enable_x64 for int64 sizes");
-  if (ffi::Error e = PrepareLaunch(frames, n, "zipccl encode"); e.failure()) return e;
   const zipccl::cuda::EncodeLayout L = zipccl::cuda::MakeEncodeLayout(frames, n);
-  ffi::ErrorOr<uint8_t*> s = scratch.Allocate(L.scratch_bytes, "zipccl encode");
+  ffi::ErrorOr<uint8_t*> s = ScratchOf(*scratch, L.scratch_bytes, CallName("encode", frames, n));
   if (s.has_error()) return s.error();
+  if (ffi::Error e = PrepareLaunch(frames, n, "zipccl encode"); e.failure()) return e;
   int err = zipccl::cuda::EncodeAsync(x.untyped_data(), dtype, checksum, payload->typed_data(), cap,
                                       nbytes->untyped_data(), call.nbytes64, call.skip, L,
                                       s.value(), stream);
-  return Finish(err ? CudaError("zipccl encode: kernel launch", err) : ffi::Error::Success(),
-                scratch);
+  return err ? CudaError("zipccl encode: kernel launch", err) : ffi::Error::Success();
 }
 
-ffi::Error DecodeImpl(CUstream_st* stream, DeviceScratch scratch,
-                      ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra_args,
+// Results: out, the optional status, then the scratch (the last one).
+ffi::Error DecodeImpl(CUstream_st* stream, ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra_args,
                       ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra) {
   zipccl::ffi_operands::DecodeCall call{};
-  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, extra_args, *out, extra, &call); e.failure())
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, extra_args, *out, extra, &call,
+                                                      /*trailing=*/1);
+      e.failure())
     return e;
   const uint8_t dtype = call.dtype;
   const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
   if (frames == 0) return ffi::Error::Success();
-  if (ffi::Error e = PrepareLaunch(frames, n, "zipccl decode"); e.failure()) return e;
+  ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> scratch = extra.get<ffi::AnyBuffer>(extra.size() - 1);
+  if (scratch.has_error()) return Invalid("zipccl decode: the last result (scratch) must be an array");
   const zipccl::cuda::DecodeLayout L = zipccl::cuda::MakeDecodeLayout(frames, n);
-  ffi::ErrorOr<uint8_t*> s = scratch.Allocate(L.scratch_bytes, "zipccl decode");
+  ffi::ErrorOr<uint8_t*> s = ScratchOf(**scratch, L.scratch_bytes, CallName("decode", frames, n));
   if (s.has_error()) return s.error();
+  if (ffi::Error e = PrepareLaunch(frames, n, "zipccl decode"); e.failure()) return e;
   int err = zipccl::cuda::DecodeAsync(payload.typed_data(), cap, dtype, out->untyped_data(),
                                       call.status, call.skip, L, s.value(), stream);
-  return Finish(err ? CudaError("zipccl decode: kernel launch", err) : ffi::Error::Success(),
-                scratch);
+  return err ? CudaError("zipccl decode: kernel launch", err) : ffi::Error::Success();
 }
 
 }  // namespace
 
+// The trait is declared with the handler (reported in its metadata) and again at registration
+// (zipccl_jax/_ffi.py: jax passes it to XLA_FFI_Handler_Register). XLA's command-buffer conversion asks
+// its handler registry for it (ffi::FindHandler(target, "gpu").traits, command_buffer_conversion_pass.cc).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCuda, EncodeImpl,
                               zipccl::ffi_operands::BindEncode(
-                                  ffi::Ffi::Bind()
-                                      .Ctx<ffi::PlatformStream<CUstream_st*>>()
-                                      .Ctx<DeviceScratch>()));
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<CUstream_st*>>())
+                                  .Ret<ffi::AnyBuffer>(),  // scratch: uint8[cuda_scratch_bytes]
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCuda, DecodeImpl,
                               zipccl::ffi_operands::BindDecode(
-                                  ffi::Ffi::Bind()
-                                      .Ctx<ffi::PlatformStream<CUstream_st*>>()
-                                      .Ctx<DeviceScratch>()));
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<CUstream_st*>>()),
+                              {ffi::Traits::kCmdBufferCompatible});

@@ -9,6 +9,7 @@
 
 #include "codec/cpu_driver.h"
 #include "codec/format.h"
+#include "cuda_scratch.h"
 #include "handlers.h"
 #include "runtime_stats.h"
 
@@ -123,6 +124,16 @@ NB_MODULE(_zipccl, m) {
         "Encodes x (raw bytes) into out; returns the frame size (> out.size on overflow).");
   m.def("decode_host", &DecodeHost, nb::arg("payload"), nb::arg("dtype_code"), nb::arg("n_elems"),
         nb::arg("out"), "Decodes a frame into out (raw bytes); ValueError on a bad frame.");
+  m.def("cuda_scratch_bytes",
+        [](const std::string& op, uint64_t frames, uint64_t n_elems) {
+          if (op == "encode") return zipccl::cuda::EncodeScratchResultBytes(frames, n_elems);
+          if (op == "decode") return zipccl::cuda::DecodeScratchResultBytes(frames, n_elems);
+          throw nb::value_error("op must be 'encode' or 'decode'");
+        },
+        nb::arg("op"), nb::arg("frames"), nb::arg("n_elems"),
+        "Bytes of the scratch result (uint8, the last result) a CUDA encode/decode call of `frames` frames "
+        "of n_elems elements each takes: its layout's sections plus the slack that aligns them "
+        "(xla_ffi/cuda_scratch.h). Defined in every build: the CUDA call is traced on any machine.");
   m.def("max_encoded_bytes",
         [](uint64_t n_elems, int dtype) { return zipccl::MaxEncodedBytes(n_elems, uint8_t(dtype)); },
         nb::arg("n_elems"), nb::arg("dtype_code"));

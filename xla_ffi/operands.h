@@ -183,12 +183,18 @@ inline ffi::Error CheckDecodeSkip(const ffi::RemainingArgs& extra,
 // int32 with one entry per frame. With it a decoder does not fail on a bad
 // frame: it writes the frame's Status code (0 = ok, skipped frames 0) and fills
 // that frame's output row with a quiet NaN (FillRejected). *status points at
-// host memory for the CPU handler, device memory for CUDA.
+// host memory for the CPU handler, device memory for CUDA. `trailing` results
+// after it belong to the platform's handler (CUDA: its scratch) and are not
+// looked at here; fewer than `trailing` extra results is an error.
 inline ffi::Error CheckDecodeStatus(const ffi::RemainingRets& extra, uint64_t frames,
-                                    int32_t** status) {
+                                    int32_t** status, size_t trailing = 0) {
   *status = nullptr;
-  if (extra.size() == 0) return ffi::Error::Success();
-  if (extra.size() > 1) return Invalid("zipccl decode: at most one extra result (status)");
+  if (extra.size() < trailing)
+    return Invalid("zipccl decode: expected " + std::to_string(trailing) +
+                   " trailing result(s) (the scratch), got " + std::to_string(extra.size()));
+  const size_t n_status = extra.size() - trailing;
+  if (n_status == 0) return ffi::Error::Success();
+  if (n_status > 1) return Invalid("zipccl decode: at most one extra result (status)");
   ffi::ErrorOr<ffi::Result<ffi::Buffer<ffi::S32>>> st = extra.get<ffi::Buffer<ffi::S32>>(0);
   if (st.has_error()) return Invalid("zipccl decode: the status result must be int32");
   if ((*st)->element_count() != frames)
@@ -206,12 +212,14 @@ inline ffi::Error CheckEncode(const ffi::AnyBuffer& x, const ffi::RemainingArgs&
   return CheckEncodeSkip(extra, nbytes, &call->skip);
 }
 
+// `trailing`: results after the optional status that the platform's handler
+// takes itself (CUDA: the scratch).
 inline ffi::Error CheckDecode(const ffi::Buffer<ffi::U8>& payload, const ffi::RemainingArgs& extra,
                               const ffi::AnyBuffer& out, const ffi::RemainingRets& extra_rets,
-                              DecodeCall* call) {
+                              DecodeCall* call, size_t trailing = 0) {
   if (ffi::Error e = CheckDecodeShapes(payload, out, call); e.failure()) return e;
   if (ffi::Error e = CheckDecodeSkip(extra, payload, &call->skip); e.failure()) return e;
-  return CheckDecodeStatus(extra_rets, call->frames, &call->status);
+  return CheckDecodeStatus(extra_rets, call->frames, &call->status, trailing);
 }
 
 }  // namespace zipccl::ffi_operands

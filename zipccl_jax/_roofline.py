@@ -15,6 +15,10 @@ here, on import, where ``jax.experimental.roofline`` imports (`_compat.roofline_
 * ``ffi_call`` of a zipccl codec target (`codec.encode` / `decode` called directly): the bytes it
   reads and writes. Other targets keep the rule they had (or none).
 * ``zipccl_count`` (the runtime counter of `accounting`): nothing.
+* a ``cond`` of ``lax.platform_dependent`` (the codec stages its CPU and CUDA calls as one, `codec._codec_call`):
+  its largest branch, by HBM bytes (one branch runs, chosen when the platform is known), and its
+  ``platform_index``: nothing. Other conds keep the rule they had (jax registers none: a warning, nothing).
+The codec's bytes leave out the CUDA calls' scratch result (working memory, neither read nor written as data).
 
 ragged_all_to_all passes no `Wire` (its send sizes are not static, and jax registers no rule for
 jax.lax.ragged_all_to_all either): its linear_call gets its callee's estimate, which the conds hide.
@@ -23,12 +27,14 @@ jax.lax.ragged_all_to_all either): its linear_call gets its callee's estimate, w
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Callable
 
 import jax
 import numpy as np
 from jax._src import config, core
 from jax._src import custom_derivatives as _cd
+from jax._src.lax.control_flow import conditionals as _conds
 
 from zipccl_jax import _compat, _ffi, _linear, accounting
 
@@ -78,13 +84,21 @@ def _aval_bytes(aval) -> int:
   return int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
 
 
+def _codec_call_bytes(target: str, avals_in, avals_out) -> int:
+  """Bytes one codec call reads and writes: its operands and results, less the CUDA call's scratch (the
+  results after encode's payload and sizes; decode's uint8 result: its own results are floats and int32)."""
+  outs = avals_out[:2] if target == _ffi.ENCODE_TARGET else [a for a in avals_out if a.dtype != np.uint8]
+  return sum(_aval_bytes(a) for a in (*avals_in, *outs))
+
+
 def _codec_bytes(jaxpr) -> int:
   """Bytes the zipccl encodes/decodes of `jaxpr` read and write; of a cond, its largest branch (the
-  raw fallback runs no codec, so this is the coded path)."""
+  raw fallback runs no codec, so this is the coded path; a platform_dependent's branches code alike)."""
   total = 0
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "ffi_call" and eqn.params.get("target_name") in _CODEC_TARGETS:
-      total += sum(_aval_bytes(v.aval) for v in (*eqn.invars, *eqn.outvars))
+      total += _codec_call_bytes(eqn.params["target_name"], [v.aval for v in eqn.invars],
+                                 [v.aval for v in eqn.outvars])
     elif "branches" in eqn.params:
       total += max((_codec_bytes(b) for b in eqn.params["branches"]), default=0)
     else:
@@ -111,13 +125,28 @@ def _register(rl) -> None:
 
   def ffi_call_rule(ctx, *args, **params):
     if params.get("target_name") in _CODEC_TARGETS:
-      b = sum(_aval_bytes(a) for a in (*ctx.avals_in, *ctx.avals_out))
+      b = _codec_call_bytes(params["target_name"], ctx.avals_in, ctx.avals_out)
       return rl.RooflineResult(hbm_bytes=b, unfused_hbm_bytes=b)
     if previous_ffi is not None:
       return previous_ffi(ctx, *args, **params)
     return _zeros(rl)  # what the interpreter adds for a primitive it has no rule for
 
+  previous_cond = rules.get(_conds.cond_p)
+
+  def cond_rule(ctx, *args, branches, **params):
+    if params.get("branches_platforms") is None:  # a data-dependent cond: as before
+      if previous_cond is not None:
+        return previous_cond(ctx, *args, branches=branches, **params)
+      logging.warning("No roofline rule for cond, skipping...")  # jax's words for a primitive without one
+      return _zeros(rl)
+    results = [rl._roofline_interpreter("platform_dependent", b.jaxpr, ctx.mesh,
+                                        pin_lhs_in_vmem=ctx.pin_lhs_in_vmem,
+                                        pin_rhs_in_vmem=ctx.pin_rhs_in_vmem) for b in branches]
+    return max(results, key=lambda r: (r.hbm_bytes, r.unfused_hbm_bytes, r.flops))
+
   rl.register_roofline(_cd.linear_call_p)(linear_call_rule)
+  rl.register_roofline(_conds.cond_p)(cond_rule)
+  rl.register_roofline(_conds.platform_index_p)(lambda ctx, *args, **params: _zeros(rl))
   if ffi_call_p is not None:
     rl.register_roofline(ffi_call_p)(ffi_call_rule)
   rl.register_standard_roofline(accounting._count_p)

@@ -68,6 +68,35 @@ def _vary_together(*arrays):
       for a, v in zip(arrays, varying))
 
 
+def _codec_call(target: str, results: tuple, scratch, operands: tuple, **attrs) -> tuple:
+  """`jax.ffi.ffi_call(target, results)(*operands, **attrs)`, with on CUDA one more result, `scratch`.
+
+  The CUDA handlers take their working memory as a last result, `uint8[scratch bytes]`, that XLA
+  allocates like any buffer (so they allocate nothing at run time and XLA may capture them into a
+  command buffer); the CPU handlers need none. `lax.platform_dependent` stages both calls and lowering
+  keeps the one of the platform it lowers for (a single-platform lowering holds one custom call, in a
+  conditional on a constant that XLA removes). The scratch is dropped: the results are `results`'.
+  Both calls batch the same way under `jax.vmap` (`broadcast_all`: a batched call's scratch is the
+  batch size times the unbatched one, never less than the batched call needs: each section of the
+  layout grows linearly with the frames and is rounded up per call).
+  """
+  def branch(result_types):
+    def run(*ops):
+      out = jax.ffi.ffi_call(target, result_types, vmap_method="broadcast_all")(*ops, **attrs)
+      return tuple(out)[:len(results)]
+    return run
+
+  return tuple(jax.lax.platform_dependent(
+      *operands, cuda=branch((*results, scratch)), default=branch(results)))
+
+
+def _scratch(like, op: str, frames: int, n: int):
+  """The CUDA handler's scratch result for `frames` frames of `n` elements: its size is the extension's
+  (`cuda_scratch_bytes`, from the same C++ layout the handler checks it against)."""
+  nbytes = int(_ffi.extension().cuda_scratch_bytes(op, frames, n))
+  return _result(like, (nbytes,), jnp.uint8)
+
+
 def _check_capacity(capacity, default: int) -> int:
   if capacity is None:
     return default
@@ -134,11 +163,10 @@ def encode_frames(x, *, capacity: int | None = None, checksum: bool = False, ski
   _ffi.register()
   operands = (x,) if skip is None else _vary_together(x, skip)
   x = operands[0]
-  payload, nbytes = jax.ffi.ffi_call(
+  payload, nbytes = _codec_call(
       _ffi.ENCODE_TARGET,
       (_result(x, (frames, cap), jnp.uint8), _result(x, (frames,), _nbytes_dtype())),
-      vmap_method="broadcast_all",
-  )(*operands, checksum=bool(checksum))
+      _scratch(x, "encode", frames, n), operands, checksum=bool(checksum))
   return payload, nbytes
 
 
@@ -205,12 +233,11 @@ def decode_frames(payload, *, shape: Sequence[int], dtype, skip=None, return_sta
   payload = operands[0]
   frames = payload.shape[0]
   out_type = _result(payload, (frames, *shape), jnp.dtype(dtype))
+  scratch = _scratch(payload, "decode", frames, math.prod(shape))
   if not return_status:
-    return jax.ffi.ffi_call(_ffi.DECODE_TARGET, out_type, vmap_method="broadcast_all")(*operands)
-  out, status = jax.ffi.ffi_call(
-      _ffi.DECODE_TARGET, (out_type, _result(payload, (frames,), jnp.int32)),
-      vmap_method="broadcast_all",
-  )(*operands)
+    return _codec_call(_ffi.DECODE_TARGET, (out_type,), scratch, operands)[0]
+  out, status = _codec_call(
+      _ffi.DECODE_TARGET, (out_type, _result(payload, (frames,), jnp.int32)), scratch, operands)
   return out, status
 
 

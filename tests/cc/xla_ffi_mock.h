@@ -1,25 +1,22 @@
 // A mock of XLA's FFI API (XLA_FFI_Api) for calling FFI handlers without XLA, enforcing what XLA's
-// implementation (xla/ffi/ffi_api.cc) enforces where our handlers touch it:
-//   - XLA_FFI_DeviceMemory_Allocate: a GPU context with an allocator is required; the alignment must be
-//     a power of two <= 16, else InvalidArgument "Unsupported alignment: N" (kMaxAlignment there);
-//     allocation can fail (a byte budget stands in for the device's memory). The block handed out is
-//     16-byte aligned and no more (an offset of 16 from a 256-aligned base: XLA does not pass the
-//     alignment on to its allocator), filled with garbage, and ASan-poisoned around it.
-//   - XLA_FFI_DeviceMemory_Free: a GPU context with an allocator is required; the pointer must be live
-//     and the size the allocated one.
+// implementation (xla/ffi/ffi_api.cc) enforces where our handlers touch it, and what a command-buffer
+// compatible handler must not do:
+//   - XLA_FFI_DeviceMemory_Allocate / _Free: never. The CUDA handlers take their scratch as a result
+//     (XLA allocates it like any buffer) and allocate nothing at run time, which is what lets XLA capture
+//     them into a command buffer (a CUDA graph; the allocation would be freed after capture and reused
+//     by the replays). Any call is recorded as a violation and refused.
 //   - XLA_FFI_Stream_Get: the stream comes from the context; none without a GPU context or stream.
 //   - Struct sizes of the argument structs are checked like ActualStructSizeIsGreaterOrEqual.
 //   - Every other API entry is refused and recorded as a violation.
-// Invoke() builds the call frame XLA builds (EXECUTE stage, attributes sorted by name), calls the
-// handler, and records as a violation any scratch still live when the handler returns (XLA's
-// ScratchAllocator frees at return; memory kept past it would leak from XLA's pool).
+// Invoke() builds the call frame XLA builds (EXECUTE stage, attributes sorted by name) and calls the
+// handler. DeviceBuffer stands for a buffer XLA assigns: garbage-filled, ASan-poisoned around, and
+// aligned as XLA guarantees and no more than the handlers assume (16 bytes, never 32).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,19 +52,11 @@ struct XLA_FFI_Error {
 #endif
 
 struct ZIPCCL_MOCK_CONTEXT {
-  bool gpu = true;        // a GPU backend context: Stream_Get and DeviceMemory_* need one
-  bool allocator = true;  // the GPU context has a device memory allocator: DeviceMemory_* need it
+  bool gpu = true;        // a GPU backend context: Stream_Get needs one
+  bool allocator = true;  // the GPU context has a device memory allocator (the handlers must not need it)
   CUstream_st* stream = reinterpret_cast<CUstream_st*>(uintptr_t(0x5EED0));  // null: none
-  uint64_t budget_bytes = ~0ull;  // what the allocator can still hand out
-  struct Block {
-    uint8_t* base;
-    size_t size, span;
-  };
-  std::map<void*, Block> live;
   std::vector<std::string> violations;  // contract breaches by the handler
-  uint64_t allocations = 0, frees = 0;
-  size_t max_alignment = 0;
-  std::mt19937_64 rng{7};
+  uint64_t allocations = 0, frees = 0;  // calls of XLA_FFI_DeviceMemory_Allocate / _Free (each a violation)
 };
 
 namespace xla_ffi_mock {
@@ -104,58 +93,25 @@ inline XLA_FFI_Error* StreamGet(XLA_FFI_Stream_Get_Args* a) {
   return nullptr;
 }
 
-inline XLA_FFI_Error* NoAllocator(const XLA_FFI_ExecutionContext* c) {
-  if (c->allocator) return nullptr;
-  return Err(XLA_FFI_Error_Code_UNIMPLEMENTED, "No device memory allocator available on this platform");
-}
-
+// Run-time device allocations: a command-buffer compatible handler makes none.
 inline XLA_FFI_Error* Allocate(XLA_FFI_DeviceMemory_Allocate_Args* a) {
   if (XLA_FFI_Error* e = CheckSize("XLA_FFI_DeviceMemory_Allocate_Args",
                                    XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE, a))
     return e;
-  XLA_FFI_ExecutionContext* c = a->ctx;
-  if (!c->gpu) return Err(XLA_FFI_Error_Code_INVALID_ARGUMENT, "XLA FFI GPU context is not available");
-  if (XLA_FFI_Error* e = NoAllocator(c)) return e;
-  c->max_alignment = std::max(c->max_alignment, a->alignment);
-  const size_t al = a->alignment;
-  if (al == 0 || (al & (al - 1)) != 0 || al > 16)
-    return Err(XLA_FFI_Error_Code_INVALID_ARGUMENT, "Unsupported alignment: " + std::to_string(al));
-  if (a->size > c->budget_bytes)
-    return Err(XLA_FFI_Error_Code_RESOURCE_EXHAUSTED,
-               "Out of memory while trying to allocate " + std::to_string(a->size) + " bytes.");
-  c->budget_bytes -= a->size;
-  // 16-aligned and never 32-aligned: base is 256-aligned, the block starts 16 bytes in.
-  const size_t span = (a->size + 16 + 255) / 256 * 256 + 256;
-  auto* base = static_cast<uint8_t*>(std::aligned_alloc(256, span));
-  uint8_t* data = base + 16;
-  for (size_t i = 0; i < a->size; ++i) data[i] = uint8_t(c->rng());
-  ZIPCCL_POISON(base, 16);
-  ZIPCCL_POISON(data + a->size, span - 16 - a->size);
-  c->live[data] = {base, a->size, span};
-  ++c->allocations;
-  a->data = data;
-  return nullptr;
+  ++a->ctx->allocations;
+  a->ctx->violations.push_back("XLA_FFI_DeviceMemory_Allocate called (" + std::to_string(a->size) +
+                               " bytes): the CUDA handlers must take their scratch as a result, not "
+                               "allocate at run time (command buffers)");
+  return Err(XLA_FFI_Error_Code_FAILED_PRECONDITION, "the mock refuses run-time device allocations");
 }
 
 inline XLA_FFI_Error* Free(XLA_FFI_DeviceMemory_Free_Args* a) {
   if (XLA_FFI_Error* e = CheckSize("XLA_FFI_DeviceMemory_Free_Args",
                                    XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE, a))
     return e;
-  XLA_FFI_ExecutionContext* c = a->ctx;
-  if (!c->gpu) return Err(XLA_FFI_Error_Code_UNIMPLEMENTED, "XLA FFI GPU context is not available");
-  if (XLA_FFI_Error* e = NoAllocator(c)) return e;
-  auto it = c->live.find(a->data);
-  if (it == c->live.end()) {
-    c->violations.push_back("free of a pointer that is not a live allocation");
-    return Err(XLA_FFI_Error_Code_INVALID_ARGUMENT, "not a live allocation");
-  }
-  if (it->second.size != a->size) c->violations.push_back("free with a size other than the allocated one");
-  ZIPCCL_UNPOISON(it->second.base, it->second.span);
-  std::free(it->second.base);
-  c->budget_bytes += it->second.size;
-  c->live.erase(it);
-  ++c->frees;
-  return nullptr;
+  ++a->ctx->frees;
+  a->ctx->violations.push_back("XLA_FFI_DeviceMemory_Free called");
+  return Err(XLA_FFI_Error_Code_FAILED_PRECONDITION, "the mock refuses run-time device allocations");
 }
 
 // Any other entry: the handlers have no business calling it.
@@ -201,6 +157,36 @@ inline const XLA_FFI_Api* Api() {
   }();
   return &api;
 }
+
+// A buffer as XLA assigns it to an operand or result: `size` bytes starting 16 bytes past a 256-aligned
+// base (16-aligned, never 32-aligned: less than XLA:GPU guarantees, exactly what the handlers assume),
+// garbage-filled (stale device memory), the bytes around it ASan-poisoned. `offset` moves the start
+// (a test of a buffer less aligned than assumed).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t size, size_t offset = 16, uint64_t seed = 7) : size_(size) {
+    span_ = (offset + size + 255) / 256 * 256 + 256;
+    base_ = static_cast<uint8_t*>(std::aligned_alloc(256, span_));
+    data_ = base_ + offset;
+    std::mt19937_64 rng(seed);
+    for (size_t i = 0; i < size; ++i) data_[i] = uint8_t(rng());
+    ZIPCCL_POISON(base_, offset);
+    ZIPCCL_POISON(data_ + size, span_ - offset - size);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    ZIPCCL_UNPOISON(base_, span_);
+    std::free(base_);
+  }
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* base_;
+  uint8_t* data_;
+  size_t size_, span_;
+};
 
 // One array operand or result: dtype, dims and host memory standing for device memory.
 struct Array {
@@ -256,7 +242,6 @@ inline Outcome Invoke(XLA_FFI_Handler* handler, XLA_FFI_ExecutionContext& ctx, s
   frame.attrs = {XLA_FFI_Attrs_STRUCT_SIZE, nullptr, int64_t(bool_attrs.size()), attr_types.data(),
                  name_ptrs.data(), attr_ptrs.data()};
   XLA_FFI_Error* err = handler(&frame);
-  if (!ctx.live.empty()) ctx.violations.push_back("scratch still allocated when the handler returned");
   Outcome o{err == nullptr, XLA_FFI_Error_Code_OK, ""};
   if (err) {
     o.errc = err->errc;
