@@ -44,7 +44,7 @@
 // custom calls (CustomCallThunk::requires_warmup, openxla/xla#43729; present
 // in jaxlib 0.11.2's CUDA plugin), so that load happens outside capture; a
 // capture that did meet it and refused it would return the driver's error as
-// the launch's. Unverified on a GPU.
+// the launch's. Run in a command buffer on one H200 (xla_ffi/README.md).
 //
 // Plain host C++ (no CUDA headers: cudaStream_t is CUstream_st*). The kernels
 // are reached only through the host API of codec/cuda_launch.cuh
