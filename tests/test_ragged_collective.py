@@ -340,7 +340,7 @@ def test_ragged_rows_share_one_receive_buffer_bit_exact(dtype, cols, capacity):
 def test_ragged_transport_int64_offsets(monkeypatch):
   """Frame offsets are int64 once n*C can pass 2**31 (forced here with a small limit): still exact on
   CPU, and the CUDA ragged-all-to-all takes s64 offsets."""
-  monkeypatch.setattr(_ragged, "_INT32_LIMIT", 1000)
+  monkeypatch.setattr(_ragged, "_INT32_LIMIT", 16)  # rows of 64 bytes: a few dozen per buffer
   mesh = mesh8()
   spec = P(AXIS)
   ours, theirs = PAIRS["all_to_all"]

@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from typing import Callable
 
 import jax
@@ -310,23 +311,43 @@ def _move_rows(payload, axis_name):
   return lax.all_to_all(payload, axis_name, 0, 0, tiled=True)
 
 
+# A ragged exchange moves bytes in rows of this many (or of the largest power of two dividing every
+# buffer's width, `_unit`): XLA:GPU's ragged-all-to-all moved 64 MiB to itself on one H200 in 186 ms as
+# 1-byte rows, 48 ms as 4-byte rows and 25 ms as rows of 64 bytes or more
+# (benchmarks/ragged_rows_gpu.py, benchmarks/results/ragged_rows_h200.json).
+_UNIT_BYTES = 64
+
+
+def _unit(*widths: int) -> int:
+  """The row width, in bytes, that divides every one of `widths` (bytes), at most `_UNIT_BYTES`."""
+  return math.gcd(_UNIT_BYTES, *(int(w) for w in widths))
+
+
+def _in_units(nbytes, unit: int):
+  """Rows of `unit` bytes that hold `nbytes` (a frame's zero tail pads its last row)."""
+  return (nbytes + (unit - 1)) // unit
+
+
 def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
                    slot: int | None = None):
   """The ragged transport of `_move_rows` (payload (n, C): frame j to rank j) and of
   `_move_row_to_all` (payload (C,): the one frame to every rank): only ``send[j]`` bytes go to
   rank j; returns (n, slot), row s holding the ``recv_sizes[s]`` bytes from rank s, zeros after
-  (``slot`` bytes per received row, default C; `_ragged_rows` makes room for a raw row)."""
+  (``slot`` bytes per received row, default C; `_ragged_rows` makes room for a raw row). The
+  bytes move in rows of `_unit` bytes, a frame's last row padded by its zero tail."""
   slot = capacity if slot is None else slot
-  dt = _ragged.offsets_dtype(n * max(capacity, slot))
+  u = _unit(capacity, slot)
+  dt = _ragged.offsets_dtype(n * max(capacity, slot) // u)
   with _ragged.index_scope(dt):
     me = lax.axis_index(axis_name).astype(dt)
     z = _zero_like_batch(payload).astype(dt)
-    start = jnp.arange(n, dtype=dt) * capacity if payload.ndim == 2 else jnp.zeros((n,), dt)
+    start = jnp.arange(n, dtype=dt) * (capacity // u) if payload.ndim == 2 else jnp.zeros((n,), dt)
     in_off = vary_like(start, payload) + z
-    out_off = jnp.full((n,), slot, dt) * me + z
-  out = vary_like(jnp.zeros((n * slot,), jnp.uint8), payload)
-  r = _ragged.exchange(payload.reshape(-1), out, in_off, send, out_off, recv_sizes,
-                       axis_name=axis_name, max_send_rows=capacity)
+    out_off = jnp.full((n,), slot // u, dt) * me + z
+    send, recv_sizes = _in_units(send.astype(dt), u), _in_units(recv_sizes.astype(dt), u)
+  out = vary_like(jnp.zeros((n * slot // u, u), jnp.uint8), payload)
+  r = _ragged.exchange(payload.reshape(-1, u), out, in_off, send, out_off, recv_sizes,
+                       axis_name=axis_name, max_send_rows=capacity // u)
   return r.reshape(n, slot)
 
 
@@ -370,8 +391,10 @@ def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, t
     my_src = jnp.asarray(src_of)[me]
     recv_sizes = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_src, got, 0).astype(jnp.int32)
     zeros = vary_like(jnp.zeros((n,), jnp.int32), p) + _zero_like_batch(p)
-    out = vary_like(jnp.zeros((capacity,), jnp.uint8), p)
-    return _ragged.exchange(p, out, zeros, send, zeros, recv_sizes, axis_name=axis_name)
+    u = _unit(capacity)
+    out = vary_like(jnp.zeros((capacity // u, u), jnp.uint8), p)
+    return _ragged.exchange(p.reshape(-1, u), out, zeros, _in_units(send, u), zeros,
+                            _in_units(recv_sizes, u), axis_name=axis_name).reshape(capacity)
 
   return _by_transport(transport, padded, ragged, payload, nbytes)
 
@@ -462,26 +485,28 @@ def _ragged_rows(rows, axis_name, n: int, capacity: int):
   m = rows.shape[1]
   u = uint_of(rows.dtype)
   row_bytes = m * rows.dtype.itemsize
-  slot = max(capacity, row_bytes)
+  unit = _unit(row_bytes)  # both exchanges move rows of `unit` bytes into one buffer
+  frame_cap = -(-capacity // unit) * unit
+  slot = max(frame_cap, row_bytes)
   skip = own_row(axis_name, n)
-  payload, nbytes = codec.encode_frames(rows, capacity=capacity, skip=skip)
+  payload, nbytes = codec.encode_frames(rows, capacity=frame_cap, skip=skip)
   fits = nbytes <= capacity
   size = jnp.where(fits, nbytes, -1).astype(jnp.int32)          # capacity < 2**31
   got = lax.all_to_all(size, axis_name, 0, 0, tiled=True)       # (n,): row s's from rank s
   as_raw = got < 0
   recv = _ragged_frames(payload, jnp.maximum(size, 0), jnp.maximum(got, 0), axis_name, n,
-                        capacity, slot)
-  dt = _ragged.offsets_dtype(n * slot)
+                        frame_cap, slot)
+  dt = _ragged.offsets_dtype(n * slot // unit)
   with _ragged.index_scope(dt):
     z = _zero_like_batch(payload).astype(dt)
     me = lax.axis_index(axis_name).astype(dt)
-    in_off = vary_like(jnp.arange(n, dtype=dt) * row_bytes, payload) + z
-    out_off = jnp.full((n,), slot, dt) * me + z
-    send = jnp.where(~fits | skip, row_bytes, 0).astype(dt)
-    take = jnp.where(as_raw | skip, row_bytes, 0).astype(dt)
-  raw_send = lax.bitcast_convert_type(lax.bitcast_convert_type(rows, u), jnp.uint8).reshape(-1)
-  recv = _ragged.exchange(raw_send, recv.reshape(-1), in_off, send, out_off, take,
-                          axis_name=axis_name, max_send_rows=row_bytes).reshape(n, slot)
+    in_off = vary_like(jnp.arange(n, dtype=dt) * (row_bytes // unit), payload) + z
+    out_off = jnp.full((n,), slot // unit, dt) * me + z
+    send = jnp.where(~fits | skip, row_bytes // unit, 0).astype(dt)
+    take = jnp.where(as_raw | skip, row_bytes // unit, 0).astype(dt)
+  raw_send = lax.bitcast_convert_type(lax.bitcast_convert_type(rows, u), jnp.uint8).reshape(-1, unit)
+  recv = _ragged.exchange(raw_send, recv.reshape(-1, unit), in_off, send, out_off, take,
+                          axis_name=axis_name, max_send_rows=row_bytes // unit).reshape(n, slot)
   dec = codec.decode_frames(recv, shape=(m,), dtype=rows.dtype, skip=skip | as_raw)
   raw_got = recv[:, :row_bytes].reshape(n, m, rows.dtype.itemsize)
   raw_got = lax.bitcast_convert_type(raw_got if rows.dtype.itemsize > 1 else raw_got[..., 0], u)
