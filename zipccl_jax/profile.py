@@ -13,8 +13,8 @@ cpu         1 Gbit/s (0.125 GB/s),  bf16/f16: encode 1.0 GB/s, decode 1.5 GB/s,
             100 us latency          f32: 1.5 / 2.0 GB/s; float8: 0.4 / 0.5 GB/s;
                                     30 us overhead per side
 gpu         25 GB/s, 15 us          measured on an H200, in a jitted step: bf16
-                                    encode 110 GB/s, decode 70; f16 105 / 63;
-                                    f32 155 / 110; float8 55 / 34 (scaled by the
+                                    encode 125 GB/s, decode 100; f16 115 / 89;
+                                    f32 155 / 87; float8 81 / 77 (scaled by the
                                     kernels' rates); 10 us overhead per side
 tpu         25 GB/s, 15 us          400 GB/s each way, 10 us overhead per side
 ==========  ======================  ===========================================
@@ -180,21 +180,23 @@ DEFAULT_CODEC: dict[str, dict[str, CodecModel]] = {
         # (benchmarks/codec_fp8.py), i.e. ~0.4x its byte rate
         **{d: CodecModel(0.4e9, 0.5e9, 30e-6, 30e-6) for d in _FP8_NAMES},
     },
-    # Measured on an NVIDIA H200 by the GPU kit (benchmarks/results/gpu_report_h200.json): bfloat16 is the
-    # codec inside a jitted step, as a collective runs it (a 64 MB MoE dispatch payload in 8 frames at the
-    # padded capacity: encode 111.7, decode 71.1 GB/s); the other dtypes scale it by their kernel rates
-    # relative to bfloat16's (256 MB per call). Rounded down; the 10 us per-side overhead is still assumed.
+    # Measured on an NVIDIA H200 by the GPU kit, wire format v2 (benchmarks/results/gpu_report_h200_v2.json):
+    # bfloat16 is the codec inside a jitted step, as a collective runs it (a 64 MB MoE dispatch payload in 8
+    # frames at the padded capacity: encode 127.4, decode 101.3 GB/s); the other dtypes scale it by their
+    # kernel rates relative to bfloat16's (256 MB per call, "codec_gb_per_s"). Rounded down; the 10 us
+    # per-side overhead is still assumed.
     "gpu": {
-        "bfloat16": CodecModel(110e9, 70e9, 10e-6, 10e-6),
-        "float16": CodecModel(105e9, 63e9, 10e-6, 10e-6),
-        "float32": CodecModel(155e9, 110e9, 10e-6, 10e-6),
-        **{d: CodecModel(55e9, 34e9, 10e-6, 10e-6) for d in _FP8_NAMES},
+        "bfloat16": CodecModel(125e9, 100e9, 10e-6, 10e-6),
+        "float16": CodecModel(115e9, 89e9, 10e-6, 10e-6),
+        "float32": CodecModel(155e9, 87e9, 10e-6, 10e-6),
+        **{d: CodecModel(81e9, 77e9, 10e-6, 10e-6) for d in _FP8_NAMES},
     },
     "tpu": {d: CodecModel(400e9, 400e9, 10e-6, 10e-6) for d in _DTYPE_NAMES},
 }
 # Where each DEFAULT_CODEC rate comes from (what zipccl_jax.model labels them with); the scale factors
-# are the H200 kernel rates of benchmarks/results/gpu_report_h200.json ("codec_gb_per_s").
-_H200 = "on an H200 (GPU kit, benchmarks/results/gpu_report_h200.json); 10 us overheads assumed"
+# are the H200 kernel rates of benchmarks/results/gpu_report_h200_v2.json ("codec_gb_per_s").
+_H200 = ("on an H200 (GPU kit, wire format v2, benchmarks/results/gpu_report_h200_v2.json); 10 us overheads "
+         "assumed")
 _SCALED = "scaled: bfloat16's measurement x the {} / bfloat16 kernel rates{} " + _H200
 DEFAULT_CODEC_SOURCE: dict[str, dict[str, str]] = {
     "cpu": {d: "assumed: documented default for cpu" for d in _DTYPE_NAMES},
