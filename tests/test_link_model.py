@@ -128,6 +128,35 @@ def test_plan_at_a_measured_size_sees_the_step_a_line_through_two_sizes_misses()
   assert min(line, key=line.get) == "flat raw"
 
 
+def test_a_fixed_order_psum_scatter_is_costed_from_its_own_program():
+  """psum_scatter's two-level programs differ by `fixed_order` (the raw level: jax.lax's reduce-scatter, or
+  zipccl's all-to-all and ordered sum; on the 2 x 4 CPU testbed 97 against 37 ms), so calibrate keys them
+  apart and the plan reads the one that will run: with the other's times it chose flat at 2.6x the best."""
+  shard = 256 << 10
+  slow_prog, fast_prog = LinkModel(0.0, 3.7e7), LinkModel(0.0, 1.1e8)
+  p = Profile()
+  p.links = {"host": {"*": LinkModel(1e-4, 3e7)}, "local": {"*": LinkModel(1e-5, 2e8)},
+             "host,local": {"*": LinkModel(1e-4, 5e7), "all_gather": LinkModel(1e-4, 1.2e8),
+                            hierarchical.hierarchical_key("psum_scatter"): slow_prog,
+                            hierarchical.hierarchical_key("psum_scatter", True): slow_prog,
+                            hierarchical.hierarchical_key("psum_scatter", False, True): fast_prog,
+                            hierarchical.hierarchical_key("psum_scatter", True, True): fast_prog}}
+  key = hierarchical.hierarchical_key
+  assert key("psum_scatter", True, True) == "hierarchical_psum_scatter_slow_coded_fixed_order"
+  assert key("all_gather", True, True) == "hierarchical_all_gather_slow_coded"  # one program either way
+  sent = (H * L - 1) * shard * 2
+  est = {}
+  for fo in (False, True):
+    allowed = hierarchical._allowed("auto", "auto", None, "host", "local", fixed_order=fo)
+    with zipccl_jax.use_profile(p):
+      e, _ = hierarchical._candidates("psum_scatter", np.dtype(ml_dtypes.bfloat16), H * L * shard, AXES, "host",
+                                      "local", (H, L), "gradient", allowed, fixed_order=fo)
+    est[fo] = {k: v[0] for k, v in e.items()}
+  name = "hierarchical host:compressed local:raw"
+  assert est[False][name] == pytest.approx(slow_prog.time(sent), rel=1e-9)
+  assert est[True][name] == pytest.approx(fast_prog.time(sent), rel=1e-9)
+
+
 @pytest.mark.skipif(jax.device_count() < H * L, reason="needs 8 devices")
 def test_calibrate_keeps_every_size_it_measured():
   """On virtual devices: each link model's points are the pooled medians at the sizes calibrate ran, in the
@@ -140,7 +169,8 @@ def test_calibrate_keeps_every_size_it_measured():
   checked = 0
   for akey, prefix in (("host,local", "link"), ("host", "link[host]"), ("local", "link[local]")):
     for coll in ("all_to_all", "all_gather") + (
-        tuple(hierarchical.hierarchical_key(op, c) for op in hierarchical.OPS for c in (False, True))
+        tuple(hierarchical.hierarchical_key(op, c, fo) for op in hierarchical.OPS for c in (False, True)
+              for fo in (False, True))
         + tuple(hierarchical.flat_coded_key(op) for op in hierarchical.OPS)
         if akey == "host,local" else ()):
       lk = prof.links[akey].get(coll)

@@ -160,11 +160,10 @@ def _link_parts(name: str):
 
 
 def _op_of(key: str) -> str:
-  """The collective a link job's key measures: ``hierarchical_all_gather_slow_coded`` and
-  ``flat_all_gather_coded`` -> ``all_gather``."""
+  """The collective a link job's key measures: ``hierarchical_all_gather_slow_coded``,
+  ``hierarchical_psum_scatter_fixed_order`` and ``flat_all_gather_coded`` -> the op."""
   if key.startswith("hierarchical_"):
-    key = key[len("hierarchical_"):]
-    return key[:-len("_slow_coded")] if key.endswith("_slow_coded") else key
+    return key[len("hierarchical_"):].removesuffix("_fixed_order").removesuffix("_slow_coded")
   if key.startswith("flat_") and key.endswith("_coded"):
     return key[len("flat_"):-len("_coded")]
   return key
@@ -271,7 +270,8 @@ def _link_job(h: _Harness, coll: str, size: int):
 _HIER_SITE = "zipccl.calibrate.hierarchical"
 
 
-def _tuple_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algorithm="hierarchical"):
+def _tuple_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algorithm="hierarchical",
+               fixed_order: bool = False):
   """(program, operand, bytes one device sends in the *flat* raw collective) of one of `op`'s
   programs over the tuple (`_tuple_programs`): by default its hierarchical program (the first axis
   as the slow level, as use_algorithm takes it), what the phases, their copies and sums cost as
@@ -288,7 +288,7 @@ def _tuple_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algori
           "all_to_all": lambda v: zc.all_to_all(v, axes, 0, 0, tiled=True, compress=c,
                                                  name=_HIER_SITE),
           "psum_scatter": lambda v: zc.psum_scatter(v, axes, tiled=True, compress=c,
-                                                     name=_HIER_SITE)}[op]
+                                                     fixed_order=fixed_order, name=_HIER_SITE)}[op]
   levels = {str(a): c and i == 0 for i, a in enumerate(axes)} if algorithm != "flat" else None
 
   def f(v):
@@ -302,18 +302,20 @@ def _tuple_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algori
   return h.smap(f), h.put(x), sent
 
 
-# The programs over a tuple of axes calibrate times per op and size: key -> (slow_coded, algorithm).
+# The programs over a tuple of axes calibrate times per op and size: key -> (slow_coded, algorithm,
+# fixed_order); psum_scatter's hierarchical programs both ways (`hierarchical_key`).
 def _tuple_programs(op: str) -> dict:
-  return {hierarchical_key(op): (False, "hierarchical"),
-          hierarchical_key(op, slow_coded=True): (True, "hierarchical"),
-          hierarchical.flat_coded_key(op): (True, "flat")}
+  orders = (False, True) if op == "psum_scatter" else (False,)
+  return {**{hierarchical_key(op, coded, fo): (coded, "hierarchical", fo)
+             for fo in orders for coded in (False, True)},
+          hierarchical.flat_coded_key(op): (True, "flat", False)}
 
 
 def _tuple_jobs(h: _Harness, link_bytes, jobs: list, sizes: dict) -> None:
   for op in hierarchical.OPS:
-    for key, (coded, algorithm) in _tuple_programs(op).items():
+    for key, (coded, algorithm, fixed_order) in _tuple_programs(op).items():
       for size in link_bytes:
-        f, x, sent = _tuple_job(h, op, size, coded, algorithm)
+        f, x, sent = _tuple_job(h, op, size, coded, algorithm, fixed_order)
         name = f"link/{key}/{size}"
         jobs.append((name, f, (x,)))
         sizes[name] = sent

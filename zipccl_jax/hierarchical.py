@@ -131,12 +131,15 @@ __all__ = ["LevelPlan", "plan", "choose", "run", "use_algorithm", "levels_of", "
 OPS = ("all_gather", "psum_scatter", "all_to_all")
 
 
-def hierarchical_key(op: str, slow_coded: bool = False) -> str:
+def hierarchical_key(op: str, slow_coded: bool = False, fixed_order: bool = False) -> str:
   """The key, in the link table of a tuple of axes (``Profile.links["slow,fast"]``), of `op`'s
   two-level program as :func:`zipccl_jax.calibrate` measures it, with both phases raw or
   (`slow_coded`) the slow phase compressed: a model of its time against the bytes one device
-  sends in the *flat* raw collective."""
-  return f"hierarchical_{op}" + ("_slow_coded" if slow_coded else "")
+  sends in the *flat* raw collective. A psum_scatter's raw level is `jax.lax.psum_scatter`, or
+  with `fixed_order` zipccl's all-to-all and ordered sum, two programs of their own (on XLA:CPU
+  the first ran 2.6x the second at 2 x 4), measured and keyed apart."""
+  order = "_fixed_order" if fixed_order and op == "psum_scatter" else ""
+  return f"hierarchical_{op}" + ("_slow_coded" if slow_coded else "") + order
 
 
 # The dtype calibrate times the coded programs over a tuple on (`hierarchical_key(op, True)`,
@@ -281,9 +284,9 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=
   model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat,
                                    fixed_order)
   tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
-  measured = tab.get(hierarchical_key(op))  # none when measured with the other axis as the slow level
+  measured = tab.get(hierarchical_key(op, fixed_order=fixed_order))  # none: measured the other way
   same_dtype = dt == PROGRAM_DTYPE
-  coded = tab.get(hierarchical_key(op, slow_coded=True)) if same_dtype else None
+  coded = tab.get(hierarchical_key(op, True, fixed_order)) if same_dtype else None
   flat_coded = tab.get(flat_coded_key(op)) if same_dtype else None
   if flat_coded is not None:
     flat = {**flat, True: flat_coded.time(flat_sent)}
@@ -310,7 +313,7 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=
     note += ", slow phase coded measured"
   if flat_coded is not None:
     note += ", flat compressed measured"
-  if not same_dtype and (hierarchical_key(op, slow_coded=True) in tab or flat_coded_key(op) in tab):
+  if not same_dtype and (hierarchical_key(op, True, fixed_order) in tab or flat_coded_key(op) in tab):
     note += f", coded programs modelled ({dt.name}: measured on {PROGRAM_DTYPE.name})"
   return est, note
 
