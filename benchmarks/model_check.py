@@ -5,13 +5,16 @@
 
 Each prediction goes through `zipccl_jax.model` (a `Topology`, then `predict_call`: the functions
 `compress="auto"` decides with), from a profile calibrated on this machine: the one
-`zipccl_jax.calibrate` measured in the 2 x 4 run of session 7 (`PROFILE_RUN`, its `auto` record; codec
+`zipccl_jax.calibrate` measured in a 2 x 4 run (`PROFILE_RUN`, `STEP_PROFILE_RUN`, its `auto` record; codec
 per device and a link per level), and the link rate each run measured (`link_MBps`); the flat sweep
-uses the profile calibrated in its own run. Nothing here is fitted to the timings it is compared with.
+uses a profile calibrated in its own run. Nothing here is fitted to the timings it is compared with, and
+no prediction reads a measurement of its own call: the runs calibrate the profile the model uses at sizes
+no case sends (`model_profile`, `collectives.HELD_OUT_LINK_BYTES`; older runs, without it, at the cases'
+sizes too).
 
 * **Flat sweep** (`FLAT_RUN`, 4 processes behind one shaped loopback, 5 rates): each rate's prediction
-  from the profile calibrate measured at that rate in the same run (stored in every record, and the
-  prediction beside it: `flat_case`, which `benchmarks/collectives.py` calls). Predicted: zipccl's raw
+  from the held-out profile calibrate measured at that rate in the same run (stored in every record, and
+  the prediction beside it: `flat_case`, which `benchmarks/collectives.py` calls). Predicted: zipccl's raw
   program and the compressed one at the run's capacity; measured: their medians.
 * **Two levels** (`PROFILE_RUN`, 2 hosts x 4 devices at 1 Gbit/s): every variant, two ways. *Anchored*:
   the run's own profile, whose measured programs the plan costs with (what `auto` decided with in that
@@ -33,8 +36,11 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FLAT_RUN = RESULTS / "collectives_model_session10.json"
-PROFILE_RUN = RESULTS / "mesh_2x4_session7.json"
+FLAT_RUN = RESULTS / "collectives_heldout.json"
+PROFILE_RUN = RESULTS / "mesh_2x4_heldout.json"
+# The profile the training step is predicted from: the 2 x 4 run of the machine and code the step ran on
+# (train_step_4p.json predates the held-out calibration; its compute and timings come from that run).
+STEP_PROFILE_RUN = RESULTS / "mesh_2x4_session7.json"
 STEP_RUN = RESULTS / "train_step_4p.json"
 STEP_WORKLOAD = RESULTS / "workload_moe_flax_1x4.json"
 # The runs above measured zipccl's raw programs as they were then: the reductions' fixed-order
@@ -61,10 +67,10 @@ def _link(latency_s: float, bandwidth_Bps: float):
     return LinkModel(latency_s, bandwidth_Bps)
 
 
-def testbed_profile():
-    """The profile calibrate measured on this machine (2 x 4, 1 Gbit/s; session 7)."""
+def testbed_profile(run: Path = PROFILE_RUN):
+    """The profile calibrate measured in a 2 x 4 run at 1 Gbit/s (its `auto` record's)."""
     from zipccl_jax import Profile
-    auto = next(r for r in json.loads(PROFILE_RUN.read_text()) if r["variant"] == "auto")
+    auto = next(r for r in json.loads(run.read_text()) if r["variant"] == "auto")
     return Profile.from_dict(auto["profile"])
 
 
@@ -356,8 +362,7 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps({"at_scale": rows, "hierarchical_all_to_all": hier},
                                                indent=1) + "\n")
         return 0
-    prof = testbed_profile()
-    flat, mesh, step = flat_sweep(), two_levels(prof), training_step(prof)
+    flat, mesh, step = flat_sweep(), two_levels(testbed_profile()), training_step(testbed_profile(STEP_PROFILE_RUN))
     print(markdown(flat, mesh, step))
     if a.json:
         Path(a.json).write_text(json.dumps({"flat_sweep": flat, "two_levels": mesh, "training_step": step},
