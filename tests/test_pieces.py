@@ -78,7 +78,7 @@ def _data(cols, seed=0, adversarial_rows=()):
 def test_every_k_gives_the_same_bits(op, transport):
   """K = 1, 2, 3 (chunks of 2 x 101 / 16 x 101 elements: K does not divide them), compressed, on both
   transports; data movement also against jax.lax on the bit patterns, reductions against their raw
-  fixed-order program (a reduction's pieces are summed each on its own: `by_columns`)."""
+  fixed-order program."""
   mesh = _mesh()
   fn, twin, spec = CASES[op]
   x = _data(101, adversarial_rows=(5,) if op.startswith("psum") else ())  # a piece of row 5 goes raw

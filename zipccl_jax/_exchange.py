@@ -410,31 +410,24 @@ def _row_size(nbytes, transport: str, invariant: bool = False):
 # --------------------------------------------------------------------------- #
 
 def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, site: str,
-                  raw: Callable, finish: Callable = lambda out: out, pieces: int = 1,
-                  by_columns: bool = False):
+                  raw: Callable, finish: Callable = lambda out: out, pieces: int = 1):
   """rows (n, m), row j for rank j -> `finish(got)`, got (n, m) with row s from rank s.
 
   Padded transport: `raw()` is the fallback branch (the `jax.lax` collective on the operand's
   bits), traced in the fallback scope; it must return what `finish` returns. Ragged transport:
   no fallback and no conditional, a row that does not fit travels raw (`_ragged_rows`).
   `pieces` > 1 codes the columns in that many independent chains (`in_pieces`); padded, one
-  fallback for the call. `by_columns`: `finish` maps (n, m_k) to (m_k,) column by column (a
-  reduction over the ranks), so each piece is finished on its own and its decoded rows need not
-  outlive it; the pieces' results are concatenated.
+  fallback for the call. The reductions sum `got` after the conditional, not inside a branch:
+  summed in two places, XLA may order an addition's operands differently, and the sign and
+  payload of a sum of NaNs follow that order (x86), so the coded and raw results would differ.
   """
-  def finish_piece(got):
-    return finish(got)[None] if by_columns else got
-
-  def done(got):  # what the pieces' concatenated results become
-    return got[0] if by_columns else finish(got)
-
   def padded(rows):
     if pieces > 1:
       def piece(r, cap):
         fallback, coded = _exchange_chain(r, axis_name, n, cap, eager=True)
-        return fallback, finish_piece(coded())
+        return fallback, coded()
       fallback, got = in_pieces(rows, pieces, capacity, site, piece)
-      return cond_bits(fallback, lambda: in_fallback(raw), lambda: done(got))
+      return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(got))
     fallback, coded = _exchange_chain(rows, axis_name, n, capacity)
     accounting.count(site, fallback)
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
@@ -442,10 +435,7 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
   def ragged(rows):
     chain = lambda r, cap: _ragged_rows(r, axis_name, n, cap)
     if pieces > 1:
-      def piece(r, cap):
-        any_raw, got = chain(r, cap)
-        return any_raw, finish_piece(got)
-      return done(in_pieces(rows, pieces, capacity, site, piece)[1])
+      return finish(in_pieces(rows, pieces, capacity, site, chain)[1])
     any_raw, got = chain(rows, capacity)
     accounting.count(site, any_raw)
     return finish(got)

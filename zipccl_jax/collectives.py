@@ -409,14 +409,14 @@ def _reduce_scatter_rows(rows, axis_name, n, call: Call):
     return _exchange.raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True,
                                                        axis_index_groups=call.groups), rows)
 
-  total = lambda got: _exchange.ordered_sum(got, rows.dtype)  # in each branch: a cond returns (m,)
-  if call.capacity:
-    return _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
-                                   transport=call.transport, site=call.site,
-                                   raw=lambda: total(raw()), finish=total, pieces=call.pieces,
-                                   by_columns=True)
-  accounting.count(call.site, jnp.bool_(False))
-  return total(raw())
+  if call.capacity:  # one sum after the conditional, whichever branch ran: the same NaN signs and
+    got = _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,  # payloads
+                                  transport=call.transport, site=call.site, raw=raw,
+                                  pieces=call.pieces)
+  else:
+    got = raw()
+    accounting.count(call.site, jnp.bool_(False))
+  return _exchange.ordered_sum(got, rows.dtype)
 
 
 def _psum_scatter_impl(call: Call, x):
