@@ -25,17 +25,19 @@ SHAPES = [((64 << 20,), "uint8"), ((16 << 20,), "uint32"), ((1 << 20, 64), "uint
           ((1 << 16, 256), "uint32"), ((8, 2 << 20), "uint32"), ((8, 4 << 20), "uint16")]
 
 
-def timed_ms(f, x, reps: int = 7) -> float:
+def timed_ms(f, x, reps: int = 7) -> list[float]:
+  """Milliseconds of `reps` calls after one warm-up, each synchronised (host-timed: a call here is
+  milliseconds, far above the launch and sync it includes)."""
   f(x).block_until_ready()
   ts = []
   for _ in range(reps):
     t = time.perf_counter()
     f(x).block_until_ready()
-    ts.append(time.perf_counter() - t)
-  return statistics.median(ts) * 1e3
+    ts.append((time.perf_counter() - t) * 1e3)
+  return ts
 
 
-def ragged_to_self(mesh, shape, dtype) -> float:
+def ragged_to_self(mesh, shape, dtype) -> list[float]:
   rows = shape[0]
 
   def body(v):
@@ -52,15 +54,19 @@ def main(argv=None) -> int:
   a = ap.parse_args(argv)
   dev = jax.devices()[0]
   mesh = Mesh(np.array([dev]), ("i",))
+  elementwise = timed_ms(jax.jit(lambda v: v + jnp.uint8(1)), jnp.ones((64 << 20,), jnp.uint8))
   out = {"command": "python benchmarks/ragged_rows_gpu.py", "device_kind": dev.device_kind, "jax": jax.__version__,
-         "elementwise_pass_ms": timed_ms(jax.jit(lambda v: v + jnp.uint8(1)), jnp.ones((64 << 20,), jnp.uint8)),
+         "elementwise_pass_ms": statistics.median(elementwise), "elementwise_samples_ms": elementwise,
          "ragged_to_self_ms": []}
   print(f"{dev.device_kind}: jitted elementwise pass over 64 MiB {out['elementwise_pass_ms']:.3f} ms")
   for shape, dt in SHAPES:
-    ms = ragged_to_self(mesh, shape, dt)
+    samples = ragged_to_self(mesh, shape, dt)
+    ms = statistics.median(samples)
     row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dt).itemsize
-    out["ragged_to_self_ms"].append({"shape": list(shape), "dtype": dt, "row_bytes": row_bytes, "ms": ms})
-    print(f"ragged_all_to_all to itself, {shape} {dt} ({row_bytes} bytes a row): {ms:.3f} ms")
+    out["ragged_to_self_ms"].append({"shape": list(shape), "dtype": dt, "row_bytes": row_bytes, "ms": ms,
+                                     "samples_ms": samples})
+    print(f"ragged_all_to_all to itself, {shape} {dt} ({row_bytes} bytes a row): {ms:.3f} ms "
+          f"[{min(samples):.3f}-{max(samples):.3f}]")
   if a.json:
     with open(a.json, "w") as f:
       json.dump(out, f, indent=1)
