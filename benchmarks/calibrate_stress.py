@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from jax.sharding import Mesh
 
     import zipccl_jax
-    from zipccl_jax import calibration
+    from zipccl_jax.strategy import calibration
 
     if args.mesh:
         h, l = (int(t) for t in args.mesh.split("x"))

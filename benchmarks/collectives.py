@@ -388,12 +388,12 @@ def _retrace_auto(w: _Worker, prepared, auto_prof, zs):
 
 
 def rep_order(names: list, rep: int) -> list:
-    """The variants' order in repetition `rep`: calibrate's (`zipccl_jax.calibration.rep_order`, seeded with
+    """The variants' order in repetition `rep`: calibrate's (`zipccl_jax.strategy.calibration.rep_order`, seeded with
     `rep`, the same on every process). Shuffled, not rotated: a rotation keeps every variant's predecessor but
     at the wrap, and on the 2 x 4 testbed `auto`, right after the both-levels-coded variant, measured
     1.028-1.091 of the variant running its very program (psum_scatter, four runs of five); shuffled,
     0.927-1.030 in three runs, both sides of 1."""
-    from zipccl_jax.calibration import rep_order as shuffled  # jax only once a worker has set XLA_FLAGS
+    from zipccl_jax.strategy.calibration import rep_order as shuffled  # jax only once a worker has set XLA_FLAGS
     return shuffled(names, rep)
 
 

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import zipccl_jax as zc
-    from zipccl_jax import hierarchical
+    from zipccl_jax.strategy import levels as two_level
 
     axes = ("host", "local")
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), axes)
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         x = jax.device_put(x, NamedSharding(mesh, P(axes)))
         for coded in (False, True):
             def body(v, coded=coded):
-                with hierarchical.use_algorithm("hierarchical", {"host": coded, "local": False}):
+                with two_level.use_algorithm("hierarchical", {"host": coded, "local": False}):
                     return zc.all_gather(v, axes, tiled=True, compress=coded, name="hier_ag_sizes")
             f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(axes), out_specs=P(axes)))
             jax.block_until_ready(f(x))

@@ -63,7 +63,7 @@ def _zs():
 
 
 def _link(latency_s: float, bandwidth_Bps: float):
-    from zipccl_jax.profile import LinkModel
+    from zipccl_jax.strategy.links import LinkModel
     return LinkModel(latency_s, bandwidth_Bps)
 
 
@@ -123,7 +123,7 @@ def flat_sweep() -> list[dict]:
 
 
 def _np_dtype(name):
-    from zipccl_jax.profile import np_dtype
+    from zipccl_jax.strategy.profile import np_dtype
     return np_dtype(name)
 
 
@@ -131,7 +131,8 @@ def two_levels(prof) -> list[dict]:
     """Every variant of the 2 x 4 run: the anchored and the links-only prediction against the median. Links
     only reads the run's held-out profile where it has one (calibrated at sizes no case has)."""
     zm = _zs()
-    from zipccl_jax import Profile, hierarchical
+    from zipccl_jax import Profile
+    from zipccl_jax.strategy import levels as two_level
     recs = json.loads(PROFILE_RUN.read_text())
     held = next((r["model_profile"] for r in recs if r["variant"] == "auto" and r.get("model_profile")), None)
     lp_ = Profile.from_dict(held) if held else prof
@@ -144,7 +145,7 @@ def two_levels(prof) -> list[dict]:
         dt = np.dtype(_np_dtype(r0["dtype"]))
         elems = math.prod(r0["global_shape"]) // 8
         role = _role(r0["payload"], op)
-        lp = hierarchical.choose(op, dt, elems, ("host", "local"), ("host", "local"), (2, 4), "auto", role,
+        lp = two_level.choose(op, dt, elems, ("host", "local"), ("host", "local"), (2, 4), "auto", role,
                                  profile=prof, platform="cpu", fixed_order=FIXED_ORDER)
         anchored = dict(lp.candidates)
         links = zm.predict_call(top, zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, role),
@@ -206,7 +207,7 @@ def capture(example_json: str) -> list[dict]:
 
 
 # "What to expect at scale" (README): hosts of 8 GPUs, NVLink at the rate one H100 sends (450 GB/s a
-# direction), the codec the GPU kit measured on an H200 in a jitted step (profile.DEFAULT_CODEC["gpu"])
+# direction), the codec the GPU kit measured on an H200 in a jitted step (strategy.codec_cost.DEFAULT_CODEC["gpu"])
 SCALE_GPUS = (8, 64, 512)
 SCALE_GBIT = (100, 200, 400)
 SCALE_WORKLOADS = (("moe_dispatch", 64 << 20, "MoE dispatch, 64 MiB per GPU per all_to_all"),
@@ -218,7 +219,7 @@ def at_scale() -> list[dict]:
     """The step's predicted speedup (compress="auto" over jax.lax) per workload, scale and link rate,
     with what `auto` runs for each call and the crossover per call."""
     zm = _zs()
-    from zipccl_jax.profile import Profile
+    from zipccl_jax.strategy.profile import Profile
     rows = []
     for name, nbytes, label in SCALE_WORKLOADS:
         for gpus in SCALE_GPUS:
@@ -320,7 +321,7 @@ def hierarchical_all_to_all(nbytes: int = 64 << 20) -> list[dict]:
     """MoE dispatch (`nbytes` per GPU) at each scale and rate: the best flat compressed variant's time
     over the best hierarchical one's (> 1: hierarchical wins), and what `auto` runs."""
     zm = _zs()
-    from zipccl_jax.profile import Profile
+    from zipccl_jax.strategy.profile import Profile
     rows = []
     for gpus in HIER_GPUS:
         for gbit in HIER_GBIT:

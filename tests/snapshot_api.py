@@ -96,7 +96,7 @@ def _extra_cases():
 
 def _slow_link_profile():
   """A profile whose link (10 MB/s per device) makes `compress="auto"` compress these sizes."""
-  from zipccl_jax.profile import LinkModel
+  from zipccl_jax.strategy.links import LinkModel
   return zc.Profile(links={"*": {"*": LinkModel(1e-5, 1e7)}})
 
 

@@ -28,7 +28,7 @@ def main() -> int:
 
   import zipccl_jax as zj
   from zipccl_jax import strategy as st
-  from zipccl_jax import profile as pf
+  from zipccl_jax.strategy import profile as pf
 
   bf16 = np.dtype(ml_dtypes.bfloat16)
   n = jax.device_count()

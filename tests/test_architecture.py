@@ -1,6 +1,7 @@
 """The layout rules of docs/ARCHITECTURE.md, checked on the source tree.
 
-* no import cycle among zipccl_jax's modules, counting imports inside functions (lazy ones);
+* no import cycle among zipccl_jax's modules (subpackages' included), counting imports inside
+  functions (lazy ones);
 * no Python module over 700 lines, no function body over 80 lines;
 * no C++ file basename used twice under xla_ffi/ (an FFI handler and a codec driver must not
   share a name).
@@ -21,11 +22,12 @@ CXX_SUFFIXES = {".c", ".cc", ".cpp", ".cu", ".h", ".hpp", ".cuh", ".inc"}
 
 
 def _modules() -> dict[str, pathlib.Path]:
-  """Dotted name -> file, for every .py module of the package (the package itself included)."""
+  """Dotted name -> file, for every .py module of the package and its subpackages (a package's
+  ``__init__.py`` under the package's own name)."""
   mods = {}
-  for path in sorted(PACKAGE.glob("*.py")):
-    name = "zipccl_jax" if path.stem == "__init__" else f"zipccl_jax.{path.stem}"
-    mods[name] = path
+  for path in sorted(PACKAGE.rglob("*.py")):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
   return mods
 
 

@@ -1,5 +1,6 @@
 """docs/ARCHITECTURE.md's module table matches the package: one row per module, each row's
-"imports" column is exactly the package modules that module imports (lazy imports included, as
+"imports" column is exactly the package modules that module imports (by their dotted path inside the
+package: ``strategy.profile``) (lazy imports included, as
 tests/test_architecture.py counts them), and the rows run top to bottom (imports point down)."""
 
 from __future__ import annotations
@@ -9,19 +10,20 @@ import re
 from test_architecture import EXTENSION, ROOT, _graph
 
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
-ROW = re.compile(r"^\| `(\w+)\.py` \| [^|]* \| ([^|]*) \|$", re.M)
+ROW = re.compile(r"^\| `([\w/]+)\.py` \| [^|]* \| ([^|]*) \|$", re.M)
 
 
 def _table() -> list[tuple[str, str]]:
   """(dotted module name, imports column) per row, in the table's order."""
-  rows = [("zipccl_jax" if stem == "__init__" else f"zipccl_jax.{stem}", imports.strip())
-          for stem, imports in ROW.findall(DOC.read_text())]
+  rows = [(".".join(["zipccl_jax", *path.split("/")]).removesuffix(".__init__"), imports.strip())
+          for path, imports in ROW.findall(DOC.read_text())]
   assert rows, f"no module table found in {DOC}"
   return rows
 
 
 def _short(module: str) -> str:
-  return module.rsplit(".", 1)[-1]
+  """A module as the imports column names it: its dotted path inside the package."""
+  return module.removeprefix("zipccl_jax.")
 
 
 def test_table_lists_every_module_once():

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 import zipccl_jax
 from zipccl_jax import model as zm
 from zipccl_jax import strategy
-from zipccl_jax.profile import LinkModel
+from zipccl_jax.strategy.links import LinkModel
 
 GBIT = 1e9 / 8  # bytes/s of 1 Gbit/s
 NVLINK = LinkModel(5e-6, 450e9)  # per device, one direction
@@ -106,13 +106,13 @@ def test_decision_monotone_in_link_rate(op):
 def test_pipeline_stages_code_what_the_structure_codes():
   """The pieces' stages encode and decode the rows `decide`'s codec estimate counts (the own row is
   never coded), so K = 1 of the pipeline is the unpipelined estimate."""
-  from zipccl_jax import _pipeline
-  from zipccl_jax.profile import CodecModel
+  from zipccl_jax.strategy import programs
+  from zipccl_jax.strategy.codec_cost import CodecModel
   codec = CodecModel(1e9, 2e9, 0.0, 0.0)
   link = LinkModel(0.0, 1e9)
   for op, n in itertools.product(("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute"), (2, 8)):
-    phases = strategy._structure(op, n)
-    stages = _pipeline.pipeline_stages([link] * len(phases), phases, codec, 0, 1000, n)
+    phases = programs.structure(op, n)
+    stages = programs.pipeline_stages([link] * len(phases), phases, codec, 0, 1000, n)
     enc = sum(st[0][0] for st in stages) * codec.encode_Bps / 1000
     dec = sum(st[2][0] for st in stages) * codec.decode_Bps / 1000
     assert (round(enc), round(dec)) == (sum(p[2] for p in phases), sum(p[3] for p in phases)), op

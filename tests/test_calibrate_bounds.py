@@ -7,9 +7,10 @@ import pytest
 from jax.sharding import Mesh
 
 import zipccl_jax
-from zipccl_jax import calibration
-from zipccl_jax.calibration import fit_bounded
-from zipccl_jax.profile import CodecModel, LinkModel
+from zipccl_jax.strategy import calibration
+from zipccl_jax.strategy.calibration import fit_bounded
+from zipccl_jax.strategy.codec_cost import CodecModel
+from zipccl_jax.strategy.links import LinkModel
 
 
 def test_fit_bounded_fits_clean_data_exactly():

@@ -15,8 +15,11 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import zipccl_jax
-from zipccl_jax import _exchange, _mixed, hierarchical, strategy
-from zipccl_jax.profile import CodecModel, LinkModel, Profile
+from zipccl_jax import _exchange, _mixed, strategy
+from zipccl_jax.strategy import levels as two_level
+from zipccl_jax.strategy.codec_cost import CodecModel
+from zipccl_jax.strategy.links import LinkModel
+from zipccl_jax.strategy.profile import Profile
 
 H, L = 2, 4
 AXES = ("host", "local")
@@ -63,7 +66,7 @@ def _bits(a):
 def _variant_body(op_fn, alg, levels, compress):
   def body(v):
     mode = compress if alg == "flat" else True
-    with hierarchical.use_algorithm(alg, levels):
+    with two_level.use_algorithm(alg, levels):
       return op_fn(v, mode)
   return body
 
@@ -161,7 +164,7 @@ def test_hierarchical_compressed_codes_only_the_slow_level():
   x = _payload((H * L * 4096,), ml_dtypes.bfloat16)
 
   def body(v):
-    with hierarchical.use_algorithm("hierarchical", {"host": True, "local": False}):
+    with two_level.use_algorithm("hierarchical", {"host": True, "local": False}):
       return zipccl_jax.all_gather(v, AXES, tiled=True)[None]
 
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXES), out_specs=P(AXES)))
@@ -211,7 +214,7 @@ def test_grad_of_hierarchical_all_to_all_is_bit_identical_to_lax():
     return jax.jit(jax.shard_map(jax.grad(f), mesh=mesh, in_specs=(spec, spec), out_specs=spec))
 
   def hier(v):
-    with hierarchical.use_algorithm("hierarchical", {"host": True, "local": False}):
+    with two_level.use_algorithm("hierarchical", {"host": True, "local": False}):
       return zipccl_jax.all_to_all(v, AXES, 0, 0, tiled=True)
 
   put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
@@ -222,10 +225,10 @@ def test_grad_of_hierarchical_all_to_all_is_bit_identical_to_lax():
 
 def test_use_algorithm_rejects_bad_arguments():
   with pytest.raises(ValueError, match="algorithm must be"):
-    with hierarchical.use_algorithm("ring"):
+    with two_level.use_algorithm("ring"):
       pass
   with pytest.raises(ValueError, match="compress must be None"):
-    with hierarchical.use_algorithm("flat", {"host": True}):
+    with two_level.use_algorithm("flat", {"host": True}):
       pass
 
 
@@ -254,7 +257,7 @@ def test_fp8_data_movement_every_variant_bit_identical(dtype):
 
 def _hier_a2a(levels, **kw):
   def body(v):
-    with hierarchical.use_algorithm("hierarchical", levels):
+    with two_level.use_algorithm("hierarchical", levels):
       return zipccl_jax.all_to_all(v, AXES, 0, 0, tiled=True, **kw)[None]
   return body
 
@@ -372,7 +375,7 @@ def test_vmap_of_hierarchical_all_to_all_is_bit_identical():
   x = (np.random.default_rng(12).standard_normal((H * L * 3, H * L * 2, 24)) * 0.02).astype(ml_dtypes.bfloat16)
 
   def body(v):  # v: (3, n * 2, 24) per device; vmap over the 3
-    with hierarchical.use_algorithm("hierarchical", {"host": True, "local": False}):
+    with two_level.use_algorithm("hierarchical", {"host": True, "local": False}):
       return jax.vmap(lambda r: zipccl_jax.all_to_all(r, AXES, 0, 0, tiled=True))(v)
 
   def ref(v):
@@ -435,7 +438,7 @@ def test_mixed_all_to_all_bit_identical_to_lax(dtype, split, concat, tiled, capa
   prev = zipccl_jax.set_runtime_stats(True)
   try:
     def body(v):
-      with hierarchical.use_algorithm("hierarchical", MIXED):
+      with two_level.use_algorithm("hierarchical", MIXED):
         return zipccl_jax.all_to_all(v, AXES, split, concat, tiled=tiled, capacity=capacity, name="mixed")[None]
     got = _bits(_run(_mesh(), body, x))
     jax.effects_barrier()
@@ -456,7 +459,7 @@ def test_vmap_of_mixed_all_to_all_keeps_every_bit(dtype):
   x = _specials((H * L * 3, H * L * 2, 24), dtype, seed=22)
 
   def body(v):  # v: (3, n * 2, 24) per device; vmap over the 3
-    with hierarchical.use_algorithm("hierarchical", MIXED):
+    with two_level.use_algorithm("hierarchical", MIXED):
       return jax.vmap(lambda r: zipccl_jax.all_to_all(r, AXES, 0, 0, tiled=True))(v)
 
   ref = jax.vmap(_lax_a2a(0, 0, True))
@@ -475,7 +478,7 @@ def test_vmap_of_mixed_all_to_all_falls_back_per_example():
   x = x.reshape(H * L * 3, H * L * 4, 32)
 
   def body(v):
-    with hierarchical.use_algorithm("hierarchical", MIXED):
+    with two_level.use_algorithm("hierarchical", MIXED):
       return jax.vmap(lambda r: zipccl_jax.all_to_all(r, AXES, 0, 0, tiled=True, capacity=0.5))(v)
 
   ref = jax.vmap(_lax_a2a(0, 0, True))
@@ -492,7 +495,7 @@ def test_mixed_all_to_all_autodiff_bit_identical(mode):
   t = _payload((n * n * 2, 16, 8) if mode == "jvp" else (n * 2, n * 16, 8), ml_dtypes.bfloat16, seed=25)
 
   def hier(v):
-    with hierarchical.use_algorithm("hierarchical", MIXED):
+    with two_level.use_algorithm("hierarchical", MIXED):
       return zipccl_jax.all_to_all(v, AXES, 0, 1, tiled=True)
 
   if mode == "jvp":
@@ -573,9 +576,9 @@ def _level_choice(prof, m=H * L * 4096, fixed_order=False):
 
 def _estimates(prof, m=H * L * 4096):
   """Every variant's estimate, the raw two-level program's included (a candidate with fixed_order)."""
-  allowed = hierarchical._allowed("auto", "auto", None, "host", "local", fixed_order=True)
+  allowed = two_level._allowed("auto", "auto", None, "host", "local", fixed_order=True)
   with zipccl_jax.use_profile(prof):
-    est, note = hierarchical._candidates("all_to_all", np.dtype(ml_dtypes.bfloat16), m, AXES, "host", "local",
+    est, note = two_level._candidates("all_to_all", np.dtype(ml_dtypes.bfloat16), m, AXES, "host", "local",
                                          (H, L), "activation", allowed)
   return {k: v[0] for k, v in est.items()}, note
 
@@ -621,7 +624,7 @@ def test_measured_flat_compressed_program_replaces_its_model():
   model, _ = _estimates(prof, m)
   assert model["flat compressed"] == pytest.approx(84.6e-3, rel=0.01)
   p = prof.copy()
-  p.links["host,local"][hierarchical.flat_coded_key("all_to_all")] = LinkModel(0.0, sent / 70e-3)
+  p.links["host,local"][two_level.flat_coded_key("all_to_all")] = LinkModel(0.0, sent / 70e-3)
   est, note = _estimates(p, m)
   assert note.endswith(", flat compressed measured")
   assert est["flat compressed"] == pytest.approx(70e-3)
@@ -660,27 +663,27 @@ def test_measured_coded_program_replaces_the_modelled_slow_phase_difference():
 
 
 def test_coded_programs_measured_on_bfloat16_do_not_cost_float32_calls():
-  """calibrate times the coded programs over the tuple on bfloat16 (hierarchical.PROGRAM_DTYPE). A float32
+  """calibrate times the coded programs over the tuple on bfloat16 (two_level.PROGRAM_DTYPE). A float32
   call codes at another capacity (0.85 of raw against 0.70) and codec speed, so its coded variants keep the
   model (anchored on the measured raw program, which moves bytes whatever their dtype), and the note says so;
   a bfloat16 call costs the measurements."""
   prof = _two_level_profile()
   prof.links["host,local"]["hierarchical_all_to_all"] = LinkModel(0.0, 1e9)
-  allowed = hierarchical._allowed("auto", "auto", None, "host", "local")
+  allowed = two_level._allowed("auto", "auto", None, "host", "local")
 
   def estimates(p, dt, m=H * L * 4096):
     with zipccl_jax.use_profile(p):
-      est, note = hierarchical._candidates("all_to_all", np.dtype(dt), m, AXES, "host", "local", (H, L),
+      est, note = two_level._candidates("all_to_all", np.dtype(dt), m, AXES, "host", "local", (H, L),
                                            "activation", allowed)
     return {k: v[0] for k, v in est.items()}, note
 
   p = prof.copy()
   p.links["host,local"]["hierarchical_all_to_all_slow_coded"] = LinkModel(0.0, 7e9)
-  p.links["host,local"][hierarchical.flat_coded_key("all_to_all")] = LinkModel(0.0, 9e9)
+  p.links["host,local"][two_level.flat_coded_key("all_to_all")] = LinkModel(0.0, 9e9)
   for dt in (np.float32, ml_dtypes.bfloat16):
     model, _ = estimates(prof, dt)
     est, note = estimates(p, dt)
-    if np.dtype(dt) == hierarchical.PROGRAM_DTYPE:
+    if np.dtype(dt) == two_level.PROGRAM_DTYPE:
       assert note.endswith("slow phase coded measured, flat compressed measured"), note
       assert est["flat compressed"] != pytest.approx(model["flat compressed"])
     else:

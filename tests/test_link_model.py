@@ -1,4 +1,4 @@
-"""LinkModel's measured points (zipccl_jax/profile.py): interpolation, validation, JSON, calibrate's pooled
+"""LinkModel's measured points (zipccl_jax/strategy/links.py): interpolation, validation, JSON, calibrate's pooled
 medians, and the plan that a line through two far sizes got wrong (issue 18: `auto` ran flat raw at 1.11-1.14x
 the best variant because the hierarchical all_gather's cost per byte steps up between calibrate's two sizes)."""
 from __future__ import annotations
@@ -12,9 +12,11 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import zipccl_jax
-from zipccl_jax import hierarchical
-from zipccl_jax.calibration import fit_bounded, monotone_points
-from zipccl_jax.profile import CodecModel, LinkModel, Profile
+from zipccl_jax.strategy import levels as two_level
+from zipccl_jax.strategy.calibration import fit_bounded, monotone_points
+from zipccl_jax.strategy.codec_cost import CodecModel
+from zipccl_jax.strategy.links import LinkModel
+from zipccl_jax.strategy.profile import Profile
 
 STEP = LinkModel(1e-3, 1e8, ((1e5, 3e-3), (1e6, 12e-3), (2e6, 30e-3)))
 
@@ -88,9 +90,9 @@ AXES = ("host", "local")
 
 def _all_gather_estimates(prof, shard_elems):
   """Every variant's estimate, the raw two-level program's included (a candidate with fixed_order)."""
-  allowed = hierarchical._allowed("auto", "auto", None, "host", "local", fixed_order=True)
+  allowed = two_level._allowed("auto", "auto", None, "host", "local", fixed_order=True)
   with zipccl_jax.use_profile(prof):
-    est, _ = hierarchical._candidates("all_gather", np.dtype(ml_dtypes.bfloat16), shard_elems, AXES, "host",
+    est, _ = two_level._candidates("all_gather", np.dtype(ml_dtypes.bfloat16), shard_elems, AXES, "host",
                                       "local", (H, L), "activation", allowed)
   return {k: v[0] for k, v in est.items()}
 
@@ -137,19 +139,19 @@ def test_a_fixed_order_psum_scatter_is_costed_from_its_own_program():
   p = Profile()
   p.links = {"host": {"*": LinkModel(1e-4, 3e7)}, "local": {"*": LinkModel(1e-5, 2e8)},
              "host,local": {"*": LinkModel(1e-4, 5e7), "all_gather": LinkModel(1e-4, 1.2e8),
-                            hierarchical.hierarchical_key("psum_scatter"): slow_prog,
-                            hierarchical.hierarchical_key("psum_scatter", True): slow_prog,
-                            hierarchical.hierarchical_key("psum_scatter", False, True): fast_prog,
-                            hierarchical.hierarchical_key("psum_scatter", True, True): fast_prog}}
-  key = hierarchical.hierarchical_key
+                            two_level.hierarchical_key("psum_scatter"): slow_prog,
+                            two_level.hierarchical_key("psum_scatter", True): slow_prog,
+                            two_level.hierarchical_key("psum_scatter", False, True): fast_prog,
+                            two_level.hierarchical_key("psum_scatter", True, True): fast_prog}}
+  key = two_level.hierarchical_key
   assert key("psum_scatter", True, True) == "hierarchical_psum_scatter_slow_coded_fixed_order"
   assert key("all_gather", True, True) == "hierarchical_all_gather_slow_coded"  # one program either way
   sent = (H * L - 1) * shard * 2
   est = {}
   for fo in (False, True):
-    allowed = hierarchical._allowed("auto", "auto", None, "host", "local", fixed_order=fo)
+    allowed = two_level._allowed("auto", "auto", None, "host", "local", fixed_order=fo)
     with zipccl_jax.use_profile(p):
-      e, _ = hierarchical._candidates("psum_scatter", np.dtype(ml_dtypes.bfloat16), H * L * shard, AXES, "host",
+      e, _ = two_level._candidates("psum_scatter", np.dtype(ml_dtypes.bfloat16), H * L * shard, AXES, "host",
                                       "local", (H, L), "gradient", allowed, fixed_order=fo)
     est[fo] = {k: v[0] for k, v in e.items()}
   name = "hierarchical host:compressed local:raw"
@@ -169,9 +171,9 @@ def test_calibrate_keeps_every_size_it_measured():
   checked = 0
   for akey, prefix in (("host,local", "link"), ("host", "link[host]"), ("local", "link[local]")):
     for coll in ("all_to_all", "all_gather") + (
-        tuple(hierarchical.hierarchical_key(op, c, fo) for op in hierarchical.OPS for c in (False, True)
+        tuple(two_level.hierarchical_key(op, c, fo) for op in two_level.OPS for c in (False, True)
               for fo in (False, True))
-        + tuple(hierarchical.flat_coded_key(op) for op in hierarchical.OPS)
+        + tuple(two_level.flat_coded_key(op) for op in two_level.OPS)
         if akey == "host,local" else ()):
       lk = prof.links[akey].get(coll)
       if lk is None:                                 # unmeasurable (named in the notes)

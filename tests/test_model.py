@@ -1,4 +1,4 @@
-"""The cost model at scale (zipccl_jax/model.py): its command, its links, one model with
+"""The cost model at scale (zipccl_jax/strategy/cluster.py, the command zipccl_jax/model.py): its command, its links, one model with
 compress="auto" (a prediction's choice is what a traced call decides, on 8 virtual CPU devices), and its
 validation against every configuration the repository measured (benchmarks/model_check.py), whose
 tables the README quotes.
@@ -19,7 +19,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import zipccl_jax
 from zipccl_jax import model as zm, strategy
-from zipccl_jax.profile import LinkModel
+from zipccl_jax.strategy import cli as model_cli
+from zipccl_jax.strategy.links import LinkModel
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GBIT = 1e9 / 8
@@ -179,16 +180,16 @@ def test_python_dash_m_runs_the_command(tmp_path):
 def test_codec_flag_changes_the_prediction():
   """--codec ENCODE,DECODE (GB/s) for --dtype replaces the profile's codec, and says so."""
   base = ["--hosts", "16", "--per-host", "8", "--intra", "450GB/s", "--inter", "200Gbit/s"]
-  parse = zm._parser().parse_args
-  slow = zm.predict_step(zm.topology_from_args(parse(base + ["--codec", "11,7"])),
+  parse = model_cli._parser().parse_args
+  slow = zm.predict_step(model_cli.topology_from_args(parse(base + ["--codec", "11,7"])),
                          [zm.Call("d", "all_to_all", 64 << 20)], crossovers=False)
-  fast = zm.predict_step(zm.topology_from_args(parse(base)), [zm.Call("d", "all_to_all", 64 << 20)],
+  fast = zm.predict_step(model_cli.topology_from_args(parse(base)), [zm.Call("d", "all_to_all", 64 << 20)],
                          crossovers=False)
   assert slow["assumptions"]["codec"]["bfloat16"]["source"] == "given (--codec)"
   assert slow["assumptions"]["codec"]["bfloat16"]["encode_GB_s"] == pytest.approx(11)
   assert slow["auto_choice"] == "raw" and fast["auto_choice"] != "raw"
   with pytest.raises(ValueError, match="--codec"):
-    zm.topology_from_args(parse(base + ["--codec", "fast"]))
+    model_cli.topology_from_args(parse(base + ["--codec", "fast"]))
 
 
 def test_command_refuses_bad_flags(capsys):

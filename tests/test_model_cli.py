@@ -1,4 +1,4 @@
-"""The command line of `python -m zipccl_jax.model` (zipccl_jax/model.py, zipccl_jax/_model_cli.py): one
+"""The command line of `python -m zipccl_jax.model` (zipccl_jax/model.py, zipccl_jax/strategy/cli.py): one
 line `error: ...` and exit status 2 for every bad flag, the verdict line, a host's shared link, and where
 the codec's rates come from."""
 from __future__ import annotations
@@ -12,7 +12,9 @@ import sys
 import pytest
 
 from zipccl_jax import model as zm
-from zipccl_jax.profile import DEFAULT_CODEC, DEFAULT_CODEC_SOURCE, LinkModel
+from zipccl_jax.strategy import cli as model_cli
+from zipccl_jax.strategy.codec_cost import DEFAULT_CODEC, DEFAULT_CODEC_SOURCE
+from zipccl_jax.strategy.links import LinkModel
 
 GBIT = 1e9 / 8
 KEEPS = ["--hosts", "8", "--per-host", "8", "--intra", "450GB/s", "--inter", "400Gbit/s",
@@ -148,9 +150,9 @@ def test_verdict_thresholds():
 
 
 def _run(argv):
-  parse = zm._parser().parse_args
+  parse = model_cli._parser().parse_args
   a = parse(argv)
-  top = zm.topology_from_args(a)
+  top = model_cli.topology_from_args(a)
   calls = zm.workload(a.workload, zm.parse_bytes(a.bytes), top.devices, layers=a.layers)
   return zm.predict_step(top, calls, compute_s=a.compute_ms * 1e-3, crossovers=False)
 
@@ -196,7 +198,7 @@ def test_shared_link_flag(capsys):
 
 
 def test_codec_provenance_per_dtype():
-  """bfloat16 measured on the H200; float16, float32 and float8 scaled from it; one table in profile.py."""
+  """bfloat16 measured on the H200; float16, float32 and float8 scaled from it; one table in strategy/codec_cost.py."""
   assert set(DEFAULT_CODEC_SOURCE) == set(DEFAULT_CODEC)
   for plat, tab in DEFAULT_CODEC.items():
     assert set(DEFAULT_CODEC_SOURCE[plat]) >= set(tab)
@@ -214,7 +216,7 @@ def test_codec_labels_in_text_and_json(tmp_path, capsys, dtype, start):
                   "--json", str(out)]) == 0
   src = json.loads(out.read_text())["assumptions"]["codec"][dtype]["source"]
   assert src.startswith(start) and "the H200's rates, whatever the GPU" in src
-  assert src == DEFAULT_CODEC_SOURCE["gpu"][dtype] + " (profile.DEFAULT_CODEC; the H200's rates, whatever the GPU)"
+  assert src == DEFAULT_CODEC_SOURCE["gpu"][dtype] + " (strategy.codec_cost.DEFAULT_CODEC; the H200's rates, whatever the GPU)"
   text = capsys.readouterr().out
   assert f"codec {dtype}: " in text and f"[{src}]" in text
 
@@ -224,5 +226,5 @@ def test_codec_labels_of_given_rates_and_tables(tmp_path):
     res = _run(["--hosts", "2", "--bytes", "1MiB"] + list(argv))
     return res["assumptions"]["codec"]["bfloat16"]["source"]
   assert src("--codec", "11,7") == "given (--codec)"
-  assert src("--device", "cpu") == "assumed: documented default for cpu (profile.DEFAULT_CODEC)"
+  assert src("--device", "cpu") == "assumed: documented default for cpu (strategy.codec_cost.DEFAULT_CODEC)"
   assert src("--device", "cpu", "--codec", "gpu").startswith("given (--codec gpu): measured")

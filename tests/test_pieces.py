@@ -19,7 +19,8 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import zipccl_jax
-from zipccl_jax import _pipeline, capacity, strategy
+from zipccl_jax import capacity, strategy
+from zipccl_jax.strategy import programs
 
 N = 8
 BF16 = ml_dtypes.bfloat16
@@ -278,18 +279,18 @@ def test_model_k_is_one_on_cpu_and_grows_on_gpu_for_large_messages():
 
 def test_pipeline_time_model():
   stages = [((4.0, 0.1), (6.0, 0.2), (2.0, 0.1))]  # encode, transfer, decode (total, per piece)
-  assert _pipeline.pipeline_time(stages, 1, True) == pytest.approx(12.4)
-  assert _pipeline.pipeline_time(stages, 1, False) == pytest.approx(12.4)
+  assert programs.pipeline_time(stages, 1, True) == pytest.approx(12.4)
+  assert programs.pipeline_time(stages, 1, False) == pytest.approx(12.4)
   # K = 2: one piece through all stages (6.4), then the slowest stage once more (3.2)
-  assert _pipeline.pipeline_time(stages, 2, True) == pytest.approx(6.4 + 3.2)
-  assert _pipeline.pipeline_time(stages, 2, False) == pytest.approx(12.8)
-  k, t, cands = _pipeline.choose_pieces(stages, 1 << 20, "gpu")
+  assert programs.pipeline_time(stages, 2, True) == pytest.approx(6.4 + 3.2)
+  assert programs.pipeline_time(stages, 2, False) == pytest.approx(12.8)
+  k, t, cands = programs.choose_pieces(stages, 1 << 20, "gpu")
   fastest = min(c[1] for c in cands)
   assert k > 1 and t == fastest  # the fastest K; no margin (min_gain applies once, against raw)
   assert all(c[1] > fastest for c in cands if c[0] < k)  # a tie keeps the fewer pieces
-  assert _pipeline.choose_pieces(stages, 1 << 20, "gpu", transport="ragged")[0] == 1
-  assert _pipeline.choose_pieces(stages, 1 << 20, "cpu")[0] == 1
-  assert _pipeline.choose_pieces(stages, 1 << 20, "cpu", pinned=3)[0] == 3
+  assert programs.choose_pieces(stages, 1 << 20, "gpu", transport="ragged")[0] == 1
+  assert programs.choose_pieces(stages, 1 << 20, "cpu")[0] == 1
+  assert programs.choose_pieces(stages, 1 << 20, "cpu", pinned=3)[0] == 3
 
 
 def test_explain_reports_k():
@@ -311,7 +312,7 @@ SCHEDULES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "result
 
 @pytest.mark.parametrize("path", SCHEDULES, ids=lambda p: p.stem)
 def test_pipeline_formula_follows_the_compiled_schedule(path):
-  """The model's overlap (`_pipeline.overlap_pattern`, which `pipeline_time` sums) is what XLA:GPU
+  """The model's overlap (`programs.overlap_pattern`, which `pipeline_time` sums) is what XLA:GPU
   scheduled: per transfer, in order, the encodes and decodes placed between its start and done, from
   deviceless 8 x H100 compiles of the padded transport in K pieces (recorded by
   `JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu python benchmarks/gpu_schedule.py --op OP
@@ -321,7 +322,7 @@ def test_pipeline_formula_follows_the_compiled_schedule(path):
   k = rec["args"]["pieces"]
   got = [(sum(w.startswith("encode") for w in work), sum(w.startswith("decode") for w in work))
          for start, work in rec["overlaps"].items() if not start.startswith("all-reduce")]  # ppermute's flag
-  assert got == _pipeline.overlap_pattern(k), (path.name, got)
+  assert got == programs.overlap_pattern(k), (path.name, got)
   kinds = [kind for kind, _ in rec["schedule"]]
   assert kinds.count("conditional") == 1 and kinds[-1] == "conditional", kinds
   assert kinds.count("decode") == k and kinds.count("encode") == k
@@ -332,7 +333,7 @@ def test_pipeline_time_is_the_pattern_laid_out():
   K (e + w + d)."""
   stages = [((3.0, 0.1), (8.0, 0.2), (6.0, 0.1))]
   e, w, d = 3.0 / 4 + 0.1, 8.0 / 4 + 0.2, 6.0 / 4 + 0.1
-  assert _pipeline.pipeline_time(stages, 4, True) == pytest.approx(
+  assert programs.pipeline_time(stages, 4, True) == pytest.approx(
       e + 3 * max(w, e) + max(w, 3 * d) + d)
-  assert _pipeline.pipeline_time(stages, 1, True) == pytest.approx(3.1 + 8.2 + 6.1)
-  assert _pipeline.pipeline_time(stages, 4, False) == pytest.approx(4 * (e + w + d))
+  assert programs.pipeline_time(stages, 1, True) == pytest.approx(3.1 + 8.2 + 6.1)
+  assert programs.pipeline_time(stages, 4, False) == pytest.approx(4 * (e + w + d))

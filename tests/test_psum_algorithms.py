@@ -15,7 +15,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import zipccl_jax
 from zipccl_jax import strategy
-from zipccl_jax.profile import CodecModel, LinkModel, Profile
+from zipccl_jax.strategy.codec_cost import CodecModel
+from zipccl_jax.strategy.links import LinkModel
+from zipccl_jax.strategy.profile import Profile
 
 N = 8
 ALGS = ("a2a-sum+gather", "gather-sum")

@@ -24,7 +24,9 @@ import zipccl_jax as zj
 import zipccl_jax as zc  # the public API (stats, capacities, collectives)
 from zipccl_jax import accounting, capacity
 from zipccl_jax import strategy as st
-from zipccl_jax import calibration, profile as pf
+from zipccl_jax.strategy import calibration, profile as pf
+from zipccl_jax.strategy.codec_cost import DEFAULT_CODEC, CodecModel
+from zipccl_jax.strategy.links import DEFAULT_LINKS, LinkModel
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
@@ -35,8 +37,8 @@ needs8 = pytest.mark.skipif(jax.device_count() < 8,
 
 
 def synthetic(bw=1e9, lat=50e-6, enc=2e9, dec=4e9, eo=20e-6, do=20e-6, min_gain=0.02, **kw):
-  p = pf.Profile(links={"*": {"*": pf.LinkModel(lat, bw)}},
-                 codec={"cpu": {d: pf.CodecModel(enc, dec, eo, do)
+  p = pf.Profile(links={"*": {"*": LinkModel(lat, bw)}},
+                 codec={"cpu": {d: CodecModel(enc, dec, eo, do)
                                 for d in ("bfloat16", "float16", "float32")}},
                  min_gain=min_gain, **kw)
   p.validate()
@@ -74,7 +76,7 @@ def model_crossover(op, dtype, m, n, p: pf.Profile):
 
 def with_bw(p: pf.Profile, bw: float) -> pf.Profile:
   q = p.copy()
-  q.links["*"]["*"] = pf.LinkModel(q.links["*"]["*"].latency_s, bw)
+  q.links["*"]["*"] = LinkModel(q.links["*"]["*"].latency_s, bw)
   return q
 
 
@@ -160,14 +162,14 @@ def test_fallback_risk_and_min_gain_push_towards_raw():
 
 def test_gpu_transport_ragged_or_padded():
   m, n = 1 << 20, 8
-  gpu = pf.Profile(links={"*": {"*": pf.LinkModel(10e-6, 1e9)}},
-                   codec={"gpu": {"bfloat16": pf.CodecModel(400e9, 400e9, 5e-6, 5e-6)}})
+  gpu = pf.Profile(links={"*": {"*": LinkModel(10e-6, 1e9)}},
+                   codec={"gpu": {"bfloat16": CodecModel(400e9, 400e9, 5e-6, 5e-6)}})
   d = st.decide("all_to_all", BF16, m, axis_size=n, profile=gpu, platform="gpu", log=False)
   assert d.compress and d.transport == "ragged"  # moves the expected size, not the capacity
   assert d.wire_bytes < (n - 1) * d.capacity
   # huge latency, small message: one more size exchange costs more than the padding saves
-  lat = pf.Profile(links={"*": {"*": pf.LinkModel(5e-3, 1e9)}},
-                   codec={"gpu": {"bfloat16": pf.CodecModel(400e9, 400e9, 5e-6, 5e-6)}},
+  lat = pf.Profile(links={"*": {"*": LinkModel(5e-3, 1e9)}},
+                   codec={"gpu": {"bfloat16": CodecModel(400e9, 400e9, 5e-6, 5e-6)}},
                    min_gain=0.0)
   d = st.decide("all_to_all", BF16, 1 << 17, axis_size=n, profile=lat, platform="gpu", log=False)
   assert d.compress and d.transport == "padded", d
@@ -180,15 +182,15 @@ def test_gpu_transport_ragged_or_padded():
 def test_lookup_fallbacks_and_documented_defaults():
   p = pf.Profile()
   lk, src = p.link("i", "all_to_all", "cpu")
-  assert lk == pf.DEFAULT_LINKS["cpu"] and src == "default[cpu]"
-  assert pf.DEFAULT_LINKS["cpu"].bandwidth_Bps == 0.125e9  # 1 Gbit/s, as documented
-  p.links = {"*": {"*": pf.LinkModel(1e-4, 1e9)}, "a": {"all_gather": pf.LinkModel(2e-4, 2e9)}}
+  assert lk == DEFAULT_LINKS["cpu"] and src == "default[cpu]"
+  assert DEFAULT_LINKS["cpu"].bandwidth_Bps == 0.125e9  # 1 Gbit/s, as documented
+  p.links = {"*": {"*": LinkModel(1e-4, 1e9)}, "a": {"all_gather": LinkModel(2e-4, 2e9)}}
   assert p.link("a", "all_gather", "cpu")[0].bandwidth_Bps == 2e9
   assert p.link("a", "all_to_all", "cpu")[0].bandwidth_Bps == 1e9   # axis has no "*": any axis
   assert p.link(("a", "b"), "psum", "cpu")[0].bandwidth_Bps == 1e9
-  p.codec = {"cpu": {"bfloat16": pf.CodecModel(1e9, 2e9)}}
+  p.codec = {"cpu": {"bfloat16": CodecModel(1e9, 2e9)}}
   assert p.codec_model(np.float16, "cpu")[0].decode_Bps == 2e9       # f16 uses bf16's numbers
-  assert p.codec_model(np.float32, "cpu")[0] == pf.DEFAULT_CODEC["cpu"]["float32"]
+  assert p.codec_model(np.float32, "cpu")[0] == DEFAULT_CODEC["cpu"]["float32"]
   assert p.ratio("capacity_ratio", "gradient", BF16) == capacity.EXPECTED_RATIO["gradient"][BF16]
 
 
@@ -221,8 +223,8 @@ def test_observed_capacity_is_used_with_margin():
 
 def test_json_round_trip(tmp_path):
   p = synthetic(bw=3e8, lat=123e-6, fallback_risk=0.01, platform="cpu")
-  p.links["x"] = {"*": pf.LinkModel(1e-4, 2e8), "all_gather": pf.LinkModel(2e-4, 5e8)}
-  p.codec["gpu"] = {"bfloat16": pf.CodecModel(4e11, 3e11, 1e-5, 2e-5)}
+  p.links["x"] = {"*": LinkModel(1e-4, 2e8), "all_gather": LinkModel(2e-4, 5e8)}
+  p.codec["gpu"] = {"bfloat16": CodecModel(4e11, 3e11, 1e-5, 2e-5)}
   p.expected_ratio["activation"]["bfloat16"] = 0.66
   p.sites["a2a@model.py:3"] = pf.SiteObservation("all_to_all", "bfloat16", 4096, 5600, 64, 350000)
   p.meta["note"] = "synthetic"
@@ -247,7 +249,7 @@ def test_json_round_trip(tmp_path):
 
 def test_profile_to_dict_is_a_copy():
   """fingerprint() shares the profile's containers (it runs on every decision); to_dict() must not."""
-  p = pf.Profile(links={"x": {"*": pf.LinkModel(1e-4, 1e8)}}, meta={"m": [1]})
+  p = pf.Profile(links={"x": {"*": LinkModel(1e-4, 1e8)}}, meta={"m": [1]})
   p.sites["s"] = pf.SiteObservation("all_to_all", "bfloat16", 4096, 5600, 1, 5600)
   fp = p.fingerprint()
   d = p.to_dict()

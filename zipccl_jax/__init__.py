@@ -20,17 +20,17 @@ _compat.check_supported()  # before anything else touches jax: a clear error nam
 from zipccl_jax import format  # noqa: E402 (after the version check)
 from zipccl_jax.accounting import (CallSiteStats, hlo_collectives, hlo_wire_bytes, reset_stats,
                                    set_runtime_stats, stats, totals)
-from zipccl_jax.calibration import calibrate
+from zipccl_jax.strategy.calibration import calibrate
 from zipccl_jax.capacity import padded_capacity
 from zipccl_jax.codec import decode, encode, max_encoded_bytes
 from zipccl_jax._ffi import export_disabled_checks
 from zipccl_jax.collectives import (all_gather, all_gather_invariant, all_to_all, pmean, ppermute,
                                     psum, psum_scatter)
 from zipccl_jax.defaults import get_defaults, use_defaults
-from zipccl_jax.hierarchical import use_algorithm
+from zipccl_jax.strategy.levels import use_algorithm
 from zipccl_jax._info import info
 from zipccl_jax.observation import observe
-from zipccl_jax.profile import Profile, get_profile, load_profile, set_profile, use_profile
+from zipccl_jax.strategy.profile import Profile, get_profile, load_profile, set_profile, use_profile
 from zipccl_jax.ragged import ragged_all_to_all
 from zipccl_jax.introspect import explain
 from zipccl_jax.strategy import decisions

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from zipccl_jax import _exchange, _ours, _roofline, accounting, defaults, hierarchical, strategy
+from zipccl_jax.strategy import levels as two_level
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import axis_size, call_site, check_groups, lax_only_reason, tree_apply
 from zipccl_jax.capacity import CODED_DTYPES, piece_capacities, split_capacity
@@ -84,7 +85,7 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
     params, m, raw_reason = recipe.params(x, n, axis_name, args)
     if grp and raw_reason is None:
       raw_reason = "axis_index_groups"
-    if not grp and (lp := hierarchical.plan(recipe.op, x, axis_name, params, compress, fwd_cap,
+    if not grp and (lp := two_level.plan(recipe.op, x, axis_name, params, compress, fwd_cap,
                                             site, role, fixed_order)):
       def backward(ct, args):  # the transposed collective, as `transposed` runs it
         return run(recipe, ct, axis_name, args, compress=compress, capacity=bwd_cap,
@@ -92,7 +93,7 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
                    fixed_order=fixed_order)
       return hierarchical.run(lp, x, params, PUBLIC, capacity=fwd_cap, transport=transport,
                               backward=backward)
-    pin_alg, pin_pieces = hierarchical.pinned()
+    pin_alg, pin_pieces = two_level.pinned()
     p = strategy.plan(recipe.op, x.dtype, m, axis_size=n, compress=compress, capacity=fwd_cap,
                       role=role, site=site, axis_name=axis_name, transport=transport,
                       raw_reason=raw_reason, algorithm=pin_alg if recipe.op == "psum" else None,

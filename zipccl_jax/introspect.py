@@ -22,7 +22,7 @@ import dataclasses
 import numpy as np
 
 from zipccl_jax import accounting, strategy
-from zipccl_jax.profile import current_platform, get_profile, np_dtype
+from zipccl_jax.strategy.profile import current_platform, get_profile, np_dtype
 
 __all__ = ["explain"]
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from zipccl_jax import codec
 from zipccl_jax.capacity import CODED_DTYPES
-from zipccl_jax.profile import Profile, SiteObservation, get_profile
+from zipccl_jax.strategy.profile import Profile, SiteObservation, get_profile
 
 __all__ = ["observe"]
 

@@ -1,4 +1,9 @@
-"""Pieces (pipelining): the K-chain schedule of a coded collective and the choice of K.
+"""The cost of a program: what one collective's raw and coded programs send and how long they take.
+
+``structure(op, n)`` is the table of the package docstring (phases, and the chunks each phase sends,
+encodes and decodes); a raw program costs its phases on their links (`phases_time`), a reduction's
+raw program is jax.lax's ring (`lax_reduction_time`), a coded program adds the codec and its
+transport's extras (`coded_time`).
 
 A compressed all_to_all, all_gather, psum_scatter, psum or ppermute can code each chunk as ``K``
 independent chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has three stages, encode
@@ -20,9 +25,87 @@ from __future__ import annotations
 
 from zipccl_jax import format as fmt
 from zipccl_jax.accounting import sent_bytes
+from zipccl_jax.strategy.profile import Profile
+
+
+# op -> phases [(link collective, chunks sent, chunks encoded, chunks decoded)]: the own row is
+# never coded (_exchange.own_row); psum's invariant gather decodes every row
+def structure(op: str, n: int, algorithm: str | None = None):
+  if op == "psum" and algorithm == "gather-sum":  # the chunk is the whole message
+    return [("all_gather", 1, 1, n)]
+  if op == "ragged_all_to_all":  # frames of `bound` rows
+    return [("all_to_all", n, n, n)]
+  if op in ("all_to_all", "psum_scatter"):
+    return [("all_to_all", n, n - 1, n - 1)]
+  if op == "all_gather":
+    return [("all_gather", 1, 1, n - 1)]
+  if op == "psum":
+    return [("all_to_all", n, n - 1, n - 1), ("all_gather", 1, 1, n)]
+  if op == "ppermute":
+    return [("ppermute", 1, 1, 1)]
+  raise ValueError(f"zipccl_jax: unknown collective {op!r}")
+
+
+def phases_time(links, phases, chunk_bytes: int, n: int) -> tuple[int, float]:
+  """(bytes one device sends, seconds) of `phases` moving `chunk_bytes` chunks uncoded."""
+  sent = [sent_bytes(coll, k * chunk_bytes, n) for coll, k, *_ in phases]
+  return sum(sent), sum(lk.time(b) for lk, b in zip(links, sent))
+
+
+# The reductions whose raw program is jax.lax's own call (unless fixed_order): XLA's ring, which on
+# a cluster spreads the host crossings over every device's link (one ring per link), where an
+# all-to-all sends (n - L) / n of the message through each device's own.
+LAX_REDUCTIONS = ("psum_scatter", "psum")
+
+
+def lax_reduction_time(prof: Profile, op: str, axis_name, n: int, message_bytes: int,
+                       plat: str) -> tuple[float, int]:
+  """(seconds, bytes one device sends) of ``jax.lax.psum_scatter`` / ``psum`` of a
+  `message_bytes` operand over `n` ranks: a ring reduce-scatter (``S (n-1)/n`` on the profile's
+  all_gather link of the axis, the ring's), for psum followed by a ring all-gather."""
+  lk, _ = prof.link(axis_name, "all_gather", plat)
+  rs = sent_bytes("reduce-scatter", int(message_bytes), n)
+  return (lk.time(rs), rs) if op == "psum_scatter" else (2 * lk.time(rs), 2 * rs)
+
+
+def coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_latency):
+  """(seconds, bytes sent) of the coded call on transport `tr` (`t_fixed`: codec and fallback)."""
+  t, wire = t_fixed + flag_latency, 0.0  # flag: ppermute's 4-byte overflow psum
+  for i, (lk, (coll, k, *_)) in enumerate(zip(links, phases)):
+    ragged = tr == "ragged" and not (op == "psum" and i == 1)  # psum phase 2 stays padded
+    chunk = exp_frame if ragged else cap
+    s = sent_bytes(coll, k * chunk, n)
+    wire += s
+    t += lk.time(s)
+    if ragged:  # the int32 size exchange; an all-to-all's rows that do not fit move raw in a
+      t += lk.latency_s * (2 if coll == "all_to_all" else 1)  # second exchange (_exchange)
+  return t, wire
+
+
+def with_pieces(coded_time, stages, m: int, plat: str, pinned, piece: list):
+  """`coded_time` plus each transport's best K (:func:`choose_pieces`); `piece[2]` collects, per
+  transport, [K, reason suffix]."""
+  piece.append({})
+
+  def timed(tr: str):
+    t, wire = coded_time(tr)
+    k, t_k, cands = choose_pieces(stages, m, plat, pinned, transport=tr)
+    why = "" if len(cands) == 1 else f"; K={k} ({'use_algorithm' if pinned else 'model'}: " + \
+        ", ".join(f"K={i} {t * 1e3:.3f} ms" for i, t in cands) + ")"
+    piece[2][tr] = [k, why]
+    return t + t_k - cands[0][1], wire
+
+  return timed
+
+
+# --------------------------------------------------------------------------- #
+# Pieces (pipelining)
+# --------------------------------------------------------------------------- #
+
 
 PIPELINED_OPS = ("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute")
 MAX_PIECES = 8
+
 # platforms whose collectives run asynchronously beside independent work (the model's overlap)
 _OVERLAP_PLATFORMS = ("gpu", "tpu")
 

@@ -16,16 +16,19 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from zipccl_jax import _exchange, accounting, codec, hierarchical, strategy
+from zipccl_jax import _exchange, accounting, codec, strategy
 from zipccl_jax import collectives as zc
 from zipccl_jax._shard import lax_ppermute
 from zipccl_jax.accounting import sent_bytes
 from zipccl_jax.capacity import padded_capacity
 from zipccl_jax.collectives import all_to_all
-from zipccl_jax.hierarchical import hierarchical_key
 from zipccl_jax.observation import allgather_json
-from zipccl_jax.profile import (CodecModel, LinkModel, Profile, axis_key, get_profile, np_dtype,
-                                platform_key, set_profile)
+from zipccl_jax.strategy import levels as two_level
+from zipccl_jax.strategy.codec_cost import CodecModel
+from zipccl_jax.strategy.levels import hierarchical_key
+from zipccl_jax.strategy.links import LinkModel
+from zipccl_jax.strategy.profile import (Profile, axis_key, get_profile, np_dtype, platform_key,
+                                         set_profile)
 
 __all__ = ["calibrate", "fit_bounded", "monotone_points"]
 
@@ -275,12 +278,12 @@ def _tuple_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algori
   """(program, operand, bytes one device sends in the *flat* raw collective) of one of `op`'s
   programs over the tuple (`_tuple_programs`): by default its hierarchical program (the first axis
   as the slow level, as use_algorithm takes it), what the phases, their copies and sums cost as
-  they run. Both phases raw, on zeros of `hierarchical.PROGRAM_DTYPE` (bfloat16); or
+  they run. Both phases raw, on zeros of `two_level.PROGRAM_DTYPE` (bfloat16); or
   (`slow_coded`) the slow phase compressed at the default capacity, on near-Gaussian values of it
   (codec speed depends on the data: zeros code in a fraction of the time). With `algorithm`
   "flat" (and `slow_coded`): the flat compressed program over the tuple, on the same data."""
   n, axes = h.n, h.axis_name
-  dt = hierarchical.PROGRAM_DTYPE
+  dt = two_level.PROGRAM_DTYPE
   per = max(1, -(-int(size) // (dt.itemsize * max(1, n - 1))))   # elements per destination
   # the whole result, as a caller uses it: a slice of it would let XLA drop the phases' copies
   c = bool(slow_coded)
@@ -292,7 +295,7 @@ def _tuple_job(h: _Harness, op: str, size: int, slow_coded: bool = False, algori
   levels = {str(a): c and i == 0 for i, a in enumerate(axes)} if algorithm != "flat" else None
 
   def f(v):
-    with hierarchical.use_algorithm(algorithm, levels):
+    with two_level.use_algorithm(algorithm, levels):
       return body(v)
 
   shape = {"all_gather": (per,), "all_to_all": (n, per), "psum_scatter": (n * per,)}[op]
@@ -308,11 +311,11 @@ def _tuple_programs(op: str) -> dict:
   orders = (False, True) if op == "psum_scatter" else (False,)
   return {**{hierarchical_key(op, coded, fo): (coded, "hierarchical", fo)
              for fo in orders for coded in (False, True)},
-          hierarchical.flat_coded_key(op): (True, "flat", False)}
+          two_level.flat_coded_key(op): (True, "flat", False)}
 
 
 def _tuple_jobs(h: _Harness, link_bytes, jobs: list, sizes: dict) -> None:
-  for op in hierarchical.OPS:
+  for op in two_level.OPS:
     for key, (coded, algorithm, fixed_order) in _tuple_programs(op).items():
       for size in link_bytes:
         f, x, sent = _tuple_job(h, op, size, coded, algorithm, fixed_order)
@@ -596,7 +599,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
       _fit_links(prof, lh.akey, collectives, link_bytes, sizes, net, noise, notes,
                  prefix=f"link[{lh.akey}]")
     if len(axes) == 2 and level_h:
-      _fit_links(prof, h.akey, [k for op in hierarchical.OPS for k in _tuple_programs(op)],
+      _fit_links(prof, h.akey, [k for op in two_level.OPS for k in _tuple_programs(op)],
                  link_bytes, sizes, net, noise, notes, star=False)
   if codec:
     _fit_codec(prof, h.plat, dtypes, codec_bytes, sizes, net, noise, notes, role,

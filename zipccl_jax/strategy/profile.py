@@ -1,10 +1,10 @@
-"""The cost model's inputs: link and codec models, `Profile`, the documented defaults.
+"""The profile: everything the cost model knows (links, codec, ratios, observed call sites), and the active one.
 
 :func:`zipccl_jax.calibrate` measures a profile; :func:`set_profile`,
 :func:`use_profile`, :func:`load_profile` and the ``ZIPCCL_PROFILE``
 environment variable (a JSON path read at first use) make one active. With no
 profile, these documented defaults apply (:data:`DEFAULT_LINKS`,
-:data:`DEFAULT_CODEC`, ratios from ``zipccl_jax.capacity.EXPECTED_RATIO``):
+:data:`~zipccl_jax.strategy.codec_cost.DEFAULT_CODEC`, ratios from ``zipccl_jax.capacity.EXPECTED_RATIO``):
 
 ==========  ======================  ===========================================
 platform    link (per device)       codec (per device)
@@ -33,101 +33,22 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import threading
 
 import ml_dtypes
 import numpy as np
 
-from zipccl_jax import format as fmt
 from zipccl_jax.capacity import EXPECTED_RATIO
+from zipccl_jax.strategy.codec_cost import DEFAULT_CODEC, CodecModel
+from zipccl_jax.strategy.links import DEFAULT_LINKS, LinkModel, axis_key
 
-__all__ = [
-    "Profile", "LinkModel", "CodecModel", "SiteObservation", "DEFAULT_LINKS", "DEFAULT_CODEC",
-    "DEFAULT_CODEC_SOURCE",
-    "get_profile", "set_profile", "use_profile", "load_profile",
-]
+__all__ = ["Profile", "SiteObservation", "get_profile", "set_profile", "use_profile", "load_profile",
+           "np_dtype", "platform_key", "current_platform"]
+
 
 _LOG = logging.getLogger("zipccl_jax.strategy")
-
 PROFILE_VERSION = 1
-_FP8_NAMES = tuple(dt.name for dt in fmt.FP8_DTYPES)
-_DTYPE_NAMES = tuple(dt.name for dt in fmt.SUPPORTED_DTYPES)
-
-# --------------------------------------------------------------------------- #
-# Models
-# --------------------------------------------------------------------------- #
-
-
-@dataclasses.dataclass
-class LinkModel:
-  """The time of one collective against ``sent_bytes``, the bytes one device sends (the model of
-  :func:`zipccl_jax.hlo_wire_bytes`, so ``bandwidth_Bps`` is a per-device rate).
-
-  Without ``points``: the line ``latency_s + sent_bytes / bandwidth_Bps``. With ``points``
-  (what :func:`zipccl_jax.calibrate` measured: ``((sent bytes, seconds), ...)``, sizes ascending,
-  times non-decreasing), the measurements themselves: linear interpolation between neighbouring
-  points, from ``(0, latency_s)`` to the first point, and past the last one its time plus the
-  fitted slope. A line through two sizes misses steps in between (a message that outgrows a cache
-  or a socket buffer costs more per byte); interpolation is exact at every measured size.
-  """
-  latency_s: float
-  bandwidth_Bps: float
-  points: tuple = ()
-
-  def __post_init__(self):
-    self.points = tuple((float(x), float(t)) for x, t in self.points)  # JSON gives lists
-
-  def time(self, sent_bytes: float) -> float:
-    b = float(sent_bytes)
-    pts = self.points
-    if not pts:
-      return self.latency_s + b / self.bandwidth_Bps
-    x1, t1 = pts[-1]
-    if b >= x1:
-      return t1 + (b - x1) / self.bandwidth_Bps
-    x0, t0 = 0.0, min(self.latency_s, pts[0][1])
-    for x1, t1 in pts:
-      if b <= x1:
-        return t0 + (t1 - t0) * (b - x0) / (x1 - x0)
-      x0, t0 = x1, t1
-    raise AssertionError("unreachable: b < the last point's size")
-
-  def check(self) -> str | None:
-    """Why the model is not sane, or None."""
-    if not (self.bandwidth_Bps > 0 and math.isfinite(self.bandwidth_Bps)
-            and math.isfinite(self.latency_s) and self.latency_s >= 0):
-      return "bandwidth must be finite and > 0, latency finite and >= 0"
-    xs = [x for x, _ in self.points]
-    ts = [t for _, t in self.points]
-    if not all(math.isfinite(v) for v in xs + ts):
-      return "points must be finite"
-    if xs and (xs[0] <= 0 or any(b <= a for a, b in zip(xs, xs[1:]))):
-      return "point sizes must be > 0 and strictly ascending"
-    if ts and (ts[0] < 0 or any(b < a for a, b in zip(ts, ts[1:]))):
-      return "point times must be >= 0 and non-decreasing"
-    return None
-
-
-@dataclasses.dataclass
-class CodecModel:
-  """Per-device codec speed: ``t = overhead + bytes / throughput`` per side.
-
-  Bytes are the raw (uncompressed) bytes encoded or decoded. The overheads
-  cover the per-call fixed costs of the coded path (FFI launch, header check,
-  branch).
-  """
-  encode_Bps: float
-  decode_Bps: float
-  encode_overhead_s: float = 0.0
-  decode_overhead_s: float = 0.0
-
-  def encode_time(self, nbytes: float) -> float:
-    return self.encode_overhead_s + float(nbytes) / self.encode_Bps
-
-  def decode_time(self, nbytes: float) -> float:
-    return self.decode_overhead_s + float(nbytes) / self.decode_Bps
 
 
 @dataclasses.dataclass
@@ -165,49 +86,6 @@ class SiteObservation:
                            self.total_frame_bytes + other.total_frame_bytes)
 
 
-# Documented defaults (no profile, or a profile without the entry).
-DEFAULT_LINKS: dict[str, LinkModel] = {
-    "cpu": LinkModel(latency_s=100e-6, bandwidth_Bps=0.125e9),
-    "gpu": LinkModel(latency_s=15e-6, bandwidth_Bps=25e9),
-    "tpu": LinkModel(latency_s=15e-6, bandwidth_Bps=25e9),
-}
-DEFAULT_CODEC: dict[str, dict[str, CodecModel]] = {
-    "cpu": {
-        "bfloat16": CodecModel(1.0e9, 1.5e9, 30e-6, 30e-6),
-        "float16": CodecModel(1.0e9, 1.5e9, 30e-6, 30e-6),
-        "float32": CodecModel(1.5e9, 2.0e9, 30e-6, 30e-6),
-        # one-byte floats: ~0.8x (encode) and ~0.7x (decode) the bfloat16 element rate
-        # (benchmarks/codec_fp8.py), i.e. ~0.4x its byte rate
-        **{d: CodecModel(0.4e9, 0.5e9, 30e-6, 30e-6) for d in _FP8_NAMES},
-    },
-    # Measured on an NVIDIA H200 by the GPU kit, wire format v2 (benchmarks/results/gpu_report_h200_v2.json):
-    # bfloat16 is the codec inside a jitted step, as a collective runs it (a 64 MB MoE dispatch payload in 8
-    # frames at the padded capacity: encode 127.4, decode 101.3 GB/s); the other dtypes scale it by their
-    # kernel rates relative to bfloat16's (256 MB per call, "codec_gb_per_s"). Rounded down; the 10 us
-    # per-side overhead is still assumed.
-    "gpu": {
-        "bfloat16": CodecModel(125e9, 100e9, 10e-6, 10e-6),
-        "float16": CodecModel(115e9, 89e9, 10e-6, 10e-6),
-        "float32": CodecModel(155e9, 87e9, 10e-6, 10e-6),
-        **{d: CodecModel(81e9, 77e9, 10e-6, 10e-6) for d in _FP8_NAMES},
-    },
-    "tpu": {d: CodecModel(400e9, 400e9, 10e-6, 10e-6) for d in _DTYPE_NAMES},
-}
-# Where each DEFAULT_CODEC rate comes from (what zipccl_jax.model labels them with); the scale factors
-# are the H200 kernel rates of benchmarks/results/gpu_report_h200_v2.json ("codec_gb_per_s").
-_H200 = ("on an H200 (GPU kit, wire format v2, benchmarks/results/gpu_report_h200_v2.json); 10 us overheads "
-         "assumed")
-_SCALED = "scaled: bfloat16's measurement x the {} / bfloat16 kernel rates{} " + _H200
-DEFAULT_CODEC_SOURCE: dict[str, dict[str, str]] = {
-    "cpu": {d: "assumed: documented default for cpu" for d in _DTYPE_NAMES},
-    "gpu": {"bfloat16": "measured: bfloat16 codec inside a jitted step " + _H200,
-            "float16": _SCALED.format("float16", ""), "float32": _SCALED.format("float32", ""),
-            **{d: _SCALED.format("float8", " (float8_e4m3fn's and float8_e5m2's mean, for every float8 "
-                                 "type)") for d in _FP8_NAMES}},
-    "tpu": {d: "assumed: documented default for tpu (not measured)" for d in _DTYPE_NAMES},
-}
-
-
 def _default_capacity_ratio() -> dict:
   return {role: {np.dtype(dt).name: float(r) for dt, r in tab.items()}
           for role, tab in EXPECTED_RATIO.items()}
@@ -218,6 +96,7 @@ def _default_capacity_ratio() -> dict:
 _FP8_MEAN_RATIO = {"float8_e4m3fn": 0.83, "float8_e5m2": 0.70, "float8_e4m3fnuz": 0.83,
                    "float8_e5m2fnuz": 0.70, "float8_e4m3b11fnuz": 0.83, "float8_e4m3": 0.83,
                    "float8_e3m4": 0.90, "float8_e8m0fnu": 0.30}
+
 # Mean coded size / raw size (what the ragged transport moves), from the
 # measurements quoted in padded_capacity's docstring.
 _DEFAULT_EXPECTED_RATIO = {
@@ -257,12 +136,6 @@ def current_platform() -> str:
     return platform_key(jax.default_backend())
   except Exception:  # pragma: no cover
     return "cpu"
-
-
-def axis_key(axis_name) -> str:
-  if isinstance(axis_name, (tuple, list)):
-    return ",".join(str(a) for a in axis_name)
-  return str(axis_name)
 
 
 # --------------------------------------------------------------------------- #
@@ -437,6 +310,7 @@ class Profile:
 # --------------------------------------------------------------------------- #
 # The active profile
 # --------------------------------------------------------------------------- #
+
 
 _STATE_LOCK = threading.RLock()
 _ACTIVE: Profile | None = None

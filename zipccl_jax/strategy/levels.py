@@ -1,0 +1,409 @@
+"""The decision over two levels: flat or hierarchical, and which level codes, for a collective
+over ``(slow, fast)`` mesh axes (the programs: :mod:`zipccl_jax.hierarchical`).
+
+When it applies. Inside :func:`zipccl_jax.all_gather` (``to="varying"``),
+:func:`~zipccl_jax.psum_scatter` and :func:`~zipccl_jax.all_to_all`, for an ``axis_name`` of two
+axes ``(slow, fast)`` whose link models are both in the active profile (``Profile.links[axis]``,
+what :func:`zipccl_jax.calibrate` measures per level for a tuple) with ``slow`` the slower, a
+float dtype, and a ``capacity`` that is None, a ratio or ``"observed"``. Then :func:`plan` costs
+every candidate with :func:`zipccl_jax.strategy.decide`'s model (flat on the tuple's own link;
+each phase on its axis's link; the hierarchical programs, raw and with the slow phase coded, as
+:func:`zipccl_jax.calibrate` measured them over the tuple, when it did, see `_candidates`) and runs
+the cheapest:
+
+* ``compress="auto"``: flat raw (the ``jax.lax`` call as written), flat compressed, and
+  hierarchical with at least one phase compressed (compressed candidates must win by the
+  profile's ``min_gain``);
+* ``compress=True``: flat compressed or hierarchical with both phases compressed;
+* ``compress=False``: flat raw.
+
+With ``fixed_order=True`` (:func:`zipccl_jax.use_defaults`) raw means zipccl's fixed-order programs
+and hierarchical with both phases raw is a candidate too (``"auto"`` and ``False``).
+
+:func:`use_algorithm` pins the algorithm (and the per-level compression) at trace time. The
+choice is logged under ``"<site> [levels]"`` with every candidate's estimate
+(:func:`zipccl_jax.explain`); the phases log under ``"<site>/<axis>"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+
+from zipccl_jax import _mixed
+from zipccl_jax._shard import axis_size
+from zipccl_jax.capacity import CODED_DTYPES
+from zipccl_jax.strategy.decision import Decision, decide, log_decision
+from zipccl_jax.strategy.profile import axis_key, current_platform, get_profile
+
+__all__ = ["LevelPlan", "plan", "choose", "use_algorithm", "pinned", "levels_of", "hierarchical_key",
+           "flat_coded_key", "PROGRAM_DTYPE", "OPS"]
+
+
+OPS = ("all_gather", "psum_scatter", "all_to_all")
+
+
+def hierarchical_key(op: str, slow_coded: bool = False, fixed_order: bool = False) -> str:
+  """The key, in the link table of a tuple of axes (``Profile.links["slow,fast"]``), of `op`'s
+  two-level program as :func:`zipccl_jax.calibrate` measures it, with both phases raw or
+  (`slow_coded`) the slow phase compressed: a model of its time against the bytes one device
+  sends in the *flat* raw collective. A psum_scatter's raw level is `jax.lax.psum_scatter`, or
+  with `fixed_order` zipccl's all-to-all and ordered sum, two programs of their own (on XLA:CPU
+  the first ran 2.6x the second at 2 x 4), measured and keyed apart."""
+  order = "_fixed_order" if fixed_order and op == "psum_scatter" else ""
+  return f"hierarchical_{op}" + ("_slow_coded" if slow_coded else "") + order
+
+
+# The dtype calibrate times the coded programs over a tuple on (`hierarchical_key(op, True)`,
+# `flat_coded_key`): their measurements cost calls of this dtype only, since the codec's speed and
+# the default capacity depend on the dtype (float32 codes at 0.85 of raw, bfloat16 at 0.70).
+PROGRAM_DTYPE = np.dtype(jnp.bfloat16)
+
+
+def flat_coded_key(op: str) -> str:
+  """The key, in the link table of a tuple of axes, of `op`'s *flat compressed* program over the
+  tuple as :func:`zipccl_jax.calibrate` measures it (against the flat raw bytes, like
+  `hierarchical_key`): the plan ranks it against the measured hierarchical programs, where the
+  model of its codec and wire (`strategy.decide`) and a measured program can each be off by ~10%
+  in opposite directions (2 x 4 testbed, all_to_all: model 84 ms, run 77 ms)."""
+  return f"flat_{op}_coded"
+
+
+# --------------------------------------------------------------------------- #
+# Pins
+# --------------------------------------------------------------------------- #
+
+
+_FORCED = threading.local()
+
+
+@contextlib.contextmanager
+def use_algorithm(algorithm: str = "auto", compress=None, *, psum: str = "auto", pieces=None):
+  """Pins the algorithms of collectives traced inside the block (every argument left at its
+  default is the cost model's choice; a nested block replaces the enclosing one's pins).
+
+  Args:
+    algorithm: ``"auto"`` (the cost model), ``"flat"`` or ``"hierarchical"`` (for a tuple of two
+      axes, the first one taken as the slow level when the profile does not say).
+    compress: None (the call's own ``compress``), or per level ``{axis: True | False}``
+      (hierarchical only), e.g. ``{"host": True, "local": False}``.
+    psum: ``"auto"``, ``"a2a-sum+gather"`` (reduce-scatter, then all-gather) or
+      ``"gather-sum"`` (all-gather, then every rank sums): :func:`zipccl_jax.psum`'s algorithm.
+    pieces: None, or the number K of independent coded chains a compressed all_to_all,
+      all_gather, psum_scatter or psum splits each chunk into (pipelining, see
+      ``zipccl_jax._exchange``); the result's bits do not depend on K.
+
+  Example::
+
+    with zipccl_jax.use_algorithm("hierarchical", {"host": True, "local": False}):
+      f = jax.jit(jax.shard_map(lambda v: zipccl_jax.all_gather(v, ("host", "local")), ...))
+    with zipccl_jax.use_algorithm(psum="gather-sum", pieces=2):
+      g = jax.jit(jax.shard_map(lambda v: zipccl_jax.psum(v, "i"), ...))
+  """
+  if algorithm not in ("auto", "flat", "hierarchical"):
+    raise ValueError(f"use_algorithm: algorithm must be 'auto', 'flat' or 'hierarchical', "
+                     f"got {algorithm!r}")
+  if compress is not None and (algorithm != "hierarchical" or not isinstance(compress, dict)
+                               or not all(isinstance(v, bool) for v in compress.values())):
+    raise ValueError("use_algorithm: compress must be None, or with algorithm='hierarchical' a "
+                     f"dict {{axis: True | False}}, got {compress!r}")
+  if psum not in ("auto", "a2a-sum+gather", "gather-sum"):
+    raise ValueError(f"use_algorithm: psum must be 'auto', 'a2a-sum+gather' or 'gather-sum', "
+                     f"got {psum!r}")
+  if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int)
+                             or pieces < 1):
+    raise ValueError(f"use_algorithm: pieces must be None or an int >= 1, got {pieces!r}")
+  prev = getattr(_FORCED, "value", None), getattr(_FORCED, "single", None)
+  _FORCED.value = (algorithm, dict(compress) if compress else None)
+  _FORCED.single = (None if psum == "auto" else psum, pieces)
+  try:
+    yield
+  finally:
+    _FORCED.value, _FORCED.single = prev
+
+
+def pinned() -> tuple:
+  """``(psum algorithm or None, pieces or None)`` pinned by the innermost :func:`use_algorithm`."""
+  return getattr(_FORCED, "single", None) or (None, None)
+
+
+# --------------------------------------------------------------------------- #
+# The levels and their candidates
+# --------------------------------------------------------------------------- #
+
+
+def _two_axes(axis_name) -> bool:
+  return (isinstance(axis_name, (tuple, list)) and len(axis_name) == 2
+          and axis_name[0] != axis_name[1])
+
+
+def levels_of(axis_name, profile=None):
+  """``(slow, fast)`` if `axis_name` is two axes whose links the profile both knows, else None."""
+  if not _two_axes(axis_name):
+    return None
+  prof = profile if profile is not None else get_profile()
+  a, b = (str(v) for v in axis_name)
+  if a not in prof.links or b not in prof.links:
+    return None
+  bw = {ax: prof.link(ax, "*")[0].bandwidth_Bps for ax in (a, b)}
+  return (axis_name[0], axis_name[1]) if bw[a] < bw[b] else None
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelPlan:
+  """The algorithm of one two-level call and the estimates behind it (seconds per call)."""
+  op: str
+  site: str
+  slow: str
+  fast: str
+  sizes: tuple                   # (H, L): ranks along slow and fast
+  algorithm: str                 # "flat" or "hierarchical"
+  compress: dict                 # {axis: bool} per phase (hierarchical); {"flat": bool}
+  est_s: float
+  candidates: tuple              # ((name, estimate seconds), ...), in cost order
+  reason: str
+  role: str = "activation"       # the data's statistics (capacity ratios), as strategy.plan's
+  fixed_order: bool = False      # psum_scatter's phases: raw is fixed-order, not jax.lax's call
+
+
+# op -> phases [(level, phase op, chunk elements as a function of (x elements, H, L))] in the
+# order they run; chunk = the elements of one coded frame of the phase (the zipccl collective's).
+_PHASES = {
+    "all_gather": (("slow", "all_gather", lambda m, H, L: m),
+                   ("fast", "all_gather", lambda m, H, L: H * m)),
+    "psum_scatter": (("fast", "psum_scatter", lambda m, H, L: m // L),
+                     ("slow", "psum_scatter", lambda m, H, L: m // (H * L))),
+    "all_to_all": (("fast", "all_to_all", lambda m, H, L: m // (H * L)),
+                   ("slow", "ppermute", lambda m, H, L: m // (H * L))),  # x (H - 1) L rounds
+}  # (all_to_all host coded / local raw is not these phases: `_mixed_model`)
+
+_FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n,
+               "all_to_all": lambda m, n: m // n}
+
+
+def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=None,
+                platform=None, fixed_order=False):
+  """{name: (estimate s, algorithm, {level: compress})} for the `allowed` compression patterns,
+  and a note on where the hierarchical estimates come from.
+
+  The model of each variant (`_models`): per phase the model of `strategy.decide` on its level's
+  link; all_to_all host coded / local raw is one coded exchange over the tuple plus the fast
+  level's tails (`_mixed_model`). Measurements anchor the model: when the profile holds the
+  op's hierarchical raw program over the tuple (`hierarchical_key`, what `calibrate` fits beside
+  the flat link), a variant costs that time plus the model's difference from the raw variant
+  (its codec time, less the link time its smaller wire saves): the phases' copies, sums and the
+  fast level's real cost are then measured, not assumed away. A measurement of the program with
+  the slow phase coded (``slow_coded``: slow coded, fast raw) is that variant's time, and the
+  variant that codes both levels costs it plus the model's fast-phase difference (coding the fast
+  level, against raw): the modelled difference from the raw program missed what the coded program
+  costs around its codec and wire (all_to_all at 2 x 4 on a quiet machine, rounds form: 12 ms of
+  saving modelled, 3.5 ms measured). For all_to_all the measured coded program is the mixed-slot
+  exchange, which the both-coded variant does not run; its slow level codes the same (H - 1) L rows.
+  Flat compressed, when measured over the tuple (`flat_coded_key`), costs its measurement too.
+  Coded programs are measured on `PROGRAM_DTYPE`; a call of another dtype models its coded
+  variants (from the raw measurement, as above).
+  """
+  H, L = sizes
+  prof = profile if profile is not None else get_profile()
+  plat = platform if platform is not None else current_platform()
+  model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat,
+                                   fixed_order)
+  tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
+  measured = tab.get(hierarchical_key(op, fixed_order=fixed_order))  # none: measured the other way
+  same_dtype = dt == PROGRAM_DTYPE
+  coded = tab.get(hierarchical_key(op, True, fixed_order)) if same_dtype else None
+  flat_coded = tab.get(flat_coded_key(op)) if same_dtype else None
+  if flat_coded is not None:
+    flat = {**flat, True: flat_coded.time(flat_sent)}
+  base = measured.time(flat_sent) - model[(False, False)] if measured is not None else 0.0
+
+  def estimate(cs, cf):
+    if cs and coded is not None:  # the measured program, plus the model's fast-phase difference
+      return coded.time(flat_sent) + model[(False, cf)] - model[(False, False)]
+    return model[(cs, cf)] + base
+
+  est = {}
+  for c in (False, True):
+    if ("flat", c) in allowed:
+      est[f"flat {'compressed' if c else 'raw'}"] = (flat[c], "flat", {"flat": c})
+  mode = {False: "raw", True: "compressed"}
+  for cs in (False, True):
+    for cf in (False, True):
+      if ("hier", cs, cf) in allowed:
+        name = f"hierarchical {slow}:{mode[cs]} {fast}:{mode[cf]}"
+        est[name] = (estimate(cs, cf), "hierarchical", {slow: cs, fast: cf})
+  note = ("hierarchical raw measured" if measured is not None
+          else "hierarchical raw = sum of the phases' models")
+  if coded is not None:
+    note += ", slow phase coded measured"
+  if flat_coded is not None:
+    note += ", flat compressed measured"
+  if not same_dtype and (hierarchical_key(op, True, fixed_order) in tab or flat_coded_key(op) in tab):
+    note += f", coded programs modelled ({dt.name}: measured on {PROGRAM_DTYPE.name})"
+  return est, note
+
+
+def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat, fixed_order=False):
+  """({(slow coded, fast coded): modelled seconds}, {compress: flat estimate}, bytes one device
+  sends in the flat raw collective): each hierarchical variant as the sum of its phases'
+  `strategy.decide` models, all_to_all's slow phase as its (H - 1) L rounds, except all_to_all host
+  coded / local raw, which runs the mixed-slot exchange (`_mixed_model`)."""
+  H, L = sizes
+
+  def both(o, chunk, axis, n):
+    d = decide(o, dt, chunk, axis_size=n, axis_name=axis, role=role, compress=True,
+                        profile=prof, platform=plat, log=False, fixed_order=fixed_order)
+    return {False: d.est_raw_s, True: d.est_compressed_s}, d.raw_bytes
+
+  flat, flat_sent = both(op, _FLAT_CHUNK[op](m, H * L), axis_name, H * L)
+  phases = [(lvl, both(o, f(m, H, L), slow if lvl == "slow" else fast,
+                       H if lvl == "slow" else L)[0]) for lvl, o, f in _PHASES[op]]
+  if op == "all_to_all":  # R = (H - 1) L rounds, one encode, one decode and one flag psum
+    r = (H - 1) * L
+    cm = prof.codec_model(dt, plat)[0]
+    once = cm.encode_overhead_s + cm.decode_overhead_s + prof.link(slow, "psum", plat)[0].latency_s
+    lvl, p = phases[1]
+    phases[1] = (lvl, {False: r * p[False], True: r * p[True] - (r - 1) * once})
+  model = {(cs, cf): sum(p[cs if lvl == "slow" else cf] for lvl, p in phases)
+           for cs in (False, True) for cf in (False, True)}
+  if op == "all_to_all":
+    model[(True, False)] = _mixed_model(dt, m // (H * L), axis_name, slow, fast, sizes, role,
+                                        prof, plat)
+  return model, flat, flat_sent
+
+
+def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
+  """Seconds of all_to_all host coded / local raw (`_all_to_all_mixed`): the flat coded exchange
+  over the tuple (its link, its wire of n slots of C bytes, its fallback risk) with n - L rows
+  coded instead of n - 1, plus a raw all_to_all over `fast` of the own host's row tails (the
+  bytes that do not fit in the slot: about (1 - ratio) of each row)."""
+  H, L = sizes
+  n = H * L
+  d = decide("all_to_all", dt, chunk, axis_size=n, axis_name=axis_name, role=role,
+                      compress=True, profile=prof, platform=plat, log=False, pieces=1)
+  cm = prof.codec_model(dt, plat)[0]
+  B = chunk * np.dtype(dt).itemsize
+  t = d.est_compressed_s - (L - 1) * (B / cm.encode_Bps + B / cm.decode_Bps)
+  tail = chunk - _mixed.mixed_head_elems(d.capacity, chunk, dt)   # elements
+  if tail:
+    t += decide("all_to_all", dt, tail, axis_size=L, axis_name=fast, role=role,
+                         compress=False, profile=prof, platform=plat, log=False).est_raw_s
+  return t
+
+
+def _allowed(compress, forced_alg, forced_levels, slow, fast, fixed_order=False):
+  """The (algorithm, compression) patterns a call may run. Raw is jax.lax's own call (flat raw):
+  hierarchical with both levels raw, zipccl's program, only when pinned or with `fixed_order`."""
+  if forced_levels is not None:
+    return {("hier", bool(forced_levels.get(slow, False)), bool(forced_levels.get(fast, False)))}
+  modes = (False, True) if compress == "auto" else (bool(compress),)
+  out = set()
+  if forced_alg != "hierarchical":
+    out |= {("flat", c) for c in modes}
+  if forced_alg != "flat":
+    if compress == "auto":
+      out |= {("hier", a, b) for a in (False, True) for b in (False, True)}
+    else:
+      out.add(("hier", bool(compress), bool(compress)))
+    if forced_alg == "auto" and not fixed_order:
+      out.discard(("hier", False, False))
+  return out
+
+
+# --------------------------------------------------------------------------- #
+# The plan of one call
+# --------------------------------------------------------------------------- #
+
+
+def plan(op: str, x, axis_name, params, compress, capacity, site: str,
+         role: str, fixed_order: bool = False) -> LevelPlan | None:
+  """The algorithm of one call over a two-level `axis_name`: a hierarchical LevelPlan, or None
+  for the flat path (which then decides raw or compressed itself, as without levels).
+
+  `params`: the op's canonical static arguments (as the collectives' recipes hold them).
+  """
+  if op not in OPS or not _two_axes(axis_name):
+    return None  # every call asks: one axis, the common case, returns before any other work
+  forced_alg = (getattr(_FORCED, "value", None) or ("auto", None))[0]
+  dt = np.dtype(x.dtype)
+  if (forced_alg == "flat" or dt not in CODED_DTYPES
+      or (op == "all_gather" and params[2] != "varying")
+      or isinstance(capacity, (int, np.integer, tuple, list)) and not isinstance(capacity, bool)):
+    return None
+  levels = levels_of(axis_name)
+  if levels is None:
+    if forced_alg != "hierarchical":
+      return None
+    levels = (axis_name[0], axis_name[1])
+  slow, fast = levels
+  H, L = axis_size(slow, op), axis_size(fast, op)
+  if H < 2 or L < 2:
+    return None
+  lp = choose(op, dt, int(x.size), axis_name, (slow, fast), (H, L), compress, role, site=site,
+              fixed_order=fixed_order)
+  _log(lp, dt, int(x.size), role, compress)
+  return lp if lp.algorithm == "hierarchical" else None
+
+
+def choose(op: str, dtype, x_elems: int, axis_name, levels, sizes, compress, role: str, *,
+           site: str = "", profile=None, platform: str | None = None,
+           fixed_order: bool = False) -> LevelPlan:
+  """The cheapest algorithm of one two-level call, neither traced nor logged: what :func:`plan`
+  runs at trace time, and what :mod:`zipccl_jax.model` predicts with, so a prediction and a run
+  cannot disagree.
+
+  Args:
+    op: "all_gather", "psum_scatter" or "all_to_all".
+    dtype: the operand's float dtype.
+    x_elems: elements of one device's operand.
+    axis_name: the collective's tuple of two axes.
+    levels: ``(slow, fast)`` axis names.
+    sizes: ``(H, L)``: ranks along ``slow`` and ``fast``.
+    compress, role: the call's options (as the collectives'); the innermost
+      :func:`use_algorithm` pins apply.
+    profile, platform: default the active profile and ``jax.default_backend()``.
+    fixed_order: psum_scatter: raw phases (and flat raw) are zipccl's fixed-order programs, and
+      hierarchical raw is a candidate; otherwise raw is jax.lax's call (`_allowed`).
+
+  Returns the :class:`LevelPlan` with every candidate's estimate (``algorithm`` "flat": the flat
+  path runs, raw or compressed as its own decision says).
+  """
+  forced_alg, forced_levels = getattr(_FORCED, "value", None) or ("auto", None)
+  prof = profile if profile is not None else get_profile()
+  dt = np.dtype(dtype)
+  slow, fast = levels
+  H, L = sizes
+  allowed = _allowed(compress, forced_alg, forced_levels, slow, fast, fixed_order)
+  cands, note = _candidates(op, dt, int(x_elems), axis_name, slow, fast, (H, L), role, allowed,
+                            profile=prof, platform=platform, fixed_order=fixed_order)
+  g = prof.min_gain
+  score = {k: t * (1 + g if any(cs.values()) else 1) for k, (t, _, cs) in cands.items()}
+  order = sorted(cands, key=lambda k: (score[k], k))
+  best = order[0]
+  t, alg, cs = cands[best]
+  why = ("use_algorithm" if forced_alg != "auto" else f"model (compressed x (1+{g:g}); {note})") \
+      + ": " + ", ".join(f"{k} {cands[k][0] * 1e3:.3f} ms" for k in order)
+  return LevelPlan(op, site, str(slow), str(fast), (H, L), alg, cs, float(t),
+                   tuple((k, float(cands[k][0])) for k in order), why, role, fixed_order)
+
+
+def _log(lp: LevelPlan, dt, m: int, role: str, mode) -> None:
+  """Records the level choice under "<site> [levels]" (explain() shows it next to the phases)."""
+  raw_flat = dict(lp.candidates).get("flat raw", math.nan)
+  prof = get_profile()
+  slow_link = prof.link(lp.slow, "*")[0]
+  log_decision(Decision(
+      op=lp.op, site=f"{lp.site} [levels]", dtype=dt.name, chunk_elems=m,
+      axis_size=int(lp.sizes[0] * lp.sizes[1]), axis=axis_key((lp.slow, lp.fast)), role=role,
+      compress=any(lp.compress.values()), capacity=0, transport="-",
+      algorithm=lp.algorithm if lp.algorithm == "flat" else
+      "hierarchical(" + ",".join(f"{a}:{'c' if c else 'r'}" for a, c in lp.compress.items()) + ")",
+      est_raw_s=float(raw_flat), est_compressed_s=lp.est_s, raw_bytes=0, wire_bytes=0,
+      bandwidth_Bps=float(slow_link.bandwidth_Bps), latency_s=float(slow_link.latency_s),
+      capacity_source="-",
+      reason=f"{lp.algorithm}: {lp.reason}", profile=prof.fingerprint(), mode=str(mode)))

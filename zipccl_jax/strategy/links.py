@@ -1,0 +1,89 @@
+"""Links: the time of one collective against the bytes one device sends.
+
+A :class:`LinkModel` is what :func:`zipccl_jax.calibrate` fits for one collective over one mesh axis
+(``Profile.links``); :data:`DEFAULT_LINKS` apply where a profile has none. :func:`flat_links` composes a
+cluster's two levels into the link of the flat collective over both (``zipccl_jax.model``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass
+class LinkModel:
+  """The time of one collective against ``sent_bytes``, the bytes one device sends (the model of
+  :func:`zipccl_jax.hlo_wire_bytes`, so ``bandwidth_Bps`` is a per-device rate).
+
+  Without ``points``: the line ``latency_s + sent_bytes / bandwidth_Bps``. With ``points``
+  (what :func:`zipccl_jax.calibrate` measured: ``((sent bytes, seconds), ...)``, sizes ascending,
+  times non-decreasing), the measurements themselves: linear interpolation between neighbouring
+  points, from ``(0, latency_s)`` to the first point, and past the last one its time plus the
+  fitted slope. A line through two sizes misses steps in between (a message that outgrows a cache
+  or a socket buffer costs more per byte); interpolation is exact at every measured size.
+  """
+  latency_s: float
+  bandwidth_Bps: float
+  points: tuple = ()
+
+  def __post_init__(self):
+    self.points = tuple((float(x), float(t)) for x, t in self.points)  # JSON gives lists
+
+  def time(self, sent_bytes: float) -> float:
+    b = float(sent_bytes)
+    pts = self.points
+    if not pts:
+      return self.latency_s + b / self.bandwidth_Bps
+    x1, t1 = pts[-1]
+    if b >= x1:
+      return t1 + (b - x1) / self.bandwidth_Bps
+    x0, t0 = 0.0, min(self.latency_s, pts[0][1])
+    for x1, t1 in pts:
+      if b <= x1:
+        return t0 + (t1 - t0) * (b - x0) / (x1 - x0)
+      x0, t0 = x1, t1
+    raise AssertionError("unreachable: b < the last point's size")
+
+  def check(self) -> str | None:
+    """Why the model is not sane, or None."""
+    if not (self.bandwidth_Bps > 0 and math.isfinite(self.bandwidth_Bps)
+            and math.isfinite(self.latency_s) and self.latency_s >= 0):
+      return "bandwidth must be finite and > 0, latency finite and >= 0"
+    xs = [x for x, _ in self.points]
+    ts = [t for _, t in self.points]
+    if not all(math.isfinite(v) for v in xs + ts):
+      return "points must be finite"
+    if xs and (xs[0] <= 0 or any(b <= a for a, b in zip(xs, xs[1:]))):
+      return "point sizes must be > 0 and strictly ascending"
+    if ts and (ts[0] < 0 or any(b < a for a, b in zip(ts, ts[1:]))):
+      return "point times must be >= 0 and non-decreasing"
+    return None
+
+
+# Documented defaults (no profile, or a profile without the entry).
+DEFAULT_LINKS: dict[str, LinkModel] = {
+    "cpu": LinkModel(latency_s=100e-6, bandwidth_Bps=0.125e9),
+    "gpu": LinkModel(latency_s=15e-6, bandwidth_Bps=25e9),
+    "tpu": LinkModel(latency_s=15e-6, bandwidth_Bps=25e9),
+}
+
+
+def axis_key(axis_name) -> str:
+  if isinstance(axis_name, (tuple, list)):
+    return ",".join(str(a) for a in axis_name)
+  return str(axis_name)
+
+
+def flat_links(H: int, L: int, inter: LinkModel, intra: LinkModel) -> dict:
+  """Per collective, the flat collective over ("host", "local") as one link (the table of zipccl_jax.model's docstring)."""
+  n = H * L
+  lat = max(inter.latency_s, intra.latency_s)
+  # all_to_all: of n - 1 rows, n - L cross hosts and L - 1 stay; both at once
+  a2a = 1.0 / max((n - L) / (n - 1) / inter.bandwidth_Bps, (L - 1) / (n - 1) / intra.bandwidth_Bps)
+  # ring all_gather: every edge of the ring carries n - 1 shards, a host's edge out of it through
+  # its L devices' links together (one ring per device's link, each a 1/L slice)
+  ag = min(L * inter.bandwidth_Bps, intra.bandwidth_Bps)
+  a2a_link = LinkModel(lat, a2a)
+  return {"all_to_all": a2a_link, "all_gather": LinkModel(lat, ag), "*": a2a_link,
+          "ppermute": inter, "psum": inter}  # ppermute's rounds and flag psums cross hosts
