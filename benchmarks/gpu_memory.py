@@ -65,11 +65,26 @@ def lax_ragged_all_to_all(v):
                                    here, sizes, axis_name="i")
 
 
+# elements of one coded frame of each op, for `elems` per device (the collectives' chunk: psum's first phase)
+CHUNK = {"all_to_all": lambda e: e // N, "all_gather": lambda e: e, "psum_scatter": lambda e: e // N,
+         "psum": lambda e: e // N, "ppermute": lambda e: e}
+
+
+def gpu_pieces(op: str, elems: int, transport: str) -> int:
+  """The K a compressed call of `op` runs in on a GPU with the default profile: the strategy's own decision,
+  asked for the GPU (here jax's backend is the CPU, whose K is always 1)."""
+  d = zj.strategy.decide(op, jnp.bfloat16, CHUNK[op](elems), axis_size=N, axis_name="i", compress=True,
+                         transport=transport, platform="gpu", log=False, message_elems=elems)
+  return d.pieces
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--mib", type=float, default=64.0, help="MiB of bfloat16 per device")
   ap.add_argument("--ops", default=",".join(OPS))
-  ap.add_argument("--pieces", type=int, default=1, help="K, the pieces each compressed call is coded in")
+  ap.add_argument("--pieces", type=int, default=None,
+                  help="K, the pieces each compressed call is coded in (default: the K the strategy picks on a GPU "
+                  "for the call: `strategy.decide(..., platform='gpu')`, since this process's backend is the CPU)")
   ap.add_argument("--json", type=Path)
   a = ap.parse_args(argv)
   _ffi.register()
@@ -98,16 +113,17 @@ def main(argv=None) -> int:
             f"{ref['conditionals']:5d}")
     for transport in ("padded", "ragged"):
       zj.reset_stats()
-      with zj.use_algorithm(pieces=a.pieces):
+      k = a.pieces or gpu_pieces(op, rows * cols, transport)
+      with zj.use_algorithm(pieces=k):
         rec = analyse(smap(lambda v: ours(v, compress=True, transport=transport, name=op)), spec)
       st = zj.stats()[op]
       frames = 2 * st.wire_bytes  # per device and call: what it sends, and as much received
       extra = rec["temp_bytes"] - base["temp_bytes"]
       size = max(rec["argument_bytes"], rec["output_bytes"])
-      out.append({"op": op, "variant": transport, **rec, "extra_temp_bytes": extra, "frame_bytes": frames,
+      out.append({"op": op, "variant": transport, "pieces": k, **rec, "extra_temp_bytes": extra, "frame_bytes": frames,
                   "within_frames": extra <= frames, "extra_over_size": round(extra / size, 3)})
-      print(f"{op:13s} {transport:8s} {rec['temp_bytes'] / 2**20:9.1f} {extra / 2**20:8.1f} {frames / 2**20:8.1f} "
-            f"{extra / size:6.2f} {rec['conditionals']:5d}")
+      print(f"{op:13s} {transport + f' K={k}':8s} {rec['temp_bytes'] / 2**20:9.1f} {extra / 2**20:8.1f} "
+            f"{frames / 2**20:8.1f} {extra / size:6.2f} {rec['conditionals']:5d}")
   if a.json:
     a.json.write_text(json.dumps({"command": "python benchmarks/gpu_memory.py " + " ".join(argv or sys.argv[1:]),
                                   "topology": f"{N} x H100 (described, deviceless)", "jax": jax.__version__,

@@ -5,7 +5,8 @@ instrumentation (RACE) instead of AddressSanitizer's, which GCC and Clang cannot
 emulator's runtime xla_ffi/simt_race_hooks.cc, linked in place of TSan's, turns each of their accesses into a
 shared-memory race check and a seeded random yield between fibers, and forwards it to ASan's check. All other
 sources get ASan (ASAN), and the binary links ASan's runtime. Objects and binaries are cached under
-build/sanitized/ by a hash of the sources, the headers and the flags.
+build/sanitized/ by a hash of the source, the headers and the flags (not the tree's path: a copy with one
+seeded source reuses the others' objects).
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def _headers_digest(root: Path) -> str:
 
 
 def _object(root: Path, src: str, flags: list[str], headers: str) -> Path:
+  # Keyed by what the object is made of (the source, every header, the flags), not by where the tree lies:
+  # a test that seeds a bug in a copy of one source recompiles only that one.
+  key = hashlib.sha256("\0".join([src, (root / src).read_text(), headers, CXX] + BASE + flags).encode())
   flags = BASE + ["-I", str(root), "-I", str(root / "xla_ffi")] + flags
-  key = hashlib.sha256("\0".join([(root / src).read_text(), headers, CXX] + flags).encode())
   out = ROOT / "build" / "sanitized" / f"{Path(src).stem}-{key.hexdigest()[:16]}.o"
   if not out.exists():
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,8 @@
 On 8 virtual CPU devices every K gives the bits of K = 1 (data movement: jax.lax's bits), including
 chunks whose size K does not divide and pieces that overflow into their own raw fallback. The CUDA
 lowering (no GPU needed) is parsed as StableHLO: K chains, and no chain's custom call or collective
-reads a value computed by another chain. The model picks K = 1 on CPU and K > 1 for a large message on
-a GPU profile, and explain() reports it.
+reads a value computed by another chain, but psum_scatter's, which run one after another (memory). The
+model picks K = 1 on CPU and K > 1 for a large message on a GPU profile, and explain() reports it.
 """
 from __future__ import annotations
 
@@ -201,8 +201,7 @@ def _cuda_module(op, pieces, transport):
 
 
 @pytest.mark.parametrize("op,transport", [("all_to_all", "padded"), ("all_to_all", "ragged"),
-                                          ("all_gather", "padded"), ("psum_scatter", "ragged"),
-                                          ("ppermute", "padded")])
+                                          ("all_gather", "padded"), ("ppermute", "padded")])
 def test_cuda_lowering_has_k_independent_chains(op, transport):
   k = 3
   chains, encodes = _chains(_cuda_module(op, k, transport))
@@ -233,6 +232,50 @@ def test_cuda_lowering_has_k_independent_chains(op, transport):
   # every chain: its own encode, collective(s) and decode
   assert sorted(next(iter(e)) for e in decodes) == sorted(encodes)
   assert {next(iter(e)) for e in colls} == set(encodes)
+
+
+@pytest.mark.parametrize("transport", ["padded", "ragged"])
+def test_cuda_lowering_of_psum_scatter_runs_pieces_in_sequence(transport):
+  """psum_scatter's pieces run one after another (`_reduce.reduce_rows`, for memory: one piece's frames
+  and rows alive at a time): piece k+1's encode reads what piece k's sum computed, so each encode has
+  every earlier one among its ancestors."""
+  k = 3
+  chains, encodes = _chains(_cuda_module("psum_scatter", k, transport))
+  assert len(encodes) == k
+  sets = [enc for lab, enc in chains if lab == ["zipccl_encode"]]
+  assert sorted(sets, key=len) == [set(sorted(encodes)[:i + 1]) for i in range(k)], chains
+
+
+@pytest.mark.parametrize("transport", ["padded", "ragged"])
+def test_psum_scatter_pieces_of_nans_give_the_raw_bits(transport):
+  """Every element a NaN (random payloads, quiet and signalling, both signs): each sum adds NaNs, whose
+  result x86 takes from whichever operand the compiler put first. The coded sums, per piece, and the
+  raw fixed-order program's, over the whole row, are different computations; `ordered_sum` pins the
+  first NaN in rank order, so their bits agree for every K."""
+  mesh = _mesh()
+  fn, _, spec = CASES["psum_scatter"]
+  rng = np.random.default_rng(7)
+  u = (rng.integers(1, 1 << 7, size=(N * 16, 3 * 64), dtype=np.uint16) | 0x7F80
+       | (rng.integers(0, 2, size=(N * 16, 3 * 64), dtype=np.uint16) << 15))
+  x = u.view(BF16)
+  want = _bits(_run(mesh, fn, x, spec, compress=False, fixed_order=True))
+  for k in (1, 2, 3, 4):
+    got = _bits(_run(mesh, fn, x, spec, pieces=k, compress=True, transport=transport))
+    assert np.array_equal(got, want), k
+
+
+def test_ordered_sum_pins_the_first_nan():
+  """The sum's NaN is the first NaN in row order, wherever the other NaNs are: in float32 its bits
+  exactly; in bfloat16 its sign (XLA:CPU's rounding to bfloat16 writes the canonical quiet payload)."""
+  from zipccl_jax import _reduce
+  f32 = np.zeros((4, 3), np.uint32)
+  f32[1] = [0xFFA00003, 0x7FC00001, 0x3F800000]   # a negative signalling NaN, a positive quiet one, 1.0
+  f32[3] = [0x7FC00005, 0xFF800001, 0x7FC00009]   # NaNs of the other signs
+  got = np.asarray(jax.jit(lambda r: _reduce.ordered_sum(r, r.dtype))(f32.view(np.float32))).view(np.uint32)
+  assert list(got) == [0xFFA00003, 0x7FC00001, 0x7FC00009], [hex(g) for g in got]
+  bf = (f32 >> 16).astype(np.uint16)
+  got = np.asarray(jax.jit(lambda r: _reduce.ordered_sum(r, r.dtype))(bf.view(BF16))).view(np.uint16)
+  assert np.isnan(got.view(BF16).astype(np.float32)).all() and list(got >> 15) == [1, 0, 0], got
 
 
 def test_cuda_lowering_of_psum_chains_per_phase():
@@ -275,6 +318,26 @@ def test_model_k_is_one_on_cpu_and_grows_on_gpu_for_large_messages():
   auto = strategy.decide("all_to_all", BF16, m, axis_size=N, compress="auto", platform="gpu",
                          log=False)
   assert auto.compress and auto.transport == "padded" and auto.pieces == gpu.pieces
+
+
+def test_psum_scatter_runs_in_sequential_pieces_off_cpu():
+  """Off CPU psum_scatter takes MEMORY_PIECES pieces, one after another (no overlap: each piece's stages
+  summed); on CPU, or a chunk of fewer codec blocks, fewer; a pin wins."""
+  m = 8 << 20
+  gpu = strategy.decide("psum_scatter", BF16, m, axis_size=N, compress=True, platform="gpu", log=False)
+  assert gpu.pieces == programs.MEMORY_PIECES and "sequential, for memory" in gpu.reason, gpu
+  ragged = strategy.decide("psum_scatter", BF16, m, axis_size=N, compress=True, platform="gpu",
+                           transport="ragged", log=False)
+  assert ragged.pieces == programs.MEMORY_PIECES
+  assert strategy.decide("psum_scatter", BF16, m, axis_size=N, compress=True, platform="cpu",
+                         log=False).pieces == 1
+  assert strategy.decide("psum_scatter", BF16, 2 * 65536, axis_size=N, compress=True, platform="gpu",
+                         log=False).pieces == 2
+  assert strategy.decide("psum_scatter", BF16, m, axis_size=N, compress=True, platform="gpu", pieces=2,
+                         log=False).pieces == 2
+  stages = [((4.0, 0.1), (6.0, 0.2), (2.0, 0.1))]
+  k, t, _ = programs.choose_pieces(stages, 1 << 20, "gpu", op="psum_scatter")
+  assert k == programs.MEMORY_PIECES and t == pytest.approx(programs.pipeline_time(stages, k, False))
 
 
 def test_pipeline_time_model():

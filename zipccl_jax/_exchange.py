@@ -42,7 +42,7 @@ stays padded.
 
 `exchange_rows` on the ragged transport (all_to_all, ragged_all_to_all, psum_scatter and psum's
 first phase: XLA:GPU's default) has no fallback and no ``lax.cond``: a row whose frame does not
-fit travels raw, alone (`_ragged_rows` has the steps). XLA:GPU runs a conditional by copying its
+fit travels raw, alone (`ragged_rows` has the steps). XLA:GPU runs a conditional by copying its
 predicate to the host and waiting for the stream, so a padded call stops the host once; this
 path never does (on XLA's one-shot ragged kernel, intra-node; its NCCL path reads the sizes on
 the host itself). The other exchanges keep the uniform fallback below on both transports (an
@@ -85,10 +85,11 @@ thunks on devices that share the host's cores (K > 1 only adds per-piece overhea
 `permute_row`'s transfers are chained (piece k+1's frame waits for piece k's transfer behind an
 optimization barrier), since XLA:GPU combines independent collective-permutes into one.
 
-Ordered sum
------------
-`ordered_sum` adds rows in ascending rank order in float32 and rounds once, raw or coded, so
-reductions return the same bits whatever the transport.
+Reductions
+----------
+`zipccl_jax._reduce` sums what these exchanges deliver (`ordered_sum`: ascending rank order in
+float32, rounded once, raw or coded, so reductions return the same bits whatever the transport),
+and runs psum_scatter's pieces one after another (`reduce_rows`).
 """
 
 from __future__ import annotations
@@ -110,10 +111,6 @@ from zipccl_jax._shard import (axes_of, lax_ppermute, manual_axes, perm_in_tuple
                                vary, vary_like)
 from zipccl_jax.capacity import piece_capacities
 
-# Fixed-order sums are unrolled up to this many ranks, then use a sequential loop.
-_UNROLL_MAX = 64
-
-
 # --------------------------------------------------------------------------- #
 # Bits, branches and the own row
 # --------------------------------------------------------------------------- #
@@ -127,6 +124,13 @@ def raw_bits(fn, x):
   dt = x.dtype
   u = lax.bitcast_convert_type(x, uint_of(dt))
   return lax.bitcast_convert_type(fn(u), dt)
+
+
+def zero_after(x, dtype=jnp.int32):
+  """A zero of `dtype` computed from `x`'s first element, which XLA cannot prove zero (the minimum
+  of an unsigned value and 0): what it feeds is computed once `x` exists, not hoisted before it."""
+  first = lax.bitcast_convert_type(x.reshape(-1)[:1], uint_of(x.dtype))[0]
+  return jnp.minimum(first, jnp.zeros((), first.dtype)).astype(dtype)
 
 
 def in_fallback(fn):
@@ -203,19 +207,6 @@ def with_own_row(decoded, rows, skip):
   bits = jnp.where(skip[:, None], own if own.ndim == 2 else own[None, :],
                    lax.bitcast_convert_type(decoded, u))
   return lax.bitcast_convert_type(bits, rows.dtype)
-
-
-def ordered_sum(rows, dtype):
-  """((f32(r0) + f32(r1)) + ...) in ascending row order, rounded once to `dtype`."""
-  n = rows.shape[0]
-  if n <= _UNROLL_MAX:
-    acc = rows[0].astype(jnp.float32)
-    for j in range(1, n):
-      acc = acc + rows[j].astype(jnp.float32)
-  else:
-    acc = lax.fori_loop(1, n, lambda j, a: a + rows[j].astype(jnp.float32),
-                        rows[0].astype(jnp.float32))
-  return acc.astype(dtype)
 
 
 # --------------------------------------------------------------------------- #
@@ -295,7 +286,7 @@ def _zero_like_batch(p):
   return (p.reshape(-1)[0] & 0).astype(jnp.int32)
 
 
-def _by_transport(transport: str, padded: Callable, ragged: Callable, *args):
+def by_transport(transport: str, padded: Callable, ragged: Callable, *args):
   if transport == "padded":
     return padded(*args)
   if transport == "ragged":
@@ -333,7 +324,7 @@ def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
   """The ragged transport of `_move_rows` (payload (n, C): frame j to rank j) and of
   `_move_row_to_all` (payload (C,): the one frame to every rank): only ``send[j]`` bytes go to
   rank j; returns (n, slot), row s holding the ``recv_sizes[s]`` bytes from rank s, zeros after
-  (``slot`` bytes per received row, default C; `_ragged_rows` makes room for a raw row). The
+  (``slot`` bytes per received row, default C; `ragged_rows` makes room for a raw row). The
   bytes move in rows of `_unit` bytes, a frame's last row padded by its zero tail."""
   slot = capacity if slot is None else slot
   u = _unit(capacity, slot)
@@ -345,7 +336,9 @@ def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
     in_off = vary_like(start, payload) + z
     out_off = jnp.full((n,), slot // u, dt) * me + z
     send, recv_sizes = _in_units(send.astype(dt), u), _in_units(recv_sizes.astype(dt), u)
-  out = vary_like(jnp.zeros((n * slot // u, u), jnp.uint8), payload)
+  # the receive buffer, zeros made from the payload: created once the frames exist, not hoisted (alive
+  # through everything before them; in pieces, every piece's buffer at once)
+  out = vary_like(jnp.full((n * slot // u, u), zero_after(payload, jnp.uint8)), payload)
   r = _ragged.exchange(payload.reshape(-1, u), out, in_off, send, out_off, recv_sizes,
                        axis_name=axis_name, max_send_rows=capacity // u)
   return r.reshape(n, slot)
@@ -366,7 +359,7 @@ def _move_row_to_all(payload, nbytes, axis_name, n: int, capacity: int, transpor
 
   if invariant:
     return padded(payload, nbytes)
-  return _by_transport(transport, padded, ragged, payload, nbytes)
+  return by_transport(transport, padded, ragged, payload, nbytes)
 
 
 def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, transport: str):
@@ -396,7 +389,7 @@ def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, t
     return _ragged.exchange(p.reshape(-1, u), out, zeros, _in_units(send, u), zeros,
                             _in_units(recv_sizes, u), axis_name=axis_name).reshape(capacity)
 
-  return _by_transport(transport, padded, ragged, payload, nbytes)
+  return by_transport(transport, padded, ragged, payload, nbytes)
 
 
 def _row_size(nbytes, transport: str, invariant: bool = False):
@@ -415,7 +408,7 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
 
   Padded transport: `raw()` is the fallback branch (the `jax.lax` collective on the operand's
   bits), traced in the fallback scope; it must return what `finish` returns. Ragged transport:
-  no fallback and no conditional, a row that does not fit travels raw (`_ragged_rows`).
+  no fallback and no conditional, a row that does not fit travels raw (`ragged_rows`).
   `pieces` > 1 codes the columns in that many independent chains (`in_pieces`); padded, one
   fallback for the call. The reductions sum `got` after the conditional, not inside a branch:
   summed in two places, XLA may order an addition's operands differently, and the sign and
@@ -424,26 +417,26 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
   def padded(rows):
     if pieces > 1:
       def piece(r, cap):
-        fallback, coded = _exchange_chain(r, axis_name, n, cap, eager=True)
+        fallback, coded = exchange_chain(r, axis_name, n, cap, eager=True)
         return fallback, coded()
       fallback, got = in_pieces(rows, pieces, capacity, site, piece)
       return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(got))
-    fallback, coded = _exchange_chain(rows, axis_name, n, capacity)
+    fallback, coded = exchange_chain(rows, axis_name, n, capacity)
     accounting.count(site, fallback)
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
 
   def ragged(rows):
-    chain = lambda r, cap: _ragged_rows(r, axis_name, n, cap)
+    chain = lambda r, cap: ragged_rows(r, axis_name, n, cap)
     if pieces > 1:
       return finish(in_pieces(rows, pieces, capacity, site, chain)[1])
     any_raw, got = chain(rows, capacity)
     accounting.count(site, any_raw)
     return finish(got)
 
-  return _by_transport(transport, padded, ragged, rows)
+  return by_transport(transport, padded, ragged, rows)
 
 
-def _exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
+def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
   """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s);
   `eager`: the decode runs outside the fallback's conditional (`decode_any`)."""
   skip = own_row(axis_name, n)
@@ -456,7 +449,7 @@ def _exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False)
   return fallback, lambda: with_own_row(dec(), rows, skip)
 
 
-def _ragged_rows(rows, axis_name, n: int, capacity: int):
+def ragged_rows(rows, axis_name, n: int, capacity: int):
   """`exchange_rows` on the ragged transport, with no conditional: (any row came raw, got).
 
   Each sender sends one int32 per row: the frame's size, or -1 where the frame did not fit in
@@ -526,7 +519,7 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
 def _gather_chain(x, axis_name, n: int, capacity: int, transport: str, invariant: bool,
                   eager: bool = False):
   """Encode `x` (m elements) -> all-gather -> (fallback flag, thunk decoding (n, m), row s from
-  rank s); `eager` as in `_exchange_chain`."""
+  rank s); `eager` as in `exchange_chain`."""
   m = x.size
   payload, nbytes, _ = encode_rows(x.reshape(1, m), capacity)
   recv = _move_row_to_all(payload[0], _row_size(nbytes, transport, invariant), axis_name, n,

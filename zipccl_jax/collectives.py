@@ -18,23 +18,19 @@ Keyword options shared by all:
 
 * ``compress``: ``True`` codes every bfloat16/float16/float32/float8 message
   (``format.SUPPORTED_NAMES``; other dtypes go through ``jax.lax`` unchanged); ``False``
-  always sends raw; ``"auto"``
-  asks the cost model of :mod:`zipccl_jax.strategy` at trace time (raw for
-  dtypes the codec does not cover, for an axis of size 1, when the capacity
-  would not save bytes, and whenever the estimated compressed time does not
-  beat the raw one for the active :class:`~zipccl_jax.Profile`; see
-  :func:`zipccl_jax.calibrate` and :func:`zipccl_jax.explain`).
+  always sends raw; ``"auto"`` asks the cost model of :mod:`zipccl_jax.strategy` at trace time
+  (raw for dtypes the codec does not cover, for an axis of size 1, when the capacity would not
+  save bytes, and whenever the estimated compressed time does not beat the raw one for the
+  active :class:`~zipccl_jax.Profile`; see :func:`zipccl_jax.calibrate` and :func:`zipccl_jax.explain`).
   :func:`zipccl_jax.strategy.plan` is the one place the decision is made.
   ``None`` (the default) takes :func:`zipccl_jax.use_defaults`' setting, ``"auto"`` unless set.
 * ``capacity``: padded bytes per chunk. ``None`` takes :func:`zipccl_jax.use_defaults`'
-  setting, else :func:`padded_capacity`;
-  an ``int`` is a byte count (>= 32); a ``float`` is a fraction of the chunk's
-  raw bytes; ``"observed"`` is the largest frame :func:`zipccl_jax.observe`
-  recorded for this call site (``name``) in the active profile, plus its margin,
-  and :func:`padded_capacity` if none was (this is what ``compress="auto"`` always
-  does; ``"observed"`` gives it to ``compress=True``); a pair
-  ``(forward, backward)`` sets the capacity of the transposed collective in
-  ``jax.grad`` separately (gradients code worse than activations).
+  setting, else :func:`padded_capacity`; an ``int`` is a byte count (>= 32); a ``float`` is a
+  fraction of the chunk's raw bytes; ``"observed"`` is the largest frame :func:`zipccl_jax.observe`
+  recorded for this call site (``name``) in the active profile, plus its margin, and
+  :func:`padded_capacity` if none was (this is what ``compress="auto"`` always does; ``"observed"``
+  gives it to ``compress=True``); a pair ``(forward, backward)`` sets the capacity of the
+  transposed collective in ``jax.grad`` separately (gradients code worse than activations).
 * ``transport``: ``"auto"`` (padded on CPU, ragged elsewhere, chosen with
   ``lax.platform_dependent``), ``"padded"`` or ``"ragged"``.
 * ``name``: call-site name for :func:`stats` (default: ``op@file:line``).
@@ -54,8 +50,8 @@ them.
 
 Reductions and statistics
 -------------------------
-Coded, ``psum_scatter`` and ``psum`` compute the fixed-order float32 sum of `_exchange.ordered_sum`
-(so does their overflow fallback); raw they run the ``jax.lax`` call as written (XLA's ring, whose
+Coded, ``psum_scatter`` (its pieces one after another, for memory: `_reduce.reduce_rows`) and ``psum``
+compute the fixed-order float32 sum of `_reduce.ordered_sum` (so does their overflow fallback); raw they run the ``jax.lax`` call as written (XLA's ring, whose
 host crossings use every device's link). ``fixed_order=True`` (per call, or `use_defaults`) makes
 raw the fixed-order all-to-all and sum too, so the bits never depend on the decision, at the
 all-to-all's cost (``python -m zipccl_jax.model`` prices both). Each call site records the bytes
@@ -82,7 +78,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from zipccl_jax import _exchange, _recipe, accounting
+from zipccl_jax import _exchange, _recipe, _reduce, accounting
 from zipccl_jax._recipe import (Call, Recipe, check_positional, lax_raw, raw_path, run, size_of,
                                 transposed)
 from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_split,
@@ -403,20 +399,24 @@ def _psum_scatter_lax(x, axis_name, params, groups=None):
                           axis_index_groups=groups)
 
 
-def _reduce_scatter_rows(rows, axis_name, n, call: Call):
-  """rows (n, m) -> this rank's fixed-order sum of row `me` over ranks, (m,)."""
-  def raw():
+def _reduce_scatter_rows(rows, axis_name, n, call: Call, sequential: bool = False):
+  """rows (n, m) -> this rank's fixed-order sum of row `me`, (m,); `sequential`: pieces in turn."""
+  def raw(r):
     return _exchange.raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True,
-                                                       axis_index_groups=call.groups), rows)
+                                                       axis_index_groups=call.groups), r)
 
-  if call.capacity:  # one sum after the conditional, whichever branch ran: the same NaN signs and
-    got = _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,  # payloads
-                                  transport=call.transport, site=call.site, raw=raw,
-                                  pieces=call.pieces)
+  if call.capacity and call.pieces > 1 and sequential:  # one piece alive at a time (memory)
+    return _reduce.reduce_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
+                               transport=call.transport, site=call.site, raw=raw,
+                               pieces=call.pieces)
+  if call.capacity:
+    got = _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
+                                  transport=call.transport, site=call.site,
+                                  raw=lambda: raw(rows), pieces=call.pieces)
   else:
-    got = raw()
+    got = raw(rows)
     accounting.count(call.site, jnp.bool_(False))
-  return _exchange.ordered_sum(got, rows.dtype)
+  return _reduce.ordered_sum(got, rows.dtype)
 
 
 def _psum_scatter_impl(call: Call, x):
@@ -430,7 +430,7 @@ def _psum_scatter_impl(call: Call, x):
   k = x.shape[dim] // n
   rows = jnp.moveaxis(x, dim, 0).reshape(n, m)
   record_frames(call.site, "psum_scatter", lambda: rows)
-  red = _reduce_scatter_rows(rows, call.axis_name, n, call)
+  red = _reduce_scatter_rows(rows, call.axis_name, n, call, sequential=True)
   rest = x.shape[:dim] + x.shape[dim + 1:]
   y = jnp.moveaxis(red.reshape((k,) + rest), 0, dim)
   return y if tiled else jnp.squeeze(y, dim)
@@ -557,7 +557,7 @@ def _psum_gather_sum(call: Call, x, n: int):
   if not call.capacity:
     accounting.count(call.site, jnp.bool_(False))
   rows = _gather_sums(x.reshape(x.size), call.axis_name, n, call, check_vma_on(), site=call.site)
-  return _exchange.ordered_sum(rows, x.dtype).reshape(x.shape)
+  return _reduce.ordered_sum(rows, x.dtype).reshape(x.shape)
 
 
 def _psum_transpose_rule(call: Call, ct):

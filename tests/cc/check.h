@@ -1,6 +1,7 @@
 // Minimal test harness for the codec's C++ unit tests (no gtest: the build is offline and dependency-free).
 //   TEST(name) { CHECK(cond) << "context"; CHECK_EQ(a, b); }
-// main() (from ZIPCCL_TEST_MAIN) runs every TEST and exits non-zero if any CHECK failed.
+// main() (from ZIPCCL_TEST_MAIN) runs every TEST, or those named on its command line, and exits non-zero if any
+// CHECK failed (or a name matches no TEST).
 #pragma once
 
 #include <cstdio>
@@ -58,14 +59,26 @@ std::string Describe(const char* a_expr, const char* b_expr, const A& a, const B
   return os.str();
 }
 
-inline int RunAll() {
+// Runs every TEST, or only those whose names are in argv[1..] (a test of the tests that seeds one bug runs the
+// TESTs that must catch it, not the whole file).
+inline int RunAll(int argc = 0, char** argv = nullptr) {
   Registry& r = Registry::Get();
+  std::vector<std::string> only(argv ? argv + 1 : argv, argv ? argv + argc : argv);
+  size_t ran = 0;
   for (auto& [name, fn] : r.tests) {
+    bool named = only.empty();
+    for (const std::string& o : only) named = named || o == name;
+    if (!named) continue;
     int before = r.failures;
     fn();
+    ++ran;
     std::printf("[%s] %s\n", r.failures == before ? "PASS" : "FAIL", name);
   }
-  std::printf("%zu tests, %d failed checks\n", r.tests.size(), r.failures);
+  if (ran < (only.empty() ? r.tests.size() : only.size())) {
+    std::fprintf(stderr, "a name on the command line matches no TEST\n");
+    ++r.failures;
+  }
+  std::printf("%zu tests, %d failed checks\n", ran, r.failures);
   return r.failures == 0 ? 0 : 1;
 }
 
@@ -89,4 +102,4 @@ inline int RunAll() {
     ::zipccl_test::Failure(__FILE__, __LINE__, ::zipccl_test::Describe(#a, #b, (a), (b)))
 
 #define ZIPCCL_TEST_MAIN \
-  int main() { return ::zipccl_test::RunAll(); }
+  int main(int argc, char** argv) { return ::zipccl_test::RunAll(argc, argv); }

@@ -82,15 +82,17 @@ def coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_l
   return t, wire
 
 
-def with_pieces(coded_time, stages, m: int, plat: str, pinned, piece: list):
+def with_pieces(coded_time, stages, m: int, plat: str, pinned, piece: list, op: str = ""):
   """`coded_time` plus each transport's best K (:func:`choose_pieces`); `piece[2]` collects, per
   transport, [K, reason suffix]."""
   piece.append({})
 
   def timed(tr: str):
     t, wire = coded_time(tr)
-    k, t_k, cands = choose_pieces(stages, m, plat, pinned, transport=tr)
-    why = "" if len(cands) == 1 else f"; K={k} ({'use_algorithm' if pinned else 'model'}: " + \
+    k, t_k, cands = choose_pieces(stages, m, plat, pinned, transport=tr, op=op)
+    who = ("use_algorithm" if pinned else "sequential, for memory" if k == sequential_pieces(op, m, plat) > 1
+           else "model")
+    why = "" if len(cands) == 1 else f"; K={k} ({who}: " + \
         ", ".join(f"K={i} {t * 1e3:.3f} ms" for i, t in cands) + ")"
     piece[2][tr] = [k, why]
     return t + t_k - cands[0][1], wire
@@ -108,6 +110,12 @@ MAX_PIECES = 8
 
 # platforms whose collectives run asynchronously beside independent work (the model's overlap)
 _OVERLAP_PLATFORMS = ("gpu", "tpu")
+# The reductions whose pieces run one after another (`_exchange.reduce_rows`), and how many pieces
+# psum_scatter takes off CPU: one piece's frames, decoded rows and sum alive at a time, so its temp
+# stays within ~1.3x its operand (8 x H100, deviceless: benchmarks/gpu_memory.py) where one shot held
+# the frames sent, the frames received and every decoded row at once (2.7x).
+SEQUENTIAL_OPS = ("psum_scatter",)
+MEMORY_PIECES = 4
 
 
 def pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int):
@@ -146,8 +154,17 @@ def pipeline_time(stages, pieces: int, overlap: bool) -> float:
   return t
 
 
+def sequential_pieces(op: str, chunk_elems: int, platform: str) -> int:
+  """The fewest pieces `op` runs in, for memory: off CPU, psum_scatter runs in `MEMORY_PIECES`
+  sequential pieces (at most one per codec block of its chunk), so that one piece's frames and rows
+  are alive at a time (`_exchange.reduce_rows`); everything else, and every op on CPU, 1."""
+  if op not in SEQUENTIAL_OPS or platform == "cpu":
+    return 1
+  return max(1, min(MEMORY_PIECES, int(chunk_elems) // fmt.BLOCK_ELEMS))
+
+
 def choose_pieces(stages, chunk_elems: int, platform: str, pinned: int | None = None,
-                  transport: str = "padded"):
+                  transport: str = "padded", op: str = ""):
   """(K, its time, [(k, time), ...] compared) for a coded call of `stages` (`pipeline_stages`).
 
   Pinned: that K (at most one piece per element). Otherwise K = 1 on CPU (XLA:CPU's
@@ -155,19 +172,22 @@ def choose_pieces(stages, chunk_elems: int, platform: str, pinned: int | None = 
   win, only per-piece overheads) and on the ragged transport (XLA:GPU schedules its chains one
   after another, every collective sync: benchmarks/gpu_schedule.py); on GPU/TPU with the padded
   transport the fastest K of 1..MAX_PIECES (each piece at least one codec block of 65536
-  elements; a tie keeps the fewer pieces). No margin here: the profile's ``min_gain`` is applied
-  once, to compressed against raw (`strategy.decide`), so the decision is monotone in the
-  capacity and the rates.
+  elements; a tie keeps the fewer pieces). psum_scatter off CPU: `sequential_pieces`, its pieces
+  one after another (no overlap: the time of each piece's stages, summed). No margin here: the
+  profile's ``min_gain`` is applied once, to compressed against raw (`strategy.decide`), so the
+  decision is monotone in the capacity and the rates.
   """
-  overlap = platform in _OVERLAP_PLATFORMS and transport != "ragged"
+  sequential = op in SEQUENTIAL_OPS
+  overlap = platform in _OVERLAP_PLATFORMS and transport != "ragged" and not sequential
+  least = sequential_pieces(op, chunk_elems, platform)
   if pinned is not None:
     ks = sorted({1, max(1, min(int(pinned), int(chunk_elems)))})
   elif overlap:
     ks = list(range(1, max(1, min(MAX_PIECES, int(chunk_elems) // fmt.BLOCK_ELEMS)) + 1))
   else:
-    ks = [1]
+    ks = sorted({1, least})
   cands = [(k, pipeline_time(stages, k, overlap)) for k in ks]
-  if pinned is not None:
+  if pinned is not None or least > 1:
     return cands[-1][0], cands[-1][1], cands
   best = min(cands, key=lambda c: (c[1], c[0]))
   return best[0], best[1], cands
