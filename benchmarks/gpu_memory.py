@@ -78,6 +78,28 @@ def gpu_pieces(op: str, elems: int, transport: str) -> int:
   return d.pieces
 
 
+def one_device(mib: float) -> list[dict]:
+  """The kit's one-GPU memory probe (benchmarks/codec_gpu.py `memory_probe`: a compressed all_to_all over a
+  one-device mesh, its row coded by `_exchange.code_own_row`), compiled for one described H100: why its
+  padded temp is 2.7x the payload where eight devices need 0.70x."""
+  from jax.experimental import topologies
+  from zipccl_jax import _exchange
+  topo = topologies.get_topology_desc("h100x1", "cuda", target_config=H100, topology="1x1x1")
+  mesh = Mesh(np.array(topo.devices), ("i",))
+  rows = int(mib * 2**20) // 2 // 1024
+  spec = jax.ShapeDtypeStruct((rows, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
+  out = []
+  for transport in ("padded", "ragged"):
+    for k in (1, 2):
+      body = lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, compress=True, transport=transport)
+      with _exchange.code_own_row(), zj.use_algorithm(pieces=k):
+        rec = analyse(jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))), spec)
+      out.append({"op": "all_to_all", "devices": 1, "variant": transport, "pieces": k, **rec})
+      print(f"one device, all_to_all {transport:6s} K={k}: temp {rec['temp_bytes'] / 2**20:.1f} MiB "
+            f"({rows * 2048 / 2**20:.0f} MiB payload)")
+  return out
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--mib", type=float, default=64.0, help="MiB of bfloat16 per device")
@@ -85,11 +107,20 @@ def main(argv=None) -> int:
   ap.add_argument("--pieces", type=int, default=None,
                   help="K, the pieces each compressed call is coded in (default: the K the strategy picks on a GPU "
                   "for the call: `strategy.decide(..., platform='gpu')`, since this process's backend is the CPU)")
+  ap.add_argument("--one-device", action="store_true",
+                  help="the GPU kit's one-device probe instead (all_to_all, its row coded, K = 1 and 2)")
   ap.add_argument("--json", type=Path)
   a = ap.parse_args(argv)
   _ffi.register()
   if "CUDA" not in _ffi.extension().registrations():
     sys.exit("gpu_memory: this zipccl_jax has no CUDA handlers (python -m zipccl_jax.info)")
+  if a.one_device:
+    res = one_device(a.mib)
+    if a.json:
+      a.json.write_text(json.dumps({"command": "python benchmarks/gpu_memory.py " + " ".join(argv or sys.argv[1:]),
+                                    "topology": "1 x H100 (described, deviceless)", "jax": jax.__version__,
+                                    "results": res}, indent=1) + "\n")
+    return 0
   from jax.experimental import topologies
   topo = topologies.get_topology_desc("h100x8", "cuda", target_config=H100, topology=f"1x1x{N}")
   mesh = Mesh(np.array(topo.devices), ("i",))
