@@ -83,7 +83,8 @@ overlap encoding piece k+1 and decoding piece k-1 with the transfer of piece k. 
 depend on K. The strategy picks K (`strategy.decide`): 1 on CPU, whose collectives are blocking
 thunks on devices that share the host's cores (K > 1 only adds per-piece overheads).
 `permute_row`'s transfers are chained (piece k+1's frame waits for piece k's transfer behind an
-optimization barrier), since XLA:GPU combines independent collective-permutes into one.
+optimization barrier), since XLA:GPU combines independent collective-permutes into one. psum_scatter's
+pieces are not independent: `zipccl_jax._reduce` runs them one after another, for memory.
 
 Reductions
 ----------

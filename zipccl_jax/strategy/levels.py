@@ -96,7 +96,8 @@ def use_algorithm(algorithm: str = "auto", compress=None, *, psum: str = "auto",
       ``"gather-sum"`` (all-gather, then every rank sums): :func:`zipccl_jax.psum`'s algorithm.
     pieces: None, or the number K of independent coded chains a compressed all_to_all,
       all_gather, psum_scatter or psum splits each chunk into (pipelining, see
-      ``zipccl_jax._exchange``); the result's bits do not depend on K.
+      ``zipccl_jax._exchange``; psum_scatter's run one after another, for memory:
+      ``zipccl_jax._reduce``); the result's bits do not depend on K.
 
   Example::
 
