@@ -264,6 +264,25 @@ def test_psum_scatter_pieces_of_nans_give_the_raw_bits(transport):
     assert np.array_equal(got, want), k
 
 
+@pytest.mark.parametrize("transport", ["padded", "ragged"])
+def test_psum_scatter_pieces_under_vmap(transport):
+  """Under jax.vmap each piece's start depends on a batched sum (a gather slices the columns): the bits
+  are still the raw fixed-order program's."""
+  mesh = _mesh()
+  x = _data(101)[:, None, :].repeat(3, axis=1)   # (N * 16, 3 batch, 101)
+  x.view(np.uint16)[:, 1] ^= 0x0001                # the batch's examples differ
+
+  def run(pieces, **kw):
+    def body(v):
+      with zipccl_jax.use_algorithm(pieces=pieces):
+        return jax.vmap(lambda u: zipccl_jax.psum_scatter(u, "i", tiled=True, **kw), in_axes=1, out_axes=1)(v)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    return _bits(f(jax.device_put(x, NamedSharding(mesh, P("i")))))
+
+  want = run(None, compress=False, fixed_order=True)
+  assert np.array_equal(run(3, compress=True, transport=transport), want)
+
+
 def test_ordered_sum_pins_the_first_nan():
   """The sum's NaN is the first NaN in row order, wherever the other NaNs are: in float32 its bits
   exactly; in bfloat16 its sign (XLA:CPU's rounding to bfloat16 writes the canonical quiet payload)."""
