@@ -283,6 +283,25 @@ def test_psum_scatter_pieces_under_vmap(transport):
   assert np.array_equal(run(3, compress=True, transport=transport), want)
 
 
+def test_xla_keeps_psum_scatter_pieces_in_sequence():
+  """What orders the pieces is a zero XLA must not prove zero (`_exchange.zero_after`: the minimum of an
+  unsigned value and 0). Were XLA's algebraic simplifier to fold it, the pieces' dynamic slices would
+  become static and every encode could run first again. Checked on the optimized HLO XLA compiles here,
+  with the running jax (the GPU pipeline shares the simplifier; benchmarks/gpu_memory.py measures the
+  memory it then needs)."""
+  mesh = _mesh()
+  x = jax.device_put(_data(101), NamedSharding(mesh, P("i")))
+
+  def optimized(pieces):
+    def body(v):
+      with zipccl_jax.use_algorithm(pieces=pieces):
+        return zipccl_jax.psum_scatter(v, "i", tiled=True, compress=True)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))).lower(x).compile().as_text()
+
+  assert "dynamic-slice(" not in optimized(1)
+  assert "dynamic-slice(" in optimized(3) and " minimum(" in optimized(3)
+
+
 def test_ordered_sum_pins_the_first_nan():
   """The sum's NaN is the first NaN in row order, wherever the other NaNs are: in float32 its bits
   exactly; in bfloat16 its sign (XLA:CPU's rounding to bfloat16 writes the canonical quiet payload)."""

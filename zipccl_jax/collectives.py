@@ -50,12 +50,12 @@ them.
 
 Reductions and statistics
 -------------------------
-Coded, ``psum_scatter`` (its pieces one after another, for memory: `_reduce.reduce_rows`) and ``psum``
-compute the fixed-order float32 sum of `_reduce.ordered_sum` (so does their overflow fallback); raw they run the ``jax.lax`` call as written (XLA's ring, whose
-host crossings use every device's link). ``fixed_order=True`` (per call, or `use_defaults`) makes
-raw the fixed-order all-to-all and sum too, so the bits never depend on the decision, at the
-all-to-all's cost (``python -m zipccl_jax.model`` prices both). Each call site records the bytes
-one device sends (:mod:`zipccl_jax.accounting`, also home of `set_runtime_stats`' counters).
+Coded, ``psum_scatter`` (pieces in turn: `_reduce.reduce_rows`) and ``psum`` compute the fixed-order
+float32 sum of `_reduce.ordered_sum` (so does their fallback); raw they run the ``jax.lax`` call as
+written (XLA's ring: its host crossings use every device's link). ``fixed_order=True`` (per call, or
+`use_defaults`) makes raw the fixed-order all-to-all and sum too, so the bits never depend on the
+decision, at the all-to-all's cost (``python -m zipccl_jax.model`` prices both). Each call site records
+the bytes one device sends (:mod:`zipccl_jax.accounting`, also home of `set_runtime_stats`' counters).
 
 Differences from ``jax.lax`` (deliberate)
 -----------------------------------------
@@ -84,6 +84,7 @@ from zipccl_jax._recipe import (Call, Recipe, check_positional, lax_raw, raw_pat
 from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_split,
                                check_vma_on, itemsize, lax_ppermute, perm_argument, vary)
 from zipccl_jax.observation import record_frames
+from zipccl_jax.strategy.programs import SEQUENTIAL_OPS
 
 __all__ = ["all_to_all", "all_gather", "psum_scatter", "psum", "ppermute", "pmean",
            "all_gather_invariant"]
@@ -399,16 +400,15 @@ def _psum_scatter_lax(x, axis_name, params, groups=None):
                           axis_index_groups=groups)
 
 
-def _reduce_scatter_rows(rows, axis_name, n, call: Call, sequential: bool = False):
-  """rows (n, m) -> this rank's fixed-order sum of row `me`, (m,); `sequential`: pieces in turn."""
+def _reduce_scatter_rows(rows, axis_name, n, call: Call):
+  """rows (n, m) -> this rank's fixed-order sum of row `me`, (m,) (psum_scatter's pieces in turn)."""
   def raw(r):
     return _exchange.raw_bits(lambda u: lax.all_to_all(u, axis_name, 0, 0, tiled=True,
                                                        axis_index_groups=call.groups), r)
 
-  if call.capacity and call.pieces > 1 and sequential:  # one piece alive at a time (memory)
-    return _reduce.reduce_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
-                               transport=call.transport, site=call.site, raw=raw,
-                               pieces=call.pieces)
+  if call.capacity and call.pieces > 1 and call.op in SEQUENTIAL_OPS:  # one piece alive at a time
+    return _reduce.reduce_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity, raw=raw,
+                               transport=call.transport, site=call.site, pieces=call.pieces)
   if call.capacity:
     got = _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
                                   transport=call.transport, site=call.site,
@@ -430,7 +430,7 @@ def _psum_scatter_impl(call: Call, x):
   k = x.shape[dim] // n
   rows = jnp.moveaxis(x, dim, 0).reshape(n, m)
   record_frames(call.site, "psum_scatter", lambda: rows)
-  red = _reduce_scatter_rows(rows, call.axis_name, n, call, sequential=True)
+  red = _reduce_scatter_rows(rows, call.axis_name, n, call)
   rest = x.shape[:dim] + x.shape[dim + 1:]
   y = jnp.moveaxis(red.reshape((k,) + rest), 0, dim)
   return y if tiled else jnp.squeeze(y, dim)

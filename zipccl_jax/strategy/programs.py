@@ -90,8 +90,12 @@ def with_pieces(coded_time, stages, m: int, plat: str, pinned, piece: list, op: 
   def timed(tr: str):
     t, wire = coded_time(tr)
     k, t_k, cands = choose_pieces(stages, m, plat, pinned, transport=tr, op=op)
-    who = ("use_algorithm" if pinned else "sequential, for memory" if k == sequential_pieces(op, m, plat) > 1
-           else "model")
+    if pinned:
+      who = "use_algorithm"
+    elif sequential_pieces(op, m, plat) > 1:
+      who = "sequential, for memory"
+    else:
+      who = "model"
     why = "" if len(cands) == 1 else f"; K={k} ({who}: " + \
         ", ".join(f"K={i} {t * 1e3:.3f} ms" for i, t in cands) + ")"
     piece[2][tr] = [k, why]
