@@ -15,7 +15,7 @@ import zipccl_jax
 from zipccl_jax.strategy import levels as two_level
 from zipccl_jax.strategy.calibration import fit_bounded, monotone_points
 from zipccl_jax.strategy.codec_cost import CodecModel
-from zipccl_jax.strategy.links import LinkModel
+from zipccl_jax.strategy.links import LinkModel, flat_links
 from zipccl_jax.strategy.profile import Profile
 
 STEP = LinkModel(1e-3, 1e8, ((1e5, 3e-3), (1e6, 12e-3), (2e6, 30e-3)))
@@ -68,6 +68,31 @@ def test_points_round_trip_and_leave_pointless_profiles_as_they_were():
   r = p.copy()
   r.links["i"]["all_gather"] = LinkModel(STEP.latency_s, STEP.bandwidth_Bps, STEP.points[:-1] + ((2e6, 31e-3),))
   assert r.fingerprint() != p.fingerprint()               # a point decides, so it is in the fingerprint
+
+
+def test_flat_links_compose_the_measured_curves():
+  """A flat collective over two measured levels runs them at once: at each level's measured size,
+  scaled to the composed size, its time is the slower level's there (its curve, not its slope)."""
+  H, L = 2, 4
+  n = H * L
+  intra = LinkModel(1e-4, 4e8, ((2e5, 1e-3), (4e6, 12e-3)))
+  a2a = flat_links(H, L, STEP, intra)["all_to_all"]
+  cross, stay = (n - L) / (n - 1), (L - 1) / (n - 1)
+  sizes = sorted({x / cross for x, _ in STEP.points} | {x / stay for x, _ in intra.points})
+  assert [x for x, _ in a2a.points] == pytest.approx(sizes)
+  for s in sizes + [1.3e6, 5e6]:  # measured sizes exactly; the chord between them
+    want = max(STEP.time(cross * s), intra.time(stay * s))
+    if s in sizes:
+      assert a2a.time(s) == pytest.approx(want, rel=1e-12)
+    else:
+      assert a2a.time(s) >= want * (1 - 1e-12)  # the chord of a convex-ish max lies above it
+  ag = flat_links(H, L, STEP, intra)["all_gather"]  # the ring: a 1/L slice through each link
+  for x, t in ag.points:
+    assert t == pytest.approx(max(STEP.time(x / L), intra.time(x)), rel=1e-12)
+  assert a2a.check() is None and ag.check() is None
+  # two lines stay the line (zipccl_jax.model's table): no points
+  lines = flat_links(H, L, LinkModel(1e-5, 5e10), LinkModel(5e-6, 9e11))
+  assert lines["all_to_all"].points == () and lines["all_gather"].points == ()
 
 
 def test_monotone_points_pools_a_dip_and_averages_equal_sizes():

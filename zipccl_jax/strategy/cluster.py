@@ -29,7 +29,8 @@ axis             link model (``t = latency + bytes one device sends / bandwidth`
                  rows cross); a flat all_gather (and jax.lax's reductions) is a ring: each of its
                  edges carries ``n - 1`` shards, the edge out of a host through the ``L`` devices'
                  inter links together (one ring per link, a 1/L slice each), so it runs at
-                 ``min(L x inter, intra)`` per device
+                 ``min(L x inter, intra)`` per device; levels a profile measured (``points``)
+                 compose their curves, not their slopes (`links.flat_links`)
 ===============  ===========================================================================
 
 Every collective pays the slower level's latency once (one launch; per-message costs inside a

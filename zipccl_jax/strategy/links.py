@@ -76,14 +76,33 @@ def axis_key(axis_name) -> str:
 
 
 def flat_links(H: int, L: int, inter: LinkModel, intra: LinkModel) -> dict:
-  """Per collective, the flat collective over ("host", "local") as one link (the table of zipccl_jax.model's docstring)."""
+  """Per collective, the flat collective over ("host", "local") as one link (the table of
+  zipccl_jax.model's docstring). Each is its levels running at once (`_slowest`): lines give a
+  line, measured links (``points``) give the composed curve at their measured sizes."""
   n = H * L
   lat = max(inter.latency_s, intra.latency_s)
   # all_to_all: of n - 1 rows, n - L cross hosts and L - 1 stay; both at once
-  a2a = 1.0 / max((n - L) / (n - 1) / inter.bandwidth_Bps, (L - 1) / (n - 1) / intra.bandwidth_Bps)
+  cross, stay = (n - L) / (n - 1), (L - 1) / (n - 1)
+  a2a = _slowest(((inter, cross), (intra, stay)), lat,
+                 1.0 / max(cross / inter.bandwidth_Bps, stay / intra.bandwidth_Bps))
   # ring all_gather: every edge of the ring carries n - 1 shards, a host's edge out of it through
   # its L devices' links together (one ring per device's link, each a 1/L slice)
-  ag = min(L * inter.bandwidth_Bps, intra.bandwidth_Bps)
-  a2a_link = LinkModel(lat, a2a)
-  return {"all_to_all": a2a_link, "all_gather": LinkModel(lat, ag), "*": a2a_link,
+  ag = _slowest(((inter, 1.0 / L), (intra, 1.0)), lat,
+                min(L * inter.bandwidth_Bps, intra.bandwidth_Bps))
+  return {"all_to_all": a2a, "all_gather": ag, "*": a2a,
           "ppermute": inter, "psum": inter}  # ppermute's rounds and flag psums cross hosts
+
+
+def _slowest(parts, latency_s: float, bandwidth_Bps: float) -> LinkModel:
+  """The link of `parts`, ``((link, share), ...)`` running at once: ``s`` sent bytes take
+  ``max(link.time(share * s))``. Lines compose to the line (latency_s, bandwidth_Bps), the
+  slowest part's slope. Where a part was measured (``points``: calibrate's times, which a line
+  through two sizes misses), the composed link keeps points at each measured size of each part,
+  scaled to the composed size: exact there, interpolated between, ``bandwidth_Bps`` past the
+  last."""
+  parts = [(link, share) for link, share in parts if share > 0]
+  sizes = sorted({x / share for link, share in parts for x, _ in link.points})
+  if not sizes:
+    return LinkModel(latency_s, bandwidth_Bps)
+  points = tuple((s, max(link.time(share * s) for link, share in parts)) for s in sizes)
+  return LinkModel(latency_s, bandwidth_Bps, points)
