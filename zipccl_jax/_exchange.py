@@ -186,11 +186,41 @@ def coding_own_row() -> bool:
   return _CODE_OWN_ROW.get()
 
 
+# The `axis_index_groups` of the collective being traced (None: the whole axis). Set by the
+# collectives' recipes around a grouped call's coded exchange (`in_groups`), read by every exchange
+# below: n is then the group's size and a rank's index its position in its group, as in jax.lax.
+_GROUPS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("zipccl_groups",
+                                                                       default=None)
+
+
+@contextlib.contextmanager
+def in_groups(groups):
+  """Within the block, the exchanges traced run inside `groups` (``axis_index_groups``, equal
+  sizes; None: the whole axis)."""
+  token = _GROUPS.set(None if groups is None else tuple(tuple(int(r) for r in g) for g in groups))
+  try:
+    yield
+  finally:
+    _GROUPS.reset(token)
+
+
+def rank(axis_name, dtype=jnp.int32):
+  """This device's rank on `axis_name`, or its position in its group (`in_groups`), as `dtype`."""
+  groups = _GROUPS.get()
+  me = lax.axis_index(axis_name)
+  if groups is None:
+    return me.astype(dtype)
+  position = np.zeros((sum(len(g) for g in groups),), np.int64)
+  for g in groups:
+    position[list(g)] = np.arange(len(g))
+  return jnp.asarray(position, dtype)[me]
+
+
 def own_row(axis_name, n: int):
   """The (n,) mask of this rank's own row on `axis_name` (never coded, see the docstring), all
   False inside `code_own_row`."""
   rows = jnp.arange(n, dtype=jnp.int32)  # before axis_index: the lowering's order as it always was
-  me = lax.axis_index(axis_name).astype(jnp.int32)
+  me = rank(axis_name)
   if coding_own_row():
     me = me - n  # a rank no row has: the mask stays device-varying, as the skipping one is
   return rows == me
@@ -300,7 +330,7 @@ def by_transport(transport: str, padded: Callable, ragged: Callable, *args):
 
 def _move_rows(payload, axis_name):
   """Row j of each sender's (n, C) payload to rank j (padded); (n, C), row s from rank s."""
-  return lax.all_to_all(payload, axis_name, 0, 0, tiled=True)
+  return lax.all_to_all(payload, axis_name, 0, 0, tiled=True, axis_index_groups=_GROUPS.get())
 
 
 # A ragged exchange moves bytes in rows of this many (or of the largest power of two dividing every
@@ -331,7 +361,7 @@ def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
   u = _unit(capacity, slot)
   dt = _ragged.offsets_dtype(n * max(capacity, slot) // u)
   with _ragged.index_scope(dt):
-    me = lax.axis_index(axis_name).astype(dt)
+    me = rank(axis_name, dt)
     z = _zero_like_batch(payload).astype(dt)
     start = jnp.arange(n, dtype=dt) * (capacity // u) if payload.ndim == 2 else jnp.zeros((n,), dt)
     in_off = vary_like(start, payload) + z
@@ -341,7 +371,8 @@ def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
   # through everything before them; in pieces, every piece's buffer at once)
   out = vary_like(jnp.full((n * slot // u, u), zero_after(payload, jnp.uint8)), payload)
   r = _ragged.exchange(payload.reshape(-1, u), out, in_off, send, out_off, recv_sizes,
-                       axis_name=axis_name, max_send_rows=capacity // u)
+                       axis_name=axis_name, axis_index_groups=_GROUPS.get(),
+                       max_send_rows=capacity // u)
   return r.reshape(n, slot)
 
 
@@ -351,11 +382,11 @@ def _move_row_to_all(payload, nbytes, axis_name, n: int, capacity: int, transpor
   def padded(p, s):
     if invariant:
       return lax.all_gather(p, axis_name, to="invarying")
-    return lax.all_gather(p, axis_name)
+    return lax.all_gather(p, axis_name, axis_index_groups=_GROUPS.get())
 
   def ragged(p, s):
     send1 = _send_sizes(s[None], capacity)
-    recv_sizes = lax.all_gather(send1, axis_name, tiled=True)
+    recv_sizes = lax.all_gather(send1, axis_name, tiled=True, axis_index_groups=_GROUPS.get())
     return _ragged_frames(p, jnp.broadcast_to(send1, (n,)), recv_sizes, axis_name, n, capacity)
 
   if invariant:
@@ -476,21 +507,23 @@ def ragged_rows(rows, axis_name, n: int, capacity: int):
   payload, nbytes = codec.encode_frames(rows, capacity=frame_cap, skip=skip)
   fits = nbytes <= capacity
   size = jnp.where(fits, nbytes, -1).astype(jnp.int32)          # capacity < 2**31
-  got = lax.all_to_all(size, axis_name, 0, 0, tiled=True)       # (n,): row s's from rank s
+  got = lax.all_to_all(size, axis_name, 0, 0, tiled=True,       # (n,): row s's from rank s
+                       axis_index_groups=_GROUPS.get())
   as_raw = got < 0
   recv = _ragged_frames(payload, jnp.maximum(size, 0), jnp.maximum(got, 0), axis_name, n,
                         frame_cap, slot)
   dt = _ragged.offsets_dtype(n * slot // unit)
   with _ragged.index_scope(dt):
     z = _zero_like_batch(payload).astype(dt)
-    me = lax.axis_index(axis_name).astype(dt)
+    me = rank(axis_name, dt)
     in_off = vary_like(jnp.arange(n, dtype=dt) * (row_bytes // unit), payload) + z
     out_off = jnp.full((n,), slot // unit, dt) * me + z
     send = jnp.where(~fits | skip, row_bytes // unit, 0).astype(dt)
     take = jnp.where(as_raw | skip, row_bytes // unit, 0).astype(dt)
   raw_send = lax.bitcast_convert_type(lax.bitcast_convert_type(rows, u), jnp.uint8).reshape(-1, unit)
   recv = _ragged.exchange(raw_send, recv.reshape(-1, unit), in_off, send, out_off, take,
-                          axis_name=axis_name, max_send_rows=row_bytes // unit).reshape(n, slot)
+                          axis_name=axis_name, axis_index_groups=_GROUPS.get(),
+                          max_send_rows=row_bytes // unit).reshape(n, slot)
   dec = codec.decode_frames(recv, shape=(m,), dtype=rows.dtype, skip=skip | as_raw)
   raw_got = recv[:, :row_bytes].reshape(n, m, rows.dtype.itemsize)
   raw_got = lax.bitcast_convert_type(raw_got if rows.dtype.itemsize > 1 else raw_got[..., 0], u)

@@ -83,7 +83,7 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
     if n == 1 and not _exchange.coding_own_row():  # no wire: jax.lax's result, checks and types
       return recipe.lax_fn(x, axis_name, args, groups)
     params, m, raw_reason = recipe.params(x, n, axis_name, args)
-    if grp and raw_reason is None:
+    if grp and raw_reason is None and not _codes_groups(recipe.op, params):
       raw_reason = "axis_index_groups"
     if not grp and (lp := two_level.plan(recipe.op, x, axis_name, params, compress, fwd_cap,
                                             site, role, fixed_order)):
@@ -108,6 +108,12 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
   return tree_apply(leaf, x, site)
 
 
+def _codes_groups(op: str, params) -> bool:
+  """Whether `op` codes a call with ``axis_index_groups`` (`_exchange.in_groups`): all_to_all,
+  psum_scatter and all_gather, not an all_gather whose result is invariant over the whole axis."""
+  return op in ("all_to_all", "psum_scatter") or (op == "all_gather" and params[2] == "varying")
+
+
 def _bind(recipe: Recipe, p, x, raw_reason, call: Call, sent):
   """The planned call: jax.lax where nothing of ours runs, else a linear function (`sent`: the
   bytes one device sends, jax.lax's and ours, for its roofline rule)."""
@@ -116,8 +122,14 @@ def _bind(recipe: Recipe, p, x, raw_reason, call: Call, sent):
     return recipe.lax_fn(x, call.axis_name, call.params, call.groups)
   wire = _wire(recipe, call, x, sent[0], sent[1] if p.compress else sent[0])
   x = recipe.prepare(call, x)
-  return linear(functools.partial(recipe.impl, call),
+  return linear(functools.partial(_in_groups, recipe.impl, call),
                 _ours.ours(functools.partial(recipe.transpose, call)), x, wire=wire)
+
+
+def _in_groups(impl: Callable, call: Call, x):
+  """`impl(call, x)` with its exchanges inside the call's ``axis_index_groups`` (`_exchange`)."""
+  with _exchange.in_groups(call.groups):
+    return impl(call, x)
 
 
 def _wire(recipe: Recipe, call: Call, x, raw_b: int, sent_b: int) -> _roofline.Wire:

@@ -61,9 +61,6 @@ Differences from ``jax.lax`` (deliberate)
 -----------------------------------------
 * ``psum_scatter``/``psum``/``pmean`` of floats, coded (or ``fixed_order=True``): the documented
   fixed-order float32 sum, not XLA's order; equal to ``jax.lax`` within one rounding.
-* ``axis_index_groups`` (all_to_all, all_gather, psum_scatter; psum raises
-  ``NotImplementedError`` inside shard_map, as ``jax.lax.psum`` does): sent uncompressed, as raw
-  bits (``psum_scatter`` keeps the documented order, ranks being positions in a group).
 * A compiled program holds our custom calls and byte exchanges: HLO inspection sees those; roofline
   estimates are ``jax.lax``'s with the bytes we send plus the codec's (:mod:`zipccl_jax._roofline`);
   ``jax.export`` needs :func:`zipccl_jax.export_disabled_checks`.
@@ -111,7 +108,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
       axis_size(axis_name)`` chunks (``x.shape[split_axis] == n`` when
       ``tiled=False``, divisible by ``n`` when ``tiled=True``).
     concat_axis: int, the output position of the mapped axis.
-    axis_index_groups: as in ``jax.lax`` (sent uncompressed, see the module docstring).
+    axis_index_groups: as in ``jax.lax``; coded within each group (n: a group's size).
     tiled: as in ``jax.lax.all_to_all``.
     compress, capacity, transport, name: see the module docstring.
 
@@ -175,8 +172,9 @@ def _all_to_all_impl(call: Call, x):
   x = vary(x, axes_of(axis_name))
   record_frames(call.site, "all_to_all",
                         lambda: jnp.moveaxis(x, split, 0).reshape(n, x.size // n))
+  on_bits = lambda u: _all_to_all_lax(u, axis_name, call.params, call.groups)
   if not call.capacity:
-    return raw_path(call, x, lambda u: _all_to_all_lax(u, axis_name, call.params, call.groups))
+    return raw_path(call, x, on_bits)
   m = x.size // n
   k = x.shape[split] // n
   rows = jnp.moveaxis(x, split, 0).reshape(n, m)
@@ -186,7 +184,7 @@ def _all_to_all_impl(call: Call, x):
     # x rebuilt from `rows`, the encoder's operand: passing x itself made XLA materialise the
     # (often transposed) operand twice, once per consumer.
     x_again = jnp.moveaxis(rows.reshape((x.shape[split],) + rest), 0, split)
-    return _exchange.raw_bits(lambda u: _all_to_all_lax(u, axis_name, call.params), x_again)
+    return _exchange.raw_bits(on_bits, x_again)
 
   def assemble(out):  # (n, m), row s from rank s -> the jax.lax layout
     if tiled:
@@ -224,7 +222,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
   Args:
     x: array(s) with a mapped axis named ``axis_name`` (pytree: per leaf).
     axis_name: a mesh axis name, or a tuple of them.
-    axis_index_groups: as in ``jax.lax`` (sent uncompressed, see the module docstring).
+    axis_index_groups: as in ``jax.lax``; coded within each group (n: a group's size).
     axis: output position of the gathered axis (``tiled=False``: a new axis,
       ``0 <= axis <= x.ndim``; ``tiled=True``: an existing axis, concatenated).
     tiled: as in ``jax.lax.all_gather``.
@@ -290,8 +288,9 @@ def _all_gather_impl(call: Call, x):
   n = size_of(call)
   x = vary(x, axes_of(axis_name))
   record_frames(call.site, "all_gather", lambda: x.reshape(1, x.size))
+  on_bits = lambda u: _all_gather_lax(u, axis_name, call.params, call.groups)
   if not call.capacity:
-    return raw_path(call, x, lambda u: _all_gather_lax(u, axis_name, call.params, call.groups))
+    return raw_path(call, x, on_bits)
 
   def arrange(out):  # (n, x.size), row s from rank s -> the jax.lax layout
     y = jnp.moveaxis(out.reshape((n,) + x.shape), 0, ax)
@@ -304,7 +303,7 @@ def _all_gather_impl(call: Call, x):
   return _exchange.gather_row(
       x, axis_name=axis_name, n=n, capacity=call.capacity, transport=call.transport,
       site=call.site, invariant=(to == "invarying"), finish=arrange, pieces=call.pieces,
-      raw=lambda: _exchange.raw_bits(lambda u: _all_gather_lax(u, axis_name, call.params), x))
+      raw=lambda: _exchange.raw_bits(on_bits, x))
 
 
 def _all_gather_transpose_rule(call: Call, ct):
@@ -349,7 +348,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     axis_name: a mesh axis name, or a tuple of them.
     scatter_dimension: positional axis of ``x`` to scatter; its size must
       equal ``n`` (``tiled=False``) or be divisible by ``n`` (``tiled=True``).
-    axis_index_groups: as in ``jax.lax`` (sent uncompressed, see the module docstring).
+    axis_index_groups: as in ``jax.lax``; coded within each group (n: a group's size).
     tiled: as in ``jax.lax.psum_scatter``.
     compress, capacity, transport, name: see the module docstring.
     fixed_order: ``True``: raw computes the fixed-order sum too (bits independent of the

@@ -112,7 +112,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     rank 0: result = [1, 3, 0, 0]     rank 1: result = [2, 2, 4, 0]
   """
   defaults.check_call(_OP, compress, capacity)  # at the door, whatever the plan
-  if axis_index_groups is not None:  # sent uncompressed, as the other collectives send groups
+  if axis_index_groups is not None:  # sent uncompressed: a grouped ragged exchange is not coded
     return _ragged.exchange(operand, output, input_offsets, send_sizes, output_offsets,
                             recv_sizes, axis_name=axis_name, axis_index_groups=axis_index_groups)
   fwd_cap, bwd_cap = split_capacity(capacity)
