@@ -99,7 +99,7 @@ from zipccl_jax._bits import uint_of
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import ppermute_rank
 from zipccl_jax.observation import record_frames
-from zipccl_jax.strategy.levels import LevelPlan
+from zipccl_jax.strategy.levels import LevelPlan, level_groups
 
 __all__ = ["run"]
 
@@ -123,8 +123,11 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward
     c = lp.compress[axis]
     if op == "psum_scatter":
       kw["fixed_order"] = lp.fixed_order
+    name = f"{lp.site}/{axis}"
+    if lp.axis is not None:  # one axis split into levels (use_levels): the level's groups of it
+      axis, kw["axis_index_groups"] = lp.axis, level_groups(H, L, level)
     return fns[op](v, axis, compress=c, capacity=capacity if c else None, transport=transport,
-                   name=f"{lp.site}/{axis}", **kw)
+                   name=name, **kw)
 
   if lp.op == "all_gather":
     return _all_gather(x, args, H, L, phase)

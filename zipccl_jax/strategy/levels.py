@@ -41,11 +41,12 @@ from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.strategy.decision import Decision, decide, log_decision
 from zipccl_jax.strategy.profile import axis_key, current_platform, get_profile
 
-__all__ = ["LevelPlan", "plan", "choose", "use_algorithm", "pinned", "levels_of", "hierarchical_key",
-           "flat_coded_key", "PROGRAM_DTYPE", "OPS"]
+__all__ = ["LevelPlan", "plan", "choose", "use_algorithm", "use_levels", "pinned", "levels_of",
+           "level_groups", "hierarchical_key", "flat_coded_key", "PROGRAM_DTYPE", "OPS", "SPLIT_OPS"]
 
 
 OPS = ("all_gather", "psum_scatter", "all_to_all")
+SPLIT_OPS = ("all_gather", "psum_scatter")  # over one axis split into levels (`use_levels`)
 
 
 def hierarchical_key(op: str, slow_coded: bool = False, fixed_order: bool = False) -> str:
@@ -128,6 +129,70 @@ def use_algorithm(algorithm: str = "auto", compress=None, *, psum: str = "auto",
     _FORCED.value, _FORCED.single = prev
 
 
+_SPLIT = threading.local()
+
+
+@contextlib.contextmanager
+def use_levels(per_host: dict, levels=("host", "local")):
+  """Declares mesh axes that span hosts, for collectives traced inside the block: a call over one
+  of them is a two-level call, as over a tuple ``levels`` of two axes.
+
+  Users write one axis across hosts (``fsdp``, ``data``): its ``n`` ranks are ``H = n / L`` hosts
+  of ``L = per_host[axis]`` devices, rank ``h * L + l`` on host ``h`` (a mesh made host-major, as
+  ``jax.make_mesh`` and ``mesh_utils.create_device_mesh`` make one). :func:`all_gather` and
+  :func:`psum_scatter` over such an axis then cost flat (the ``jax.lax`` call as written, or flat
+  compressed) against the hierarchical programs, whose phases are collectives over the level's
+  ``axis_index_groups`` of the axis: the ``L`` ranks of a host (``fast``), the ``H`` ranks of one
+  local index (``slow``). The links are the profile's for ``levels`` (``Profile.links["host"]``,
+  ``["local"]`` and ``["host,local"]``, what :func:`zipccl_jax.calibrate` measures over a mesh
+  with those two axes, or ``zipccl_jax.model.Topology(...).profile()``); :func:`use_algorithm`
+  pins apply as for a tuple. all_to_all over the axis stays flat.
+
+  Args:
+    per_host: ``{axis name: devices per host}``, each an int >= 2.
+    levels: the ``(slow, fast)`` names whose links the profile holds.
+
+  Example::
+
+    with zipccl_jax.use_levels({"fsdp": 8}):   # 64 devices: 8 hosts of 8
+      step = jax.jit(jax.shard_map(train_step, mesh=mesh, in_specs=..., out_specs=...))
+  """
+  if not isinstance(per_host, dict) or not all(
+      isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 2
+      for k, v in per_host.items()):
+    raise ValueError("use_levels: per_host must be a dict {axis name: devices per host >= 2}, "
+                     f"got {per_host!r}")
+  if (not isinstance(levels, (tuple, list)) or len(levels) != 2
+      or not all(isinstance(v, str) for v in levels) or levels[0] == levels[1]):
+    raise ValueError(f"use_levels: levels must be two distinct axis names, got {levels!r}")
+  prev = getattr(_SPLIT, "value", None)
+  _SPLIT.value = (dict(per_host), tuple(levels))
+  try:
+    yield
+  finally:
+    _SPLIT.value = prev
+
+
+def _split(axis_name):
+  """(devices per host, (slow, fast)) if `axis_name` is one axis `use_levels` declared, else None."""
+  declared = getattr(_SPLIT, "value", None)
+  if declared is None:
+    return None
+  one = axis_name[0] if isinstance(axis_name, (tuple, list)) and len(axis_name) == 1 else axis_name
+  if not isinstance(one, str) or one not in declared[0]:
+    return None
+  return declared[0][one], declared[1]
+
+
+def level_groups(H: int, L: int, level: str) -> list:
+  """The ``axis_index_groups`` of one level of an axis of ``H x L`` ranks, rank ``h * L + l`` on
+  host ``h``: the hosts' ``L`` ranks (``"fast"``), or the ``H`` ranks of each local index
+  (``"slow"``), each in ascending rank, so a rank's position in its group is ``l``, or ``h``."""
+  if level == "fast":
+    return [[h * L + l for l in range(L)] for h in range(H)]
+  return [[h * L + l for h in range(H)] for l in range(L)]
+
+
 def pinned() -> tuple:
   """``(psum algorithm or None, pieces or None)`` pinned by the innermost :func:`use_algorithm`."""
   return getattr(_FORCED, "single", None) or (None, None)
@@ -170,6 +235,7 @@ class LevelPlan:
   reason: str
   role: str = "activation"       # the data's statistics (capacity ratios), as strategy.plan's
   fixed_order: bool = False      # psum_scatter's phases: raw is fixed-order, not jax.lax's call
+  axis: object = None            # the one mesh axis `slow` and `fast` split (`use_levels`), or None
 
 
 # op -> phases [(level, phase op, chunk elements as a function of (x elements, H, L))] in the
@@ -328,7 +394,10 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
 
   `params`: the op's canonical static arguments (as the collectives' recipes hold them).
   """
-  if op not in OPS or not _two_axes(axis_name):
+  if op not in OPS:
+    return None
+  split = _split(axis_name) if op in SPLIT_OPS else None
+  if split is None and not _two_axes(axis_name):
     return None  # every call asks: one axis, the common case, returns before any other work
   forced_alg = (getattr(_FORCED, "value", None) or ("auto", None))[0]
   dt = np.dtype(x.dtype)
@@ -336,17 +405,27 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
       or (op == "all_gather" and params[2] != "varying")
       or isinstance(capacity, (int, np.integer, tuple, list)) and not isinstance(capacity, bool)):
     return None
-  levels = levels_of(axis_name)
+  named = axis_name if split is None else split[1]  # the axes, or the levels, whose links cost it
+  levels = levels_of(named)
   if levels is None:
     if forced_alg != "hierarchical":
       return None
-    levels = (axis_name[0], axis_name[1])
+    levels = (named[0], named[1])
   slow, fast = levels
-  H, L = axis_size(slow, op), axis_size(fast, op)
+  if split is None:
+    H, L = axis_size(slow, op), axis_size(fast, op)
+  else:
+    n, L = axis_size(axis_name, op), split[0]
+    if n % L:
+      raise ValueError(f"zipccl_jax.{op}: use_levels declares {L} devices per host on axis "
+                       f"{axis_name!r}, whose {n} devices are not whole hosts")
+    H = n // L
   if H < 2 or L < 2:
     return None
-  lp = choose(op, dt, int(x.size), axis_name, (slow, fast), (H, L), compress, role, site=site,
+  lp = choose(op, dt, int(x.size), tuple(named), (slow, fast), (H, L), compress, role, site=site,
               fixed_order=fixed_order)
+  if split is not None:
+    lp = dataclasses.replace(lp, axis=axis_name)
   _log(lp, dt, int(x.size), role, compress)
   return lp if lp.algorithm == "hierarchical" else None
 

@@ -1,0 +1,180 @@
+"""One mesh axis across hosts (`zipccl_jax.use_levels`): all_gather and psum_scatter over a single axis
+``"i"`` of 8 virtual CPU devices declared as 2 hosts of 4 run the two-level programs of a ``("host",
+"local")`` mesh, their phases collectives over the levels' ``axis_index_groups`` of ``"i"``.
+
+Every variant gives the bits of the same variant over the tuple mesh (the same data at the same ranks),
+``auto`` decides from the profile's links of the levels, and bad declarations raise at once.
+"""
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import zipccl_jax
+from zipccl_jax import strategy
+from zipccl_jax.strategy import levels as two_level
+from zipccl_jax.strategy.links import LinkModel
+from zipccl_jax.strategy.profile import Profile
+
+H, L = 2, 4
+N = H * L
+AXES = ("host", "local")
+BF16 = ml_dtypes.bfloat16
+pytestmark = pytest.mark.skipif(jax.device_count() < N, reason="needs 8 devices")
+VARIANTS = [("flat", None, False), ("flat", None, True)] + [
+    ("hierarchical", {"host": cs, "local": cf}, None) for cs, cf in itertools.product((False, True), repeat=2)]
+
+
+def _profile():
+  """A slow host level, a fast local one, and the flat tuple as slow as the host level."""
+  p = Profile()
+  p.links = {"host": {"*": LinkModel(1e-4, 3e7)}, "local": {"*": LinkModel(1e-5, 3e9)},
+             "host,local": {"*": LinkModel(2e-4, 3e7)}}
+  return p
+
+
+def _payload(shape, seed=0):
+  rng = np.random.default_rng(seed)
+  x = (rng.standard_normal(shape, np.float32) * 0.02).astype(BF16)
+  u = x.reshape(-1).view(np.uint16)
+  u[rng.choice(u.size, 8, replace=False)] = [0x7FC1, 0xFFA3, 0x8000, 0, 0x7F80, 0xFF80, 1, 0x8003]
+  return x
+
+
+def _run(one_axis, body, x):
+  """`body` on the one-axis mesh ("i",) or on the (host, local) mesh, rank h * L + l holding block h * L + l."""
+  devices = np.array(jax.devices()[:N])
+  mesh, spec = ((Mesh(devices, ("i",)), P("i")) if one_axis
+                else (Mesh(devices.reshape(H, L), AXES), P(AXES)))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+  return np.asarray(f(jax.device_put(x, NamedSharding(mesh, spec))))
+
+
+def _variant(op, alg, levels, compress, one_axis):
+  axis = "i" if one_axis else AXES
+
+  def body(v):
+    mode = compress if alg == "flat" else True
+    with two_level.use_algorithm(alg, levels), zipccl_jax.use_levels({"i": L}):
+      if op == "all_gather":
+        return zipccl_jax.all_gather(v, axis, tiled=True, compress=mode)[None]
+      return zipccl_jax.psum_scatter(v[0], axis, tiled=True, compress=mode, fixed_order=True)[None]
+  return body
+
+
+@pytest.mark.parametrize("alg,levels,compress", VARIANTS, ids=lambda v: str(v))
+@pytest.mark.parametrize("op", ["all_gather", "psum_scatter"])
+def test_every_variant_is_the_tuple_programs_bits(op, alg, levels, compress):
+  x = _payload((N, N * 512) if op == "psum_scatter" else (N * 2048,))
+  got = _run(True, _variant(op, alg, levels, compress, True), x)
+  want = _run(False, _variant(op, alg, levels, compress, False), x)
+  assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), (op, alg, levels, compress)
+  if op == "all_gather":  # data movement: jax.lax's bits
+    assert np.array_equal(got.reshape(N, -1).view(np.uint16),
+                          np.broadcast_to(x.reshape(1, -1), (N, x.size)).view(np.uint16))
+
+
+def test_the_slow_phase_codes_over_hosts_the_fast_one_inside_them():
+  """HLO: the coded all_gather runs over groups of H ranks (one per local index, u8 frames), the raw
+  one over the L ranks of each host (u16)."""
+  x = _payload((N * 4096,))
+  devices = np.array(jax.devices()[:N])
+  mesh = Mesh(devices, ("i",))
+
+  def body(v):
+    with two_level.use_algorithm("hierarchical", {"host": True, "local": False}), \
+         zipccl_jax.use_levels({"i": L}):
+      return zipccl_jax.all_gather(v, "i", tiled=True)[None]
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+  text = f.lower(jax.device_put(x, NamedSharding(mesh, P("i")))).as_text()
+  assert "replica_groups = dense<[[0, 4], [1, 5], [2, 6], [3, 7]]>" in text  # slow: (h, l) for each l
+  assert "replica_groups = dense<[[0, 1, 2, 3], [4, 5, 6, 7]]>" in text      # fast: one host
+  colls = [c for c in zipccl_jax.hlo_collectives(f.lower(jax.device_put(
+      x, NamedSharding(mesh, P("i")))).compile().as_text(), num_devices=N)
+           if c["op"] == "all-gather" and not c["fallback"]]
+  by_group = {}
+  for c in colls:
+    by_group.setdefault(c["group_size"], set()).add(c["shape"].split("[")[0].lstrip("("))
+  assert "u8" in by_group[H] and by_group[L] == {"u16"}, colls
+
+
+def test_auto_decides_from_the_levels_links_and_explains():
+  x = _payload((N * 65536,))
+  strategy.reset_decisions()
+  with zipccl_jax.use_profile(_profile()):
+    def body(v):
+      with zipccl_jax.use_levels({"i": L}):
+        return zipccl_jax.all_gather(v, "i", tiled=True, name="ag")[None]
+    out = _run(True, body, x)
+  assert np.array_equal(out.reshape(N, -1).view(np.uint16),
+                        np.broadcast_to(x.reshape(1, -1), (N, x.size)).view(np.uint16))
+  ds = zipccl_jax.decisions()
+  assert ds["ag [levels]"].algorithm.startswith("hierarchical(host:c"), ds["ag [levels]"]
+  assert ds["ag/host"].compress and ds["ag/host"].axis_size == H
+  assert not ds["ag/local"].compress and ds["ag/local"].axis_size == L
+
+
+def test_undeclared_or_unknown_levels_stay_flat():
+  x = _payload((N * 1024,))
+  for declare in (False, True):  # declared, but the profile has no links for the levels: flat too
+    strategy.reset_decisions()
+
+    def body(v):
+      if declare:
+        with zipccl_jax.use_levels({"i": L}):
+          return zipccl_jax.all_gather(v, "i", tiled=True, name="ag")[None]
+      return zipccl_jax.all_gather(v, "i", tiled=True, name="ag")[None]
+    _run(True, body, x)
+    assert "ag [levels]" not in zipccl_jax.decisions()
+
+
+@pytest.mark.parametrize("per_host,levels,match", [
+    ({"i": 1}, ("host", "local"), "per_host"), ({"i": 2.0}, ("host", "local"), "per_host"),
+    ({"i": True}, ("host", "local"), "per_host"), (["i"], ("host", "local"), "per_host"),
+    ({"i": 4}, ("host", "host"), "levels"), ({"i": 4}, ("host",), "levels"),
+])
+def test_bad_declarations_raise_naming_the_argument(per_host, levels, match):
+  with pytest.raises(ValueError, match=match):
+    with zipccl_jax.use_levels(per_host, levels):
+      pass
+
+
+def test_hosts_that_do_not_divide_the_axis_raise_at_trace_time():
+  x = _payload((N * 1024,))
+
+  def body(v):
+    with two_level.use_algorithm("hierarchical"), zipccl_jax.use_levels({"i": 3}):
+      return zipccl_jax.all_gather(v, "i", tiled=True)[None]
+  with pytest.raises(ValueError, match="3 devices per host on axis 'i'"):
+    _run(True, body, x)
+
+
+def test_grad_through_the_one_axis_programs_is_the_tuples():
+  x = _payload((N, 2048)).astype(np.float32)
+  w = np.random.default_rng(5).standard_normal((N, N * 2048)).astype(np.float32)
+
+  def grad(one_axis):
+    axis = "i" if one_axis else AXES
+
+    def body(v, w):
+      def f(v):
+        with two_level.use_algorithm("hierarchical", {"host": True, "local": False}), \
+             zipccl_jax.use_levels({"i": L}), zipccl_jax.use_defaults(fixed_order=True):
+          return jnp.sum(zipccl_jax.all_gather(v[0], axis, tiled=True) * w[0])
+      return jax.grad(f)(v)
+
+    devices = np.array(jax.devices()[:N])
+    mesh, spec = ((Mesh(devices, ("i",)), P("i")) if one_axis
+                  else (Mesh(devices.reshape(H, L), AXES), P(AXES)))
+    g = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=spec))
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))
+    return np.asarray(g(put(x), put(w)))
+
+  assert np.array_equal(grad(True).view(np.uint32), grad(False).view(np.uint32))
