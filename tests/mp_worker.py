@@ -3,7 +3,8 @@
 Every rank builds the same global inputs from fixed seeds, places its local shards, runs every
 zipccl_jax collective next to its jax.lax twin in one jitted shard_map over all devices of all processes,
 and compares the shards it holds (`--transport` for the compressed ones): bit-identical for data movement, the documented fixed-order float32 sum
-(and compress=True == compress=False) for reductions, jax.grad through all_to_all. It prints one line
+(and compress=True == compress=False) for reductions, the same inside axis_index_groups and over one
+axis split into two levels (use_levels), jax.grad through all_to_all. It prints one line
 ``RESULT {json}`` and exits 0 when every check passed.
 """
 from __future__ import annotations
@@ -72,6 +73,30 @@ def main() -> int:
       "psum": (lambda v: zj.psum(v, "i", compress=True, transport=t),
                lambda v: zj.psum(v, "i", compress=False, fixed_order=True)),
   }
+  # axis_index_groups across processes (coded within each group), and one axis split into two levels
+  # of n / 2 "hosts" x 2 (use_levels: the phases over the levels' groups), slow level coded
+  groups = [list(range(0, n, 2)), list(range(1, n, 2))]
+
+  def levels(fn, coded):
+    def body(v):
+      with zj.use_levels({"i": 2}), zj.use_algorithm("hierarchical", {"host": coded, "local": False}):
+        return fn(v)
+    return body
+
+  ops |= {
+      "grouped_all_gather": (
+          lambda v: zj.all_gather(v, "i", tiled=True, axis_index_groups=groups, compress=True,
+                                  transport=t),
+          lambda v: lax.all_gather(v, "i", tiled=True, axis_index_groups=groups)),
+      "grouped_psum_scatter": (
+          lambda v: zj.psum_scatter(v, "i", tiled=True, axis_index_groups=groups, compress=True,
+                                    transport=t),
+          lambda v: zj.psum_scatter(v, "i", tiled=True, axis_index_groups=groups, compress=False,
+                                    fixed_order=True)),
+      "levels_psum_scatter": (
+          levels(lambda v: zj.psum_scatter(v, "i", tiled=True, transport=t, fixed_order=True), True),
+          levels(lambda v: zj.psum_scatter(v, "i", tiled=True, fixed_order=True), False)),
+  }
   names = list(ops)
   f = smap(lambda v: tuple((ops[k][0](v), ops[k][1](v)) for k in names))
 
@@ -99,16 +124,21 @@ def main() -> int:
     return True
 
   checks = {}
+  zj.reset_stats()
   for dname, data in (("gaussian", gauss), ("adversarial", adversarial)):
     res = f(glob(data))
     for k, (ours, twin) in zip(names, res):
-      checks[f"{dname}/{k}/vs_{'lax' if k in ('all_to_all', 'all_gather', 'ppermute') else 'raw'}"] = \
-          shards_equal(ours, twin)
+      ref = "lax" if k in ("all_to_all", "all_gather", "ppermute", "grouped_all_gather") else "raw"
+      checks[f"{dname}/{k}/vs_{ref}"] = shards_equal(ours, twin)
       total = ordered_sum(data.reshape(n, R, M))  # (R, M)
       if k == "psum":  # every rank holds the whole sum
         checks[f"{dname}/{k}/documented"] = shards_equal(ours, np.tile(total, (n, 1)))
       if k == "psum_scatter":  # rank r holds rows r*R/n:(r+1)*R/n of the sum
         checks[f"{dname}/{k}/documented"] = shards_equal(ours, total)
+
+  # the grouped calls and the coded level's phase code (sites of 2 ranks: the groups, the "hosts")
+  checks["groups_and_levels_coded"] = sum(
+      s.compressed and s.axis_size == 2 for s in zj.stats().values()) >= 3
 
   # jax.grad through the compressed all_to_all (its transpose is the compressed all_to_all too)
   def loss(m, kw):
