@@ -464,7 +464,9 @@ def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
                              for c in calls if np.dtype(np_dtype(c.dtype)) in CODED_DTYPES},
           "min_gain": prof.min_gain, "fallback_risk": prof.fallback_risk,
           "links": f"per device, {top.link_source}; flat collectives over both levels: "
-                   "zipccl_jax.model docstring; no overlap of compute and communication"}
+                   "zipccl_jax.model docstring; no overlap of compute and communication",
+          "levels": "the two-level programs run over mesh axes (host, local), or for all_gather and "
+                    "psum_scatter over one axis across hosts declared with zipccl_jax.use_levels"}
 
 
 def sweep(top: Topology, calls: list[Call], scales, rates_Bps, *, compute_s: float = 0.0) -> dict:
