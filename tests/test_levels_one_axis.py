@@ -149,11 +149,12 @@ def test_bad_declarations_raise_naming_the_argument(per_host, levels, match):
 def test_hosts_that_do_not_divide_the_axis_raise_at_trace_time():
   x = _payload((N * 1024,))
 
-  def body(v):
-    with two_level.use_algorithm("hierarchical"), zipccl_jax.use_levels({"i": 3}):
-      return zipccl_jax.all_gather(v, "i", tiled=True)[None]
-  with pytest.raises(ValueError, match="3 devices per host on axis 'i'"):
-    _run(True, body, x)
+  for pin in ("hierarchical", "auto"):  # also where the profile has no links for the levels
+    def body(v):
+      with two_level.use_algorithm(pin), zipccl_jax.use_levels({"i": 3}):
+        return zipccl_jax.all_gather(v, "i", tiled=True)[None]
+    with pytest.raises(ValueError, match="3 devices per host on axis 'i'"):
+      _run(True, body, x)
 
 
 def test_grad_through_the_one_axis_programs_is_the_tuples():

@@ -406,6 +406,9 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
       or isinstance(capacity, (int, np.integer, tuple, list)) and not isinstance(capacity, bool)):
     return None
   named = axis_name if split is None else split[1]  # the axes, or the levels, whose links cost it
+  if split is not None and axis_size(axis_name, op) % split[0]:
+    raise ValueError(f"zipccl_jax.{op}: use_levels declares {split[0]} devices per host on axis "
+                     f"{axis_name!r}, whose {axis_size(axis_name, op)} devices are not whole hosts")
   levels = levels_of(named)
   if levels is None:
     if forced_alg != "hierarchical":
@@ -415,11 +418,7 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   if split is None:
     H, L = axis_size(slow, op), axis_size(fast, op)
   else:
-    n, L = axis_size(axis_name, op), split[0]
-    if n % L:
-      raise ValueError(f"zipccl_jax.{op}: use_levels declares {L} devices per host on axis "
-                       f"{axis_name!r}, whose {n} devices are not whole hosts")
-    H = n // L
+    H, L = axis_size(axis_name, op) // split[0], split[0]
   if H < 2 or L < 2:
     return None
   lp = choose(op, dt, int(x.size), tuple(named), (slow, fast), (H, L), compress, role, site=site,
