@@ -3,7 +3,9 @@
 Real clusters have two levels: devices inside a host talk over a fast link, hosts over a slow one.
 A collective over a tuple of two mesh axes such as ``("host", "local")`` can run *flat* (one
 ``jax.lax`` collective over both axes) or *hierarchically*, as one collective per axis, in the
-order that moves the fewest bytes over the slow link, each phase raw or compressed:
+order that moves the fewest bytes over the slow link, each phase raw or compressed. all_gather and
+psum_scatter over ONE axis that spans hosts (`strategy.levels.use_levels`) run the same phases, each
+a collective over the level's ``axis_index_groups`` of that axis (`strategy.levels.level_groups`):
 
 ==============  ==============================================  ===============================
 collective      hierarchical phases (device ``(h, l)``)         bytes over the slow link
