@@ -129,3 +129,30 @@ def test_grad_of_a_grouped_all_gather_is_the_coded_grouped_psum_scatter():
   with zj.use_defaults(fixed_order=True):
     want = run(loss(zj, compress=False))
   assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "all_gather", "psum_scatter"])
+def test_vmap_of_a_grouped_call_is_jax_lax_s(op):
+  """Under jax.vmap a grouped call stays jax.lax's: the coded exchanges need grouped all_to_alls, which
+  jax cannot batch (jax.lax.all_to_all with groups raises NotImplementedError under vmap, so ours does
+  too); all_gather and psum_scatter give jax.lax's bits, as before grouped calls were coded."""
+  g = GROUPS["interleaved"]
+  x = np.stack([_data(4)[:, :1024], _data(5)[:, :1024]]).astype(np.float32)   # (2, N * 8, 1024)
+  mesh = jax.make_mesh((N,), ("i",))
+  spec = P(None, "i")
+  run = lambda f: np.asarray(jax.jit(jax.shard_map(jax.vmap(f), mesh=mesh, in_specs=spec,
+                                                   out_specs=spec))(
+      jax.device_put(x, NamedSharding(mesh, spec))))
+  kw = dict(tiled=True, axis_index_groups=g)
+  ours = {"all_to_all": lambda r: zj.all_to_all(r, "i", 0, 0, compress=True, **kw),
+          "all_gather": lambda r: zj.all_gather(r, "i", compress=True, **kw),
+          "psum_scatter": lambda r: zj.psum_scatter(r, "i", compress=True, **kw)}[op]
+  theirs = {"all_to_all": lambda r: lax.all_to_all(r, "i", 0, 0, **kw),
+            "all_gather": lambda r: lax.all_gather(r, "i", **kw),
+            "psum_scatter": lambda r: lax.psum_scatter(r, "i", **kw)}[op]
+  if op == "all_to_all":
+    for f in (theirs, ours):
+      with pytest.raises(NotImplementedError):
+        run(f)
+    return
+  assert np.array_equal(run(ours).view(np.uint32), run(theirs).view(np.uint32))

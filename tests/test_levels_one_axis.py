@@ -179,3 +179,21 @@ def test_grad_through_the_one_axis_programs_is_the_tuples():
     return np.asarray(g(put(x), put(w)))
 
   assert np.array_equal(grad(True).view(np.uint32), grad(False).view(np.uint32))
+
+
+def test_under_vmap_a_declared_axis_is_flat():
+  """jax.vmap of a call over a declared axis runs the flat call (jax cannot batch the phases' grouped
+  exchanges), whose bits are the flat program's."""
+  x = np.stack([_payload((N, N * 256), s) for s in (6, 7)]).astype(np.float32)  # (2, N, N * 256)
+  mesh = Mesh(np.array(jax.devices()[:N]), ("i",))
+  spec = P(None, "i")
+
+  def run(declare):
+    def one(v):
+      with two_level.use_algorithm("auto"), zipccl_jax.use_levels({"i": L} if declare else {"j": L}):
+        return zipccl_jax.psum_scatter(v[0], "i", tiled=True, compress=True)[None]
+    f = jax.jit(jax.shard_map(jax.vmap(one), mesh=mesh, in_specs=spec, out_specs=spec))
+    return np.asarray(f(jax.device_put(x, NamedSharding(mesh, spec))))
+
+  with zipccl_jax.use_profile(_profile()):
+    assert np.array_equal(run(True).view(np.uint32), run(False).view(np.uint32))

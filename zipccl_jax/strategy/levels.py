@@ -34,6 +34,7 @@ import threading
 
 import jax.numpy as jnp
 import numpy as np
+from jax._src.interpreters.batching import BatchTracer
 
 from zipccl_jax import _mixed
 from zipccl_jax._shard import axis_size
@@ -396,7 +397,9 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   """
   if op not in OPS:
     return None
-  split = _split(axis_name) if op in SPLIT_OPS else None
+  # one axis split into levels: not under jax.vmap, whose batching of the phases' grouped exchanges
+  # jax does not implement (a batched call over the axis is flat)
+  split = _split(axis_name) if op in SPLIT_OPS and not isinstance(x, BatchTracer) else None
   if split is None and not _two_axes(axis_name):
     return None  # every call asks: one axis, the common case, returns before any other work
   forced_alg = (getattr(_FORCED, "value", None) or ("auto", None))[0]
