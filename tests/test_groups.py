@@ -109,6 +109,20 @@ def test_the_coded_exchange_carries_the_groups():
   assert groups and set(groups) == {"[[0, 2, 4, 6], [1, 3, 5, 7]]"}, groups
 
 
+@pytest.mark.parametrize("op", ["all_to_all", "all_gather", "psum_scatter"])
+def test_jax_lowers_the_grouped_ragged_exchange_for_cuda(op):
+  """The GPU path is jax's own ragged_all_to_all (CPU runs an emulation): jax's CUDA lowering takes
+  our grouped call, and every ragged exchange in it carries the groups."""
+  g = GROUPS["interleaved"]
+  coded, _ = _ops(g, "ragged")[op]
+  mesh = jax.make_mesh((N,), ("i",))
+  spec = jax.ShapeDtypeStruct((N * 8, 4096), BF16, sharding=NamedSharding(mesh, P("i")))
+  f = jax.jit(jax.shard_map(coded, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+  text = f.trace(spec).lower(lowering_platforms=("cuda",)).as_text()
+  ragged = [line for line in text.splitlines() if "ragged_all_to_all" in line and "replica_groups" in line]
+  assert ragged and all("[[0, 2, 4, 6], [1, 3, 5, 7]]" in line for line in ragged), ragged
+
+
 def test_grad_of_a_grouped_all_gather_is_the_coded_grouped_psum_scatter():
   g = GROUPS["halves"]
   x = _data(2)[:, :512].astype(np.float32)

@@ -194,10 +194,10 @@ _GROUPS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("zipccl_g
 
 
 @contextlib.contextmanager
-def in_groups(groups):
-  """Within the block, the exchanges traced run inside `groups` (``axis_index_groups``, equal
-  sizes; None: the whole axis)."""
-  token = _GROUPS.set(None if groups is None else tuple(tuple(int(r) for r in g) for g in groups))
+def in_groups(groups: tuple | None):
+  """Within the block, the exchanges traced run inside `groups` (``axis_index_groups`` as
+  `_shard.check_groups` returns them; None: the whole axis)."""
+  token = _GROUPS.set(groups)
   try:
     yield
   finally:

@@ -17,12 +17,12 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 import numpy as np
-from jax._src.interpreters import batching
 
 from zipccl_jax import _exchange, _ours, _roofline, accounting, defaults, hierarchical, strategy
 from zipccl_jax.strategy import levels as two_level
 from zipccl_jax._linear import linear
-from zipccl_jax._shard import axis_size, call_site, check_groups, lax_only_reason, tree_apply
+from zipccl_jax._shard import (axis_size, batched, call_site, check_groups, lax_only_reason,
+                               tree_apply)
 from zipccl_jax.capacity import CODED_DTYPES, piece_capacities, split_capacity
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +84,8 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
     if n == 1 and not _exchange.coding_own_row():  # no wire: jax.lax's result, checks and types
       return recipe.lax_fn(x, axis_name, args, groups)
     params, m, raw_reason = recipe.params(x, n, axis_name, args)
-    if grp and raw_reason is None and (not _codes_groups(recipe.op, params)
-                                       or isinstance(x, batching.BatchTracer)):
-      raw_reason = "axis_index_groups"  # raw bits (see `_codes_groups`)
+    if grp and raw_reason is None and not _codes_groups(recipe.op, params, x):
+      raw_reason = "axis_index_groups"  # raw bits
     if not grp and (lp := two_level.plan(recipe.op, x, axis_name, params, compress, fwd_cap,
                                             site, role, fixed_order)):
       def backward(ct, args):  # the transposed collective, as `transposed` runs it
@@ -110,12 +109,13 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
   return tree_apply(leaf, x, site)
 
 
-def _codes_groups(op: str, params) -> bool:
-  """Whether `op` codes a call with ``axis_index_groups`` (`_exchange.in_groups`): all_to_all,
-  psum_scatter and all_gather, not an all_gather whose result is invariant over the whole axis.
-  Not under ``jax.vmap`` either (the caller's check): the coded exchanges move sizes and frames
-  with grouped all_to_alls, which jax cannot batch (``jax.lax.all_to_all`` with groups raises
-  NotImplementedError under vmap), so a batched grouped call stays the raw one, as jax.lax's."""
+def _codes_groups(op: str, params, x) -> bool:
+  """Whether `op` codes a call on `x` with ``axis_index_groups`` (`_exchange.in_groups`):
+  all_to_all, psum_scatter and all_gather, not an all_gather whose result is invariant over the
+  whole axis, and not under ``jax.vmap`` (the coded exchanges move sizes and frames with grouped
+  all_to_alls, which jax cannot batch), where a grouped call stays the raw one, as jax.lax's."""
+  if batched(x):
+    return False
   return op in ("all_to_all", "psum_scatter") or (op == "all_gather" and params[2] == "varying")
 
 

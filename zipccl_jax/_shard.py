@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src.interpreters.batching import BatchTracer
 
 from zipccl_jax import _compat
 
@@ -228,6 +229,12 @@ def check_split(x, dim: int, what: str, n: int, tiled: bool, axis_name, api: str
     raise ValueError(
         f"zipccl_jax.{api}: x.shape[{what}={dim}] = {size} must equal the size {n} of axis "
         f"{axis_name!r} (tiled=False)")
+
+
+def batched(x) -> bool:
+  """Whether `x` is traced under ``jax.vmap`` here (a grouped exchange cannot be batched by jax:
+  ``jax.lax.all_to_all`` with ``axis_index_groups`` raises NotImplementedError under vmap)."""
+  return isinstance(x, BatchTracer)
 
 
 def check_groups(groups, axis_name, api):

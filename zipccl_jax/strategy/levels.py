@@ -34,10 +34,9 @@ import threading
 
 import jax.numpy as jnp
 import numpy as np
-from jax._src.interpreters.batching import BatchTracer
 
 from zipccl_jax import _mixed
-from zipccl_jax._shard import axis_size
+from zipccl_jax._shard import axis_size, batched
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.strategy.decision import Decision, decide, log_decision
 from zipccl_jax.strategy.profile import axis_key, current_platform, get_profile
@@ -399,7 +398,7 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
     return None
   # one axis split into levels: not under jax.vmap, whose batching of the phases' grouped exchanges
   # jax does not implement (a batched call over the axis is flat)
-  split = _split(axis_name) if op in SPLIT_OPS and not isinstance(x, BatchTracer) else None
+  split = _split(axis_name) if op in SPLIT_OPS and not batched(x) else None
   if split is None and not _two_axes(axis_name):
     return None  # every call asks: one axis, the common case, returns before any other work
   forced_alg = (getattr(_FORCED, "value", None) or ("auto", None))[0]
@@ -409,9 +408,10 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
       or isinstance(capacity, (int, np.integer, tuple, list)) and not isinstance(capacity, bool)):
     return None
   named = axis_name if split is None else split[1]  # the axes, or the levels, whose links cost it
-  if split is not None and axis_size(axis_name, op) % split[0]:
+  n = axis_size(axis_name, op) if split is not None else 0
+  if split is not None and n % split[0]:
     raise ValueError(f"zipccl_jax.{op}: use_levels declares {split[0]} devices per host on axis "
-                     f"{axis_name!r}, whose {axis_size(axis_name, op)} devices are not whole hosts")
+                     f"{axis_name!r}, whose {n} devices are not whole hosts")
   levels = levels_of(named)
   if levels is None:
     if forced_alg != "hierarchical":
@@ -421,7 +421,7 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   if split is None:
     H, L = axis_size(slow, op), axis_size(fast, op)
   else:
-    H, L = axis_size(axis_name, op) // split[0], split[0]
+    H, L = n // split[0], split[0]
   if H < 2 or L < 2:
     return None
   lp = choose(op, dt, int(x.size), tuple(named), (slow, fast), (H, L), compress, role, site=site,
