@@ -14,12 +14,15 @@ its done (work overlapping that transfer). Nothing runs; no timing is measured.
 Needs, in a venv of its own (the plugin makes every jax import on a machine without a GPU look for one):
 `pip install ".[gpuaot]"` next to a zipccl_jax built with its CUDA handlers (the default build where a CUDA
 toolkit is found; `python -m zipccl_jax.info` lists them). JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 lets the plugin
-load without CUDA libraries; JAX_PLATFORMS=cpu keeps the default backend on the CPU.
+load without CUDA libraries; JAX_PLATFORMS=cpu keeps the default backend on the CPU. XLA_FLAGS apply and are
+recorded in the JSON: JAX's GPU performance guide turns on XLA's latency-hiding scheduler
+(``XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true``), which schedules these chains differently.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -126,6 +129,7 @@ def main(argv=None):
         print(f"  {start}: {', '.join(work) or '-'}")
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+                                         "xla_flags": os.environ.get("XLA_FLAGS", ""),
                                          "schedule": seq, "overlaps": ov}, indent=1) + "\n")
 
 

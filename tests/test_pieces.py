@@ -408,7 +408,7 @@ def test_explain_reports_k():
 
 
 SCHEDULES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob(
-    "gpu_schedule_*_padded.json"))
+    "gpu_schedule_*_padded*.json"))
 
 
 @pytest.mark.parametrize("path", SCHEDULES, ids=lambda p: p.stem)
@@ -427,6 +427,27 @@ def test_pipeline_formula_follows_the_compiled_schedule(path):
   kinds = [kind for kind, _ in rec["schedule"]]
   assert kinds.count("conditional") == 1 and kinds[-1] == "conditional", kinds
   assert kinds.count("decode") == k and kinds.count("encode") == k
+
+
+RAGGED_SCHEDULES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob(
+    "gpu_schedule_*_k3_ragged*.json"))
+
+
+@pytest.mark.parametrize("path", RAGGED_SCHEDULES, ids=lambda p: p.stem)
+def test_ragged_schedules_have_no_conditional(path):
+  """The deviceless 8 x H100 schedules of all_to_all, all_gather and ppermute in 3 pieces on the ragged
+  transport (the GPU default; recorded as the padded ones, `--transport ragged`): every encode and decode,
+  no conditional (no host round trip). With XLA's latency-hiding scheduler on (``_lhs``: JAX's GPU
+  performance guide sets it), decodes run inside a ragged exchange; without it only all_to_all's do. The
+  model gives this transport K = 1 and no overlap (`strategy`), so it claims none of this."""
+  rec = json.loads(path.read_text())
+  kinds = [kind for kind, _ in rec["schedule"]]
+  assert "conditional" not in kinds
+  assert kinds.count("encode") == 3 and kinds.count("decode") == 3
+  decodes_in_flight = [w for start, work in rec["overlaps"].items() if start.startswith("ragged")
+                       for w in work if w.startswith("decode")]
+  lhs = "latency_hiding_scheduler=true" in rec["xla_flags"]
+  assert bool(decodes_in_flight) is (lhs or rec["args"]["op"] == "all_to_all"), path.name
 
 
 def test_pipeline_time_is_the_pattern_laid_out():

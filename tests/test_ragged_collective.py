@@ -262,15 +262,20 @@ def test_ragged_transport_runs_on_cpu_bit_identical(op):
     assert st.compressed and st.calls == 8 and (st.fallbacks > 0) is fell_back, (kind, st)
 
 
-def test_ragged_all_to_all_sends_rows_that_do_not_fit_raw_without_a_conditional():
-  """On the ragged transport an all_to_all has no uniform fallback: only the rows that do not fit travel
-  raw. Sender 3's rows are random bits, every other sender's compress: the 7 other devices each receive
-  one raw row (a fallback in the stats), device 3 none; the bits are jax.lax's. The CUDA lowering of the
-  compressed all_to_all, psum_scatter and ragged_all_to_all has no conditional (XLA:GPU would stop the
-  host for its predicate); the padded transport keeps its one per call."""
+# (calls, fallbacks) when sender 3's rows are random bits: the devices that receive a raw row
+RAW_RECEIVERS = {"all_to_all": 7, "all_gather": 7, "ppermute": 1}  # the ring: only device 4
+
+
+@pytest.mark.parametrize("op", sorted(PAIRS))
+def test_ragged_transport_sends_rows_that_do_not_fit_raw_without_a_conditional(op):
+  """On the ragged transport all_to_all, all_gather and ppermute have no uniform fallback: only the rows
+  that do not fit travel raw. Sender 3's rows are random bits, every other sender's compress: the devices
+  that receive from 3 each receive one raw row (a fallback in their stats), the others none; the bits
+  are jax.lax's. The CUDA lowering on this transport has no conditional (XLA:GPU would stop the host for
+  its predicate); the padded transport keeps its one per call."""
   mesh = mesh8()
   spec = P(AXIS)
-  ours, theirs = PAIRS["all_to_all"]
+  ours, theirs = PAIRS[op]
   data = _data("held_out")
   data[3 * 16:4 * 16] = _data("bits")[3 * 16:4 * 16]
   x = jax.device_put(data, NamedSharding(mesh, spec))
@@ -287,17 +292,38 @@ def test_ragged_all_to_all_sends_rows_that_do_not_fit_raw_without_a_conditional(
     zj.set_runtime_stats(prev)
   assert_bits_equal(got.view(np.uint16), np.asarray(g(x)), "one incompressible sender")
   st = zj.stats()["rows"]
-  assert (st.calls, st.fallbacks) == (8, 7), st
+  assert (st.calls, st.fallbacks) == (8, RAW_RECEIVERS[op]), st
+  for tr, conds in (("auto", 0), ("padded", 1)):
+    h = jax.jit(jax.shard_map(lambda v: ours(v, compress=True, transport=tr), mesh=mesh, in_specs=spec,
+                              out_specs=spec))
+    cuda = h.trace(x).lower(lowering_platforms=("cuda",)).as_text(dialect="hlo")
+    assert len(re.findall(r" conditional\(", cuda)) == conds, (op, tr)
+    assert ("ragged-all-to-all" in cuda) is (tr == "auto"), (op, tr)
 
-  calls = {
-      "all_to_all": lambda v, tr: ours(v, compress=True, transport=tr),
-      "psum_scatter": lambda v, tr: zj.psum_scatter(v, AXIS, tiled=True, compress=True, transport=tr),
-  }
-  for name, call in calls.items():
-    for tr, conds in (("auto", 0), ("padded", 1)):
-      h = jax.jit(jax.shard_map(lambda v: call(v, tr), mesh=mesh, in_specs=spec, out_specs=spec))
-      cuda = h.trace(x).lower(lowering_platforms=("cuda",)).as_text(dialect="hlo")
-      assert len(re.findall(r" conditional\(", cuda)) == conds, (name, tr)
+
+@pytest.mark.parametrize("name,call,conds", [
+    ("psum_scatter", lambda v, tr: zj.psum_scatter(v, AXIS, tiled=True, compress=True, transport=tr), (0, 1)),
+    ("psum", lambda v, tr: zj.psum(v, AXIS, compress=True, transport=tr), (1, 2)),
+    ("all_gather_invariant", lambda v, tr: zj.all_gather_invariant(v, AXIS, tiled=True, compress=True,
+                                                                   transport=tr), (1, 1))],
+    ids=lambda v: v if isinstance(v, str) else None)
+def test_cuda_conditionals_of_the_other_compressed_calls(name, call, conds):
+  """The CUDA lowering's conditionals on the default and the padded transport: none in psum_scatter on the
+  default; psum's device-invariant gather and all_gather(to="invarying") stay padded, with the uniform
+  fallback's one (psum padded: one per phase)."""
+  mesh = mesh8()
+  spec = P(AXIS)
+  x = jax.device_put(_data("held_out"), NamedSharding(mesh, spec))
+  for tr, want in zip(("auto", "padded"), conds):
+    out = P() if name == "all_gather_invariant" else spec
+    h = jax.jit(jax.shard_map(lambda v: call(v, tr), mesh=mesh, in_specs=spec, out_specs=out))
+    cuda = h.trace(x).lower(lowering_platforms=("cuda",)).as_text(dialect="hlo")
+    assert len(re.findall(r" conditional\(", cuda)) == want, (name, tr)
+
+
+def test_ragged_all_to_all_lowers_without_a_conditional():
+  mesh = mesh8()
+  spec = P(AXIS)
   case = random_case(46, spd=2, rows=24, row_shape=(128,), payload="gaussian")
   rag = jax.jit(jax.shard_map(lambda *a: zrag(*(v[0] for v in a), compress=True)[None], mesh=mesh,
                               in_specs=spec, out_specs=spec))
@@ -306,17 +332,33 @@ def test_ragged_all_to_all_sends_rows_that_do_not_fit_raw_without_a_conditional(
   assert "ragged-all-to-all" in cuda and " conditional(" not in cuda
 
 
+# a partial permutation: a rank sending to itself (5, the incompressible sender), ranks receiving nothing
+# (2, 4, 6) or sending nothing (1, 4, 7)
+_PARTIAL = [(0, 3), (3, 0), (5, 5), (6, 1), (2, 7)]
+SLOT_OPS = {
+    "all_to_all": (lambda v, **kw: zj.all_to_all(v, AXIS, 0, 0, tiled=True, **kw),
+                   lambda v: lax.all_to_all(v, AXIS, 0, 0, tiled=True)),
+    "all_gather": (lambda v, **kw: zj.all_gather(v, AXIS, tiled=True, **kw),
+                   lambda v: lax.all_gather(v, AXIS, tiled=True)),
+    "ppermute_partial": (lambda v, **kw: zj.ppermute(v, AXIS, _PARTIAL, **kw),
+                         lambda v: lax.ppermute(v, AXIS, _PARTIAL)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(SLOT_OPS))
 @pytest.mark.parametrize("dtype,cols,capacity", [
     ("bfloat16", 512, None), ("float16", 333, None), ("float32", 256, None),
     ("float8_e4m3fn", 777, None), ("float8_e5m2", 512, None),
     ("bfloat16", 512, 4096), ("float32", 64, 96)],
     ids=["bf16", "f16_odd_cols", "f32", "e4m3_odd_bytes", "e5m2", "bf16_slot_is_capacity",
          "f32_tiny_capacity"])
-def test_ragged_rows_share_one_receive_buffer_bit_exact(dtype, cols, capacity):
+def test_ragged_rows_share_one_receive_buffer_bit_exact(op, dtype, cols, capacity):
   """The ragged transport's receive buffer holds a frame or a raw row per slot: rows that fit (coded),
-  rows that do not (sender 5's random bits, raw), the own row (a local copy), slots wider than a row (a
-  capacity above the row's bytes) and a capacity too small for any frame (every row raw), with NaN
-  payloads, -0, subnormals and infinities among compressible values. Bits equal jax.lax's."""
+  rows that do not (sender 5's random bits, raw), the own row (a local copy; ppermute: a rank sending to
+  itself), slots wider than a row (a capacity above the row's bytes), a capacity too small for any frame
+  (every row raw) and, for a partial ppermute, ranks that receive nothing (zeros), with NaN payloads, -0,
+  subnormals and infinities among compressible values. Bits equal jax.lax's."""
+  ours, theirs = SLOT_OPS[op]
   mesh = mesh8()
   spec = P(AXIS)
   dt = np.dtype(getattr(ml_dtypes, dtype) if dtype.startswith(("bfloat", "float8")) else dtype)
@@ -329,12 +371,11 @@ def test_ragged_rows_share_one_receive_buffer_bit_exact(dtype, cols, capacity):
   specials = np.concatenate([special, special | 1, np.array([1, 2, u(1) << (8 * dt.itemsize - 1) | 1], u)])
   bits[::7, :specials.size] = specials
   x = jax.device_put(bits.view(dt), NamedSharding(mesh, spec))
-  f = jax.jit(jax.shard_map(
-      lambda v: zj.all_to_all(v, AXIS, 0, 0, tiled=True, compress=True, capacity=capacity,
-                              transport="ragged"), mesh=mesh, in_specs=spec, out_specs=spec))
-  g = jax.jit(jax.shard_map(lambda v: lax.all_to_all(lax.bitcast_convert_type(v, u), AXIS, 0, 0, tiled=True),
+  f = jax.jit(jax.shard_map(lambda v: ours(v, compress=True, capacity=capacity, transport="ragged"),
                             mesh=mesh, in_specs=spec, out_specs=spec))
-  assert_bits_equal(np.asarray(f(x)).view(u), np.asarray(g(x)), f"{dtype} {cols} {capacity}")
+  g = jax.jit(jax.shard_map(lambda v: theirs(lax.bitcast_convert_type(v, u)), mesh=mesh, in_specs=spec,
+                            out_specs=spec))
+  assert_bits_equal(np.asarray(f(x)).view(u), np.asarray(g(x)), f"{op} {dtype} {cols} {capacity}")
 
 
 def test_ragged_transport_int64_offsets(monkeypatch):
@@ -380,3 +421,21 @@ def test_two_dimensional_mesh(axis):
   got = np.asarray(f(*args))
   want = np.concatenate([model(c) for c in groups])
   assert_bits_equal(got, want, str(axis))
+
+
+@pytest.mark.parametrize("op", sorted(SLOT_OPS))
+def test_ragged_transport_under_vmap_bit_exact(op):
+  """jax.vmap of the ragged transport (ragged_all_to_all batches its offsets with the frames): two
+  examples per device, the second of sender 5 random bits (raw rows in that example only)."""
+  ours, theirs = SLOT_OPS[op]
+  mesh = mesh8()
+  spec = P(None, AXIS)
+  rng = np.random.default_rng(3)
+  bits = (rng.standard_normal((2, 8 * 8, 96)) * 0.02).astype(BF16).view(np.uint16)
+  bits[1, 5 * 8:6 * 8] = rng.integers(0, 2**16, size=(8, 96), dtype=np.uint16)
+  x = jax.device_put(bits.view(BF16), NamedSharding(mesh, spec))
+  f = jax.jit(jax.shard_map(jax.vmap(lambda v: ours(v, compress=True, transport="ragged")), mesh=mesh,
+                            in_specs=spec, out_specs=spec))
+  g = jax.jit(jax.shard_map(jax.vmap(lambda v: theirs(lax.bitcast_convert_type(v, jnp.uint16))),
+                            mesh=mesh, in_specs=spec, out_specs=spec))
+  assert_bits_equal(np.asarray(f(x)).view(np.uint16), np.asarray(g(x)), f"vmap {op}")

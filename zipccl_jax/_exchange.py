@@ -1,8 +1,8 @@
 """The wire protocol, written once: exchange rows, gather a row, permute a row.
 
-Every compressed collective is one of five exchanges of coded rows, each followed by a
-uniform overflow test and a `lax.cond` between the coded result and the raw fallback (except
-`exchange_rows` on the ragged transport, which sends the rows that do not fit raw):
+Every compressed collective is one of five exchanges of coded rows. On the padded transport each
+ends in a uniform overflow test and a `lax.cond` between the coded result and the raw fallback;
+on the ragged transport the first three have no conditional: a row that does not fit travels raw:
 
 * `exchange_rows`: row j of each sender's `(n, m)` rows goes to rank j (all_to_all,
   psum_scatter and psum's first phase);
@@ -34,19 +34,27 @@ of the codec work and changes no result bit.
 Ragged transport (``transport="ragged"``, or ``"auto"`` off CPU)
 -----------------------------------------------------------------
 The same frames go through ``jax.lax.ragged_all_to_all``, so only each frame's ``nbytes`` move,
-after a tiny int32 exchange of the sizes. XLA:CPU does not implement ragged-all-to-all: there
+after a tiny int32 exchange of the sizes (-1: the row did not fit and travels raw)::
+
+  exchange_rows:   int32[n] all_to_all,  then the frames, then the raw rows (bytes that move only)
+  gather_row:      int32[1] all_gather,  then the frame to every other rank, then the raw row
+  permute_row:     int32 collective-permute,  then the frame, then the raw row (one slot)
+
+XLA:CPU does not implement ragged-all-to-all: there
 `zipccl_jax._ragged.exchange` runs an exact emulation (the frames move padded to ``C`` bytes), so
 the ragged transport executes, and is tested, on CPU too. Frame offsets are int64 once ``n * C``
 can pass 2**31. A device-invariant gather (psum's second phase, ``all_gather(to="invarying")``)
 stays padded.
 
-`exchange_rows` on the ragged transport (all_to_all, ragged_all_to_all, psum_scatter and psum's
-first phase: XLA:GPU's default) has no fallback and no ``lax.cond``: a row whose frame does not
-fit travels raw, alone (`ragged_rows` has the steps). XLA:GPU runs a conditional by copying its
-predicate to the host and waiting for the stream, so a padded call stops the host once; this
-path never does (on XLA's one-shot ragged kernel, intra-node; its NCCL path reads the sizes on
-the host itself). The other exchanges keep the uniform fallback below on both transports (an
-overflowed frame sends its 32-byte header only).
+On the ragged transport (XLA:GPU's default) `exchange_rows` (all_to_all, ragged_all_to_all,
+psum_scatter, psum's first phase), `gather_row` (all_gather, psum's gather when its result may
+vary) and `permute_row` (ppermute) have no fallback and no ``lax.cond``: a row whose frame does
+not fit travels raw, alone, in a second ragged exchange into the same receive buffer
+(`ragged_rows`, `ragged_gather`, `ragged_permute`; `_raw_into`). XLA:GPU runs a conditional by
+copying its predicate to the host and waiting for the stream, so a padded call stops the host
+once; these never do (on XLA's one-shot ragged kernel, intra-node; its NCCL path reads the sizes
+on the host itself). A device-invariant gather and the two-level rounds keep the uniform
+fallback below.
 
 Overflow (uniform fallback)
 ---------------------------
@@ -77,13 +85,14 @@ Pieces (pipelining)
 `exchange_rows`, `gather_row` and `permute_row` take ``pieces=K``: the columns are split into K
 pieces (`capacity.piece_bounds`), each coded in its own frames with its share of the capacity
 (`capacity.piece_capacities`), moved by its own collective and decoded outside any conditional,
-then concatenated; one `lax.cond` per call takes the raw collective if any piece overflowed. The
+then concatenated; padded, one `lax.cond` per call takes the raw collective if any piece
+overflowed (ragged: none, each piece sends its own raw rows). The
 K chains share no value and no decode shares a conditional with a collective, so XLA:GPU can
 overlap encoding piece k+1 and decoding piece k-1 with the transfer of piece k. The bits do not
 depend on K. The strategy picks K (`strategy.decide`): 1 on CPU, whose collectives are blocking
 thunks on devices that share the host's cores (K > 1 only adds per-piece overheads).
-`permute_row`'s transfers are chained (piece k+1's frame waits for piece k's transfer behind an
-optimization barrier), since XLA:GPU combines independent collective-permutes into one. psum_scatter's
+`permute_row`'s padded transfers are chained (piece k+1's frame waits for piece k's transfer behind
+an optimization barrier), since XLA:GPU combines independent collective-permutes into one. psum_scatter's
 pieces are not independent: `zipccl_jax._reduce` runs them one after another, for memory.
 
 Reductions
@@ -106,9 +115,8 @@ import numpy as np
 from jax import lax
 
 from zipccl_jax import _ragged, accounting, codec
-from zipccl_jax import format as fmt
 from zipccl_jax._bits import uint_of
-from zipccl_jax._shard import (axes_of, lax_ppermute, manual_axes, perm_in_tuple_order, ppermute_index,
+from zipccl_jax._shard import (lax_ppermute, manual_axes, perm_in_tuple_order, ppermute_index,
                                vary, vary_like)
 from zipccl_jax.capacity import piece_capacities
 
@@ -304,13 +312,6 @@ def decode_any(recv, m: int, dtype, skip=None):
 # Transport: padded or ragged
 # --------------------------------------------------------------------------- #
 
-def _send_sizes(nbytes, capacity: int):
-  """Bytes of each frame to send on the ragged transport (header only if overflowed)."""
-  nb = nbytes.astype(jnp.int32) if nbytes.dtype != jnp.int32 else nbytes
-  over = jnp.any(nbytes > capacity)
-  return jnp.where(over | (nbytes > capacity), jnp.int32(fmt.FRAME_HEADER_BYTES), nb)
-
-
 def _zero_like_batch(p):
   """An int32 zero that is batched exactly when `p` is (ragged_all_to_all's
   batching rule needs every offset/size operand batched)."""
@@ -351,83 +352,88 @@ def _in_units(nbytes, unit: int):
 
 
 def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
-                   slot: int | None = None):
-  """The ragged transport of `_move_rows` (payload (n, C): frame j to rank j) and of
-  `_move_row_to_all` (payload (C,): the one frame to every rank): only ``send[j]`` bytes go to
-  rank j; returns (n, slot), row s holding the ``recv_sizes[s]`` bytes from rank s, zeros after
-  (``slot`` bytes per received row, default C; `ragged_rows` makes room for a raw row). The
-  bytes move in rows of `_unit` bytes, a frame's last row padded by its zero tail."""
+                   slot: int | None = None, one_slot: bool = False):
+  """The ragged transport of frames: payload (n, C), frame j to rank j (`ragged_rows`), or (C,),
+  the one frame to every rank with ``send[j] > 0`` (`ragged_gather`, `ragged_permute`). Only
+  ``send[j]`` bytes go to rank j; returns (n, slot), row s holding the ``recv_sizes[s]`` bytes from
+  rank s, zeros after (``slot`` bytes per received row, default C: room for a raw row too), or,
+  `one_slot` (one sender at most: ppermute), (1, slot). The bytes move in rows of `_unit` bytes,
+  a frame's last row padded by its zero tail."""
   slot = capacity if slot is None else slot
   u = _unit(capacity, slot)
-  dt = _ragged.offsets_dtype(n * max(capacity, slot) // u)
+  slots = 1 if one_slot else n
+  dt = _ragged.offsets_dtype(max(n * capacity, slots * slot) // u)
   with _ragged.index_scope(dt):
-    me = rank(axis_name, dt)
     z = _zero_like_batch(payload).astype(dt)
     start = jnp.arange(n, dtype=dt) * (capacity // u) if payload.ndim == 2 else jnp.zeros((n,), dt)
     in_off = vary_like(start, payload) + z
-    out_off = jnp.full((n,), slot // u, dt) * me + z
+    at = jnp.zeros((), dt) if one_slot else rank(axis_name, dt)
+    out_off = vary_like(jnp.full((n,), slot // u, dt) * at, payload) + z
     send, recv_sizes = _in_units(send.astype(dt), u), _in_units(recv_sizes.astype(dt), u)
   # the receive buffer, zeros made from the payload: created once the frames exist, not hoisted (alive
   # through everything before them; in pieces, every piece's buffer at once)
-  out = vary_like(jnp.full((n * slot // u, u), zero_after(payload, jnp.uint8)), payload)
+  out = vary_like(jnp.full((slots * slot // u, u), zero_after(payload, jnp.uint8)), payload)
   r = _ragged.exchange(payload.reshape(-1, u), out, in_off, send, out_off, recv_sizes,
                        axis_name=axis_name, axis_index_groups=_GROUPS.get(),
                        max_send_rows=capacity // u)
-  return r.reshape(n, slot)
+  return r.reshape(slots, slot)
 
 
-def _move_row_to_all(payload, nbytes, axis_name, n: int, capacity: int, transport: str,
-                     invariant: bool = False):
-  """Every sender's (C,) payload to every rank; returns (n, C), row s from rank s."""
-  def padded(p, s):
-    if invariant:
-      return lax.all_gather(p, axis_name, to="invarying")
-    return lax.all_gather(p, axis_name, axis_index_groups=_GROUPS.get())
+def _raw_into(recv, rows, send_row, sending, receiving, axis_name, slot: int, one_slot: bool = False):
+  """The ragged transport's second exchange: the raw bit patterns of `rows` (F, m), written in place
+  into `recv` ((S, slot) uint8, the frames' receive buffer; ragged_all_to_all updates its
+  `output`). Row ``send_row[j]`` goes to rank j where ``sending[j]``, into this rank's slot there
+  (slot 0 if `one_slot`); slot s here takes rank s's raw row where ``receiving[s]`` (slot 0 if
+  `one_slot`). (n,) each; it moves no data when nothing is flagged. Returns recv (S, slot)."""
+  m = rows.shape[1]
+  row_bytes = m * rows.dtype.itemsize
+  u = _unit(row_bytes, slot)
+  n = sending.shape[0]
+  dt = _ragged.offsets_dtype(max(rows.shape[0], recv.shape[0]) * slot // u)
+  with _ragged.index_scope(dt):
+    z = _zero_like_batch(recv).astype(dt)
+    in_off = vary_like(send_row.astype(dt) * (row_bytes // u), recv) + z
+    at = jnp.zeros((), dt) if one_slot else rank(axis_name, dt)
+    out_off = vary_like(jnp.full((n,), slot // u, dt) * at, recv) + z
+    send = jnp.where(sending, row_bytes // u, 0).astype(dt) + z
+    take = jnp.where(receiving, row_bytes // u, 0).astype(dt) + z
+  bits = lax.bitcast_convert_type(lax.bitcast_convert_type(rows, uint_of(rows.dtype)), jnp.uint8)
+  out = _ragged.exchange(bits.reshape(-1, u), recv.reshape(-1, u), in_off, send, out_off, take,
+                         axis_name=axis_name, axis_index_groups=_GROUPS.get(),
+                         max_send_rows=row_bytes // u)
+  return out.reshape(recv.shape)
 
-  def ragged(p, s):
-    send1 = _send_sizes(s[None], capacity)
-    recv_sizes = lax.all_gather(send1, axis_name, tiled=True, axis_index_groups=_GROUPS.get())
-    return _ragged_frames(p, jnp.broadcast_to(send1, (n,)), recv_sizes, axis_name, n, capacity)
 
+def _decode_slots(recv, m: int, dtype, raw, empty=None):
+  """recv (S, slot) from `_raw_into` -> (S, m): slot s decoded, or its raw bits where ``raw[s]``,
+  or zeros where ``empty[s]`` (nothing arrived). One select on the bit patterns."""
+  u = uint_of(dtype)
+  skip = raw if empty is None else raw | empty
+  dec = codec.decode_frames(recv, shape=(m,), dtype=dtype, skip=skip)
+  got = recv[:, :m * np.dtype(dtype).itemsize].reshape(recv.shape[0], m, np.dtype(dtype).itemsize)
+  got = lax.bitcast_convert_type(got if got.shape[-1] > 1 else got[..., 0], u)
+  bits = jnp.where(raw[:, None], got, lax.bitcast_convert_type(dec, u))
+  return lax.bitcast_convert_type(bits, dtype)
+
+
+def _encode_sized(rows, capacity: int, skip=None):
+  """Encode `rows` (F, m) for the ragged transport -> (payload (F, C'), C', slot bytes, sizes (F,)
+  int32: a frame's bytes, -1 where it did not fit in `capacity`, 0 where `skip`ped). Frames and
+  raw rows move in rows of `_unit` bytes into one buffer, so a frame is C' wide (`capacity`
+  rounded up to the unit) and a receive slot holds either (``max(C', m * itemsize)`` bytes)."""
+  row_bytes = rows.shape[1] * rows.dtype.itemsize
+  unit = _unit(row_bytes)
+  frame_cap = -(-capacity // unit) * unit
+  payload, nbytes = codec.encode_frames(rows, capacity=frame_cap, skip=skip)
+  size = jnp.where(nbytes <= capacity, nbytes, -1).astype(jnp.int32)  # capacity < 2**31
+  return payload, frame_cap, max(frame_cap, row_bytes), size
+
+
+def _move_row_to_all(payload, axis_name, invariant: bool = False):
+  """Every sender's (C,) payload to every rank (padded); returns (n, C), row s from rank s."""
   if invariant:
-    return padded(payload, nbytes)
-  return by_transport(transport, padded, ragged, payload, nbytes)
-
-
-def _move_row_by_perm(payload, nbytes, axis_name, n: int, perm, capacity: int, transport: str):
-  """ppermute of one (C,) frame; returns (C,) (zeros on ranks that receive nothing)."""
-  def padded(p, s):
-    return lax_ppermute(p, axis_name, perm)
-
-  def ragged(p, s):
-    # the ragged exchange numbers ranks as all_to_all does (a tuple's order), `perm` as ppermute
-    tperm = perm_in_tuple_order(axis_name, perm)
-    dest = np.full((n,), -1, np.int32)
-    for src, dst in tperm:
-      dest[src] = dst
-    me = lax.axis_index(axis_name).astype(jnp.int32)
-    send1 = _send_sizes(s[None], capacity)[0]
-    my_dest = jnp.asarray(dest)[me]
-    send = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_dest, send1, 0).astype(jnp.int32)
-    got = lax_ppermute(send1, axis_name, perm)  # size my source sends me (0 if none)
-    src_of = np.full((n,), -1, np.int32)
-    for src, dst in tperm:
-      src_of[dst] = src
-    my_src = jnp.asarray(src_of)[me]
-    recv_sizes = jnp.where(jnp.arange(n, dtype=jnp.int32) == my_src, got, 0).astype(jnp.int32)
-    zeros = vary_like(jnp.zeros((n,), jnp.int32), p) + _zero_like_batch(p)
-    u = _unit(capacity)
-    out = vary_like(jnp.zeros((capacity // u, u), jnp.uint8), p)
-    return _ragged.exchange(p.reshape(-1, u), out, zeros, _in_units(send, u), zeros,
-                            _in_units(recv_sizes, u), axis_name=axis_name).reshape(capacity)
-
-  return by_transport(transport, padded, ragged, payload, nbytes)
-
-
-def _row_size(nbytes, transport: str, invariant: bool = False):
-  """`nbytes[0]` where the ragged transport may need it, else None (the padded path moves no
-  sizes; computing them anyway leaves a dead value wherever a body is lowered without DCE)."""
-  return None if transport == "padded" or invariant else nbytes[0]
+    return lax.all_gather(payload, axis_name, to="invarying")
+  return lax.all_gather(payload, axis_name, axis_index_groups=_GROUPS.get())
 
 
 # --------------------------------------------------------------------------- #
@@ -497,38 +503,62 @@ def ragged_rows(rows, axis_name, n: int, capacity: int):
   collective memory space, so a decode written there would be copied out once more). Returns
   the flag for `accounting.count` and (n, m), row s from rank s, the bits of a raw exchange.
   """
-  m = rows.shape[1]
-  u = uint_of(rows.dtype)
-  row_bytes = m * rows.dtype.itemsize
-  unit = _unit(row_bytes)  # both exchanges move rows of `unit` bytes into one buffer
-  frame_cap = -(-capacity // unit) * unit
-  slot = max(frame_cap, row_bytes)
   skip = own_row(axis_name, n)
-  payload, nbytes = codec.encode_frames(rows, capacity=frame_cap, skip=skip)
-  fits = nbytes <= capacity
-  size = jnp.where(fits, nbytes, -1).astype(jnp.int32)          # capacity < 2**31
+  payload, frame_cap, slot, size = _encode_sized(rows, capacity, skip)
   got = lax.all_to_all(size, axis_name, 0, 0, tiled=True,       # (n,): row s's from rank s
                        axis_index_groups=_GROUPS.get())
   as_raw = got < 0
   recv = _ragged_frames(payload, jnp.maximum(size, 0), jnp.maximum(got, 0), axis_name, n,
                         frame_cap, slot)
-  dt = _ragged.offsets_dtype(n * slot // unit)
-  with _ragged.index_scope(dt):
-    z = _zero_like_batch(payload).astype(dt)
-    me = rank(axis_name, dt)
-    in_off = vary_like(jnp.arange(n, dtype=dt) * (row_bytes // unit), payload) + z
-    out_off = jnp.full((n,), slot // unit, dt) * me + z
-    send = jnp.where(~fits | skip, row_bytes // unit, 0).astype(dt)
-    take = jnp.where(as_raw | skip, row_bytes // unit, 0).astype(dt)
-  raw_send = lax.bitcast_convert_type(lax.bitcast_convert_type(rows, u), jnp.uint8).reshape(-1, unit)
-  recv = _ragged.exchange(raw_send, recv.reshape(-1, unit), in_off, send, out_off, take,
-                          axis_name=axis_name, axis_index_groups=_GROUPS.get(),
-                          max_send_rows=row_bytes // unit).reshape(n, slot)
-  dec = codec.decode_frames(recv, shape=(m,), dtype=rows.dtype, skip=skip | as_raw)
-  raw_got = recv[:, :row_bytes].reshape(n, m, rows.dtype.itemsize)
-  raw_got = lax.bitcast_convert_type(raw_got if rows.dtype.itemsize > 1 else raw_got[..., 0], u)
-  bits = jnp.where((as_raw | skip)[:, None], raw_got, lax.bitcast_convert_type(dec, u))
-  return jnp.any(as_raw), lax.bitcast_convert_type(bits, rows.dtype)
+  recv = _raw_into(recv, rows, jnp.arange(n), (size < 0) | skip, as_raw | skip, axis_name, slot)
+  return jnp.any(as_raw), _decode_slots(recv, rows.shape[1], rows.dtype, as_raw | skip)
+
+
+def ragged_gather(rows, axis_name, n: int, capacity: int):
+  """`gather_row` on the ragged transport, with no conditional: rows (1, m) -> (a row came raw,
+  got (n, m), row s from rank s).
+
+  `ragged_rows`' design with one row sent to every rank: its size goes out by an int32
+  all_gather (-1: did not fit), its frame by a ragged exchange to every other rank, and, where
+  it did not fit, its raw bits by a second one into the same receive buffer (n slots: the
+  result's size). The own row goes to itself raw (a local copy) and is not decoded.
+  """
+  own = own_row(axis_name, n)
+  payload, frame_cap, slot, size = _encode_sized(rows, capacity)
+  got = lax.all_gather(size, axis_name, tiled=True, axis_index_groups=_GROUPS.get())  # (n,)
+  as_raw = (got < 0) & ~own
+  recv = _ragged_frames(payload[0], jnp.where(own, 0, jnp.maximum(size, 0)),
+                        jnp.where(own, 0, jnp.maximum(got, 0)), axis_name, n, frame_cap, slot)
+  recv = _raw_into(recv, rows, jnp.zeros((n,), jnp.int32), (size < 0) | own, as_raw | own,
+                   axis_name, slot)
+  return jnp.any(as_raw), _decode_slots(recv, rows.shape[1], rows.dtype, as_raw | own)
+
+
+def ragged_permute(rows, axis_name, n: int, perm, capacity: int):
+  """`permute_row` on the ragged transport, with no conditional and no flag: rows (1, m) -> (a row
+  came raw, got (1, m): the row from this rank's source in `perm`, zeros if it has none).
+
+  The size goes to the destination by an int32 ppermute (0 arrives where no one sends: a frame is
+  never empty), the frame by a ragged exchange into one slot, and, where it did not fit, the raw
+  bits by a second one into that slot. The receiver alone decides how to read its slot, so no
+  rank waits on another's overflow.
+  """
+  # the ragged exchange numbers ranks as all_to_all does (a tuple's order), `perm` as ppermute
+  dest, src = np.full((n,), -1, np.int32), np.full((n,), -1, np.int32)
+  for s, d in perm_in_tuple_order(axis_name, perm):
+    dest[s], src[d] = d, s
+  me = lax.axis_index(axis_name)
+  to = jnp.arange(n, dtype=jnp.int32) == jnp.asarray(dest)[me]
+  frm = jnp.arange(n, dtype=jnp.int32) == jnp.asarray(src)[me]
+  payload, frame_cap, slot, size = _encode_sized(rows, capacity)
+  got = lax_ppermute(size[0], axis_name, perm)  # what my source sends: > 0 frame, -1 raw, 0 none
+  recv = _ragged_frames(payload[0], jnp.where(to, jnp.maximum(size[0], 0), 0),
+                        jnp.where(frm, jnp.maximum(got, 0), 0), axis_name, n, frame_cap, slot,
+                        one_slot=True)
+  recv = _raw_into(recv, rows, jnp.zeros((n,), jnp.int32), to & (size[0] < 0), frm & (got < 0),
+                   axis_name, slot, one_slot=True)
+  as_raw = (got < 0)[None]
+  return as_raw[0], _decode_slots(recv, rows.shape[1], rows.dtype, as_raw, (got == 0)[None])
 
 
 def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str,
@@ -536,28 +566,42 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
                pieces: int = 1):
   """Every rank's `x` (coded as one row of x.size elements) -> `finish(got)`, got (n, x.size).
 
-  `invariant`: the result must not depend on the rank (padded transport, every row decoded).
-  `pieces` > 1: the row's columns in that many independent chains (`in_pieces`), one fallback.
+  Padded transport: `raw()` is the fallback (see `exchange_rows`). Ragged transport: no fallback
+  and no conditional (`ragged_gather`). `invariant`: the result must not depend on the rank
+  (padded transport, every row decoded). `pieces` > 1: the row's columns in that many
+  independent chains (`in_pieces`); padded, one fallback for the call.
   """
-  if pieces > 1:
-    def piece(r, cap):
-      fallback, coded = _gather_chain(r, axis_name, n, cap, transport, invariant, eager=True)
-      return fallback, coded()
-    fallback, got = in_pieces(x.reshape(1, x.size), pieces, capacity, site, piece)
-    return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(got))
-  fallback, coded = _gather_chain(x, axis_name, n, capacity, transport, invariant)
-  accounting.count(site, fallback)
-  return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
+  def padded(x):
+    if pieces > 1:
+      def piece(r, cap):
+        fallback, coded = _gather_chain(r, axis_name, n, cap, invariant, eager=True)
+        return fallback, coded()
+      fallback, got = in_pieces(x.reshape(1, x.size), pieces, capacity, site, piece)
+      return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(got))
+    fallback, coded = _gather_chain(x, axis_name, n, capacity, invariant)
+    accounting.count(site, fallback)
+    return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
+
+  def ragged(x):
+    rows = x.reshape(1, x.size)
+    chain = lambda r, cap: ragged_gather(r, axis_name, n, cap)
+    if pieces > 1:
+      return finish(in_pieces(rows, pieces, capacity, site, chain)[1])
+    any_raw, got = chain(rows, capacity)
+    accounting.count(site, any_raw)
+    return finish(got)
+
+  if invariant:
+    return padded(x)
+  return by_transport(transport, padded, ragged, x)
 
 
-def _gather_chain(x, axis_name, n: int, capacity: int, transport: str, invariant: bool,
-                  eager: bool = False):
+def _gather_chain(x, axis_name, n: int, capacity: int, invariant: bool, eager: bool = False):
   """Encode `x` (m elements) -> all-gather -> (fallback flag, thunk decoding (n, m), row s from
   rank s); `eager` as in `exchange_chain`."""
   m = x.size
   payload, nbytes, _ = encode_rows(x.reshape(1, m), capacity)
-  recv = _move_row_to_all(payload[0], _row_size(nbytes, transport, invariant), axis_name, n,
-                          capacity, transport, invariant=invariant)
+  recv = _move_row_to_all(payload[0], axis_name, invariant)
   fallback = codec.any_overflow(recv, capacity)
 
   def dec(skip=None):
@@ -605,10 +649,26 @@ def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, si
   """`x` of rank s to rank d for (s, d) in `perm` (zeros where no one sends), coded as one row
   (`pieces` > 1: its columns in that many chains, `in_pieces`).
 
-  The overflow flag goes through a 4-byte psum over every manual axis (see the docstring). A rank
-  that receives nothing decodes the zeros it got (rejected frames, `decode_any`) and a select
-  zeroes them, so the only conditional is the call's fallback.
+  Padded transport: the overflow flag goes through a 4-byte psum over every manual axis (see the
+  docstring); a rank that receives nothing decodes the zeros it got (rejected frames,
+  `decode_any`) and a select zeroes them, so the only conditional is the call's fallback. Ragged
+  transport: no flag and no conditional (`ragged_permute`).
   """
+  def ragged(x):
+    chain = lambda r, cap: ragged_permute(r, axis_name, n, perm, cap)
+    if pieces > 1:
+      return in_pieces(x.reshape(1, x.size), pieces, capacity, site, chain)[1].reshape(x.shape)
+    any_raw, got = chain(x.reshape(1, x.size), capacity)
+    accounting.count(site, any_raw)
+    return got.reshape(x.shape)
+
+  return by_transport(transport, lambda x: _permute_padded(x, axis_name, n, perm, capacity, site,
+                                                           raw, pieces), ragged, x)
+
+
+def _permute_padded(x, axis_name, n: int, perm, capacity: int, site: str, raw: Callable,
+                    pieces: int):
+  """`permute_row` on the padded transport."""
   m = x.size
   receivers = np.zeros((n,), bool)
   for _, d in perm:
@@ -619,11 +679,10 @@ def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, si
 
   def move(r, cap):  # r (1, m_k) -> (overflowed here, the frame received (C_k,))
     nonlocal last
-    payload, nbytes, over = encode_rows(r, cap)
+    payload, _, over = encode_rows(r, cap)
     if last is not None:  # after the previous piece's transfer: XLA would combine independent
       payload, _ = lax.optimization_barrier((payload, last))  # permutes (no overlap left)
-    last = _move_row_by_perm(payload[0], _row_size(nbytes, transport), axis_name, n, perm, cap,
-                             transport)
+    last = lax_ppermute(payload[0], axis_name, perm)
     return over, last
 
   if pieces > 1:

@@ -195,7 +195,7 @@ class CallSiteStats:
   reason: str = ""
   traces: int = 0
   calls: int = 0      # runtime, per local device execution (set_runtime_stats)
-  fallbacks: int = 0  # runtime, per local device execution (set_runtime_stats); ragged all_to_all:
+  fallbacks: int = 0  # runtime, per local device execution (set_runtime_stats); ragged transport:
                       # executions in which this device received a raw row
 
 
