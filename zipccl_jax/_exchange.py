@@ -8,11 +8,11 @@ on the ragged transport the first three have no conditional: a row that does not
   psum_scatter and psum's first phase);
 * `gather_row`: each sender's row goes to every rank (all_gather, psum's second phase);
 * `permute_row`: each sender's row goes to its destination in `perm` (ppermute);
-* `exchange_rounds`: rows go out in rounds of collective-permutes, one row per round (the
-  two-level all_to_all's rows that cross the slow level, `zipccl_jax.hierarchical`, when the
-  fast level is coded too or the slow one raw);
-* `exchange_mixed`: row j to rank j over two axes ``(slow, fast)``, coded only for the ranks of
-  other `slow` groups (the two-level all_to_all with the slow level coded and the fast one raw).
+* `exchange_rounds` (`zipccl_jax._by_rounds`): rows in rounds of collective-permutes, one row per
+  round (`zipccl_jax.hierarchical`'s all_to_all: the rows that cross the slow level, when the fast
+  level is coded too or the slow one raw);
+* `exchange_mixed` (`zipccl_jax._mixed`): row j to rank j over ``(slow, fast)``, coded only for the
+  ranks of other `slow` groups (the two-level all_to_all, slow level coded, fast raw).
 
 Padded transport (everywhere)
 -----------------------------
@@ -64,17 +64,14 @@ overflows, the sender also sets ``frame_bytes = 2**64 - 1`` in every other frame
 (`codec.poison_overflow`). In `exchange_rows` every receiver gets one frame from every sender,
 and in `gather_row` every frame, so every rank sees the same set of poisoned senders and
 computes the same predicate ``any(frame_bytes > C)`` (`codec.any_overflow`) without an extra
-collective (`exchange_rounds`, whose receivers get frames only from the other `slow` groups,
-adds a 4-byte psum over `fast` of the own group's flags; in `_mixed.exchange_mixed` those flags ride in
-the own group's slots, and the frame test reads only the slots that hold frames: a raw head's
-bytes [16, 24) could read as anything); then
-every rank takes the same branch: the raw ``jax.lax`` collective on the bits of the original
-operand (the coded bytes already moved are wasted), inside the named scope
-`accounting.FALLBACK_SCOPE`. The predicate agrees within each group of the collective; XLA
-lowers these collectives to per-group operations, so groups may decide differently. A
-`permute_row` receiver sees one sender only, and XLA lowers a ppermute over one mesh axis to a
-single collective-permute that every device joins, so there the flag goes through a 4-byte
-``psum`` over every manual mesh axis.
+collective (the two-level exchanges, whose receivers get frames only from other `slow` groups,
+carry the own group's flags otherwise: `_by_rounds`, `_mixed`); then every rank takes the same
+branch: the raw ``jax.lax`` collective on the bits of the original operand (the coded bytes
+already moved are wasted), inside the named scope `accounting.FALLBACK_SCOPE`. The predicate
+agrees within each group of the collective; XLA lowers these collectives to per-group
+operations, so groups may decide differently. A padded `permute_row` receiver sees one sender
+only, and XLA lowers a ppermute over one mesh axis to a single collective-permute that every
+device joins, so there the flag goes through a 4-byte ``psum`` over every manual mesh axis.
 
 Under ``jax.vmap`` the predicate is per example and the cond becomes a select: both branches run
 (both collectives run everywhere, still matched), `decode_guarded` skips the examples that fell
@@ -86,14 +83,14 @@ Pieces (pipelining)
 pieces (`capacity.piece_bounds`), each coded in its own frames with its share of the capacity
 (`capacity.piece_capacities`), moved by its own collective and decoded outside any conditional,
 then concatenated; padded, one `lax.cond` per call takes the raw collective if any piece
-overflowed (ragged: none, each piece sends its own raw rows). The
-K chains share no value and no decode shares a conditional with a collective, so XLA:GPU can
-overlap encoding piece k+1 and decoding piece k-1 with the transfer of piece k. The bits do not
-depend on K. The strategy picks K (`strategy.decide`): 1 on CPU, whose collectives are blocking
-thunks on devices that share the host's cores (K > 1 only adds per-piece overheads).
-`permute_row`'s padded transfers are chained (piece k+1's frame waits for piece k's transfer behind
-an optimization barrier), since XLA:GPU combines independent collective-permutes into one. psum_scatter's
-pieces are not independent: `zipccl_jax._reduce` runs them one after another, for memory.
+overflowed (ragged: none, each piece sends its own raw rows). The K chains share no value and no
+decode shares a conditional with a collective, so XLA:GPU can overlap encoding piece k+1 and
+decoding piece k-1 with the transfer of piece k. The bits do not depend on K. The strategy picks
+K (`strategy.decide`): 1 on CPU, whose collectives are blocking thunks on devices that share the
+host's cores (K > 1 only adds per-piece overheads). `permute_row`'s padded transfers are chained
+(piece k+1's frame waits for piece k's transfer behind an optimization barrier), since XLA:GPU
+combines independent collective-permutes into one. psum_scatter's pieces are not independent:
+`zipccl_jax._reduce` runs them one after another, for memory.
 
 Reductions
 ----------
@@ -329,11 +326,6 @@ def by_transport(transport: str, padded: Callable, ragged: Callable, *args):
   return lax.platform_dependent(*args, cpu=padded, default=ragged)
 
 
-def _move_rows(payload, axis_name):
-  """Row j of each sender's (n, C) payload to rank j (padded); (n, C), row s from rank s."""
-  return lax.all_to_all(payload, axis_name, 0, 0, tiled=True, axis_index_groups=_GROUPS.get())
-
-
 # A ragged exchange moves bytes in rows of this many (or of the largest power of two dividing every
 # buffer's width, `_unit`): XLA:GPU's ragged-all-to-all moved 64 MiB to itself on one H200 in 186 ms as
 # 1-byte rows, 48 ms as 4-byte rows and 25 ms as rows of 64 bytes or more
@@ -379,7 +371,8 @@ def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
   return r.reshape(slots, slot)
 
 
-def _raw_into(recv, rows, send_row, sending, receiving, axis_name, slot: int, one_slot: bool = False):
+def _raw_into(recv, rows, send_row, sending, receiving, axis_name, slot: int,
+              one_slot: bool = False):
   """The ragged transport's second exchange: the raw bit patterns of `rows` (F, m), written in place
   into `recv` ((S, slot) uint8, the frames' receive buffer; ragged_all_to_all updates its
   `output`). Row ``send_row[j]`` goes to rank j where ``sending[j]``, into this rank's slot there
@@ -429,13 +422,6 @@ def _encode_sized(rows, capacity: int, skip=None):
   return payload, frame_cap, max(frame_cap, row_bytes), size
 
 
-def _move_row_to_all(payload, axis_name, invariant: bool = False):
-  """Every sender's (C,) payload to every rank (padded); returns (n, C), row s from rank s."""
-  if invariant:
-    return lax.all_gather(payload, axis_name, to="invarying")
-  return lax.all_gather(payload, axis_name, axis_index_groups=_GROUPS.get())
-
-
 # --------------------------------------------------------------------------- #
 # The three coded exchanges
 # --------------------------------------------------------------------------- #
@@ -479,7 +465,7 @@ def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
   `eager`: the decode runs outside the fallback's conditional (`decode_any`)."""
   skip = own_row(axis_name, n)
   payload, nbytes, _ = encode_rows(rows, capacity, skip)
-  recv = _move_rows(payload, axis_name)
+  recv = lax.all_to_all(payload, axis_name, 0, 0, tiled=True, axis_index_groups=_GROUPS.get())
   fallback = codec.any_overflow(recv, capacity)
   m = rows.shape[1]
   dec = (lambda: decode_any(recv, m, rows.dtype, skip)) if eager else \
@@ -601,7 +587,8 @@ def _gather_chain(x, axis_name, n: int, capacity: int, invariant: bool, eager: b
   rank s); `eager` as in `exchange_chain`."""
   m = x.size
   payload, nbytes, _ = encode_rows(x.reshape(1, m), capacity)
-  recv = _move_row_to_all(payload[0], axis_name, invariant)
+  recv = (lax.all_gather(payload[0], axis_name, to="invarying") if invariant
+          else lax.all_gather(payload[0], axis_name, axis_index_groups=_GROUPS.get()))
   fallback = codec.any_overflow(recv, capacity)
 
   def dec(skip=None):
@@ -709,42 +696,3 @@ def _permute_padded(x, axis_name, n: int, perm, capacity: int, site: str, raw: C
     return lax.bitcast_convert_type(bits, x.dtype)
 
   return cond_bits(any_over, lambda: in_fallback(raw), coded)
-
-
-def _permute_rounds(payload, axes, perms, send, arrival):
-  """Row `send[r]` of `payload` (F, w) goes out in round r, a collective-permute `perms[r]` over
-  `axes`; returns (rows in `arrival` order: row j is what round `arrival[j]` brought, (R, w) as
-  received)."""
-  out = payload[send]
-  recv = jnp.stack([lax_ppermute(out[i], axes, p) for i, p in enumerate(perms)])
-  return recv[arrival], recv
-
-
-def raw_rounds(rows, *, axes, perms, send, arrival):
-  """`_permute_rounds` of the bit patterns of `rows` (F, m), uncoded."""
-  return raw_bits(lambda u: _permute_rounds(u, axes, perms, send, arrival)[0], rows)
-
-
-def exchange_rounds(rows, *, axes, perms, send, arrival, skip, flag_axis, capacity: int,
-                    site: str):
-  """`raw_rounds`, coded: rows (F, m) -> (F, m) in `arrival` order; rows flagged in `skip` (F,)
-  are neither coded nor read (zeros).
-
-  Uniform fallback: the raw rounds span every device, so all must agree. A receiver sees the
-  poisoned frames of every sender whose rows reach it; the senders that send it nothing (the
-  rest of its `flag_axis` group, e.g. its own host) report their overflow through a 4-byte
-  psum over `flag_axis`.
-  """
-  payload, _, over = encode_rows(rows, capacity, skip)
-  by_src, recv = _permute_rounds(payload, axes, perms, send, arrival)
-  group_over = lax.psum(vary(over.astype(jnp.int32), (flag_axis,)), flag_axis) > 0
-  fallback = codec.any_overflow(recv, capacity) | group_over
-  accounting.count(site, fallback)
-
-  def coded():
-    return decode_guarded(by_src, fallback, rows.shape[1], rows.dtype, skip)
-
-  def raw():
-    return raw_rounds(rows, axes=axes, perms=perms, send=send, arrival=arrival)
-
-  return cond_bits(fallback, lambda: in_fallback(raw), coded)

@@ -96,7 +96,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from zipccl_jax import _exchange, _mixed, accounting, strategy
+from zipccl_jax import _by_rounds, _exchange, _mixed, accounting, strategy
 from zipccl_jax._bits import uint_of
 from zipccl_jax._linear import linear
 from zipccl_jax._shard import ppermute_rank
@@ -271,7 +271,7 @@ def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
   One collective-permute per round (t, s) of `_rounds`: device (h, l) sends its row for
   ((h + t) % H, (l + s) % L), so every row for another host goes straight to its device over
   the slow link, and only those (H - 1) L rows are coded (flat compressed codes n - 1). Coded
-  frames are padded to `capacity` (`_exchange.exchange_rounds`, whose fallback every device
+  frames are padded to `capacity` (`_by_rounds.exchange_rounds`, whose fallback every device
   takes together).
 
   Runs for the raw slow level, and for the coded one when the fast level is coded too. With the
@@ -309,7 +309,7 @@ def _rounds_exchange(rows, plan, route, own, lp, site):
   """The rounds exchange of `rows` as `plan` says, in the site's scope."""
   if not plan.compress:
     accounting.count(site, jnp.bool_(False))
-    return _exchange.raw_rounds(rows, **route)
+    return _by_rounds.raw_rounds(rows, **route)
   record_frames(site, "all_to_all", lambda: rows)
-  return _exchange.exchange_rounds(rows, **route, skip=own, flag_axis=lp.fast,
-                                   capacity=plan.capacity, site=site)
+  return _by_rounds.exchange_rounds(rows, **route, skip=own, flag_axis=lp.fast,
+                                    capacity=plan.capacity, site=site)

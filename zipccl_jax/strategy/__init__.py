@@ -18,8 +18,8 @@ For one call, per device (``_sent`` is the per-collective byte model of
   t_comp = sum over phases p:  link(p).latency + sent_wire(p) / link(p).bandwidth
            + encode_bytes / codec.encode_Bps + decode_bytes / codec.decode_Bps
            + coded_phases * (codec.encode_overhead_s + codec.decode_overhead_s)
-           + extra latencies (ppermute's 4-byte overflow psum, ragged size exchanges, the
-             ragged all-to-all's raw-row exchange)
+           + extra latencies (padded ppermute's 4-byte overflow psum; per ragged phase, its
+             size exchange and its raw-row exchange)
            + fallback_risk * t_raw
 
 =============  ======================  ===========================  ===========================

@@ -70,15 +70,16 @@ def lax_reduction_time(prof: Profile, op: str, axis_name, n: int, message_bytes:
 
 def coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_latency):
   """(seconds, bytes sent) of the coded call on transport `tr` (`t_fixed`: codec and fallback)."""
-  t, wire = t_fixed + flag_latency, 0.0  # flag: ppermute's 4-byte overflow psum
+  # flag: padded ppermute's 4-byte overflow psum (the ragged one reads its sender's size instead)
+  t, wire = t_fixed + (flag_latency if tr == "padded" else 0.0), 0.0
   for i, (lk, (coll, k, *_)) in enumerate(zip(links, phases)):
     ragged = tr == "ragged" and not (op == "psum" and i == 1)  # psum phase 2 stays padded
     chunk = exp_frame if ragged else cap
     s = sent_bytes(coll, k * chunk, n)
     wire += s
     t += lk.time(s)
-    if ragged:  # the int32 size exchange; an all-to-all's rows that do not fit move raw in a
-      t += lk.latency_s * (2 if coll == "all_to_all" else 1)  # second exchange (_exchange)
+    if ragged:  # the int32 size exchange, and the second exchange that moves the rows that do
+      t += 2 * lk.latency_s  # not fit raw (`_exchange`: no conditional, nothing when all fit)
   return t, wire
 
 
