@@ -211,7 +211,8 @@ def capture(example_json: str) -> list[dict]:
 SCALE_GPUS = (8, 64, 512)
 SCALE_GBIT = (100, 200, 400)
 SCALE_WORKLOADS = (("moe_dispatch", 64 << 20, "MoE dispatch, 64 MiB per GPU per all_to_all"),
-                   ("fsdp", 256 << 20, "dense FSDP, 256 MiB of bf16 parameters per layer"))
+                   ("fsdp", 256 << 20, "dense FSDP, 256 MiB of bf16 parameters per layer"),
+                   ("ddp", 256 << 20, "data parallelism, psum of 256 MiB of bf16 gradients per layer"))
 SCALE_FLAGS = "--per-host 8 --intra 450GB/s --device gpu"
 
 

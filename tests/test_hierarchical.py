@@ -158,6 +158,76 @@ def test_psum_scatter_documented_order_per_algorithm(dtype, dim, tiled):
     assert np.array_equal(_bits(got), _bits(want[alg == "hierarchical"])), (alg, levels, compress)
 
 
+def _psum_run(mesh, body, x, vma):
+  spec = P(AXES)
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=P(None) if vma else spec,
+                            check_vma=vma))
+  return np.asarray(f(jax.device_put(x, NamedSharding(mesh, spec))))
+
+
+@pytest.mark.parametrize("vma", [True, False], ids=["check_vma", "no_vma"])
+@pytest.mark.parametrize("dtype,per", [(ml_dtypes.bfloat16, (5, 37)), (np.float32, (H * L * 6,))],
+                         ids=["bf16_185_elems", "f32_48_elems"])
+def test_psum_documented_order_per_algorithm(dtype, per, vma):
+  """psum over the tuple: hierarchical (psum_scatter's two phases, then all_gather's) gives every device the
+  hierarchical order's bits, every level raw or coded, whether the size divides by n or not; flat compressed
+  the flat order; flat raw is jax.lax.psum. check_vma: the result is typed invariant (out_specs P())."""
+  mesh = _mesh()
+  rng = np.random.default_rng(4)
+  xs = [(rng.standard_normal(per, np.float32) * 0.02).astype(dtype) for _ in range(H * L)]
+  x = np.concatenate([v[None] for v in xs])
+  lax_bits = _bits(_psum_run(mesh, lambda v: jax.lax.psum(v[0], AXES)[None], x, vma).reshape((-1,) + per)[0])
+  for alg, levels, compress in VARIANTS:
+    body = _variant_body(lambda v, c: zipccl_jax.psum(v[0], AXES, compress=c)[None], alg, levels, compress)
+    got = _psum_run(mesh, body, x, vma).reshape((-1,) + per)
+    if alg == "hierarchical":
+      want = _bits(_ordered_sums(xs, dtype, True))
+    else:
+      want = _bits(_ordered_sums(xs, dtype, False)) if compress else lax_bits
+    assert all(np.array_equal(_bits(g), want) for g in got), (alg, levels, compress)
+
+
+@pytest.mark.parametrize("vma", [True, False], ids=["check_vma", "no_vma"])
+def test_grad_of_hierarchical_psum(vma):
+  """The phases' transposes make psum's, as jax.lax's: a cotangent invariant over the axes comes back
+  unchanged with check_vma (jax's psum transposes to a pvary: here the gathers' local slices), and summed
+  over the ranks without it (a psum); small integers, so every sum is exact and the bits are jax.lax's."""
+  mesh = _mesh()
+  spec = P(AXES)
+  w = jnp.asarray(np.arange(24, dtype=np.float32) % 7 - 3)  # a constant: invariant over the axes
+  x = _payload((H * L, 24), np.float32, seed=7)
+
+  def grad(fn):
+    f = lambda v: jnp.sum(fn(v[0]) * w)  # noqa: E731
+    return jax.jit(jax.shard_map(jax.grad(f), mesh=mesh, in_specs=spec, out_specs=spec, check_vma=vma))
+
+  def hier(v):
+    with two_level.use_algorithm("hierarchical", {"host": True, "local": False}):
+      return zipccl_jax.psum(v, AXES)
+
+  xs = jax.device_put(x, NamedSharding(mesh, spec))
+  got = np.asarray(grad(hier)(xs))
+  assert np.array_equal(got, np.broadcast_to(np.asarray(w) * (1 if vma else H * L), (H * L, 24)))
+  assert np.array_equal(_bits(got), _bits(grad(lambda v: jax.lax.psum(v, AXES))(xs)))
+
+
+def test_auto_psum_hierarchical_on_a_slow_host_link_and_explains_why():
+  """A data-parallel gradient psum over the tuple: `auto` runs it two-level with the host level coded (each
+  of its four phases logged), and flat where the message is small."""
+  mesh = _mesh()
+  x = _payload((H * L, 8 * 65536), ml_dtypes.bfloat16)
+  strategy.reset_decisions()
+  with zipccl_jax.use_profile(_two_level_profile()):
+    _psum_run(mesh, lambda v: zipccl_jax.psum(v[0], AXES, name="dp")[None], x, True)
+    _psum_run(mesh, lambda v: zipccl_jax.psum(v[0, :64], AXES, name="small")[None], x, True)
+  ds = zipccl_jax.decisions()
+  assert ds["dp [levels]"].algorithm.startswith("hierarchical(host:c"), ds["dp [levels]"]
+  assert "psum_scatter then all_gather" in ds["dp [levels]"].reason
+  assert {"dp/host", "dp/local", "dp/gather/host", "dp/gather/local"} <= set(ds)
+  assert ds["dp/host"].compress and ds["dp/gather/host"].compress and not ds["dp/local"].compress
+  assert ds["small [levels]"].algorithm == "flat" and "small/host" not in ds
+
+
 def test_hierarchical_compressed_codes_only_the_slow_level():
   """HLO: the slow phase (groups of H) moves uint8 frames, the fast one (groups of L) raw bit patterns."""
   mesh = _mesh()

@@ -197,3 +197,51 @@ def test_under_vmap_a_declared_axis_is_flat():
 
   with zipccl_jax.use_profile(_profile()):
     assert np.array_equal(run(True).view(np.uint32), run(False).view(np.uint32))
+
+
+def _psum_run(one_axis, body, x, vma):
+  devices = np.array(jax.devices()[:N])
+  mesh, spec = ((Mesh(devices, ("i",)), P("i")) if one_axis
+                else (Mesh(devices.reshape(H, L), AXES), P(AXES)))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=P(None) if vma else spec,
+                            check_vma=vma))
+  return np.asarray(f(jax.device_put(x, NamedSharding(mesh, spec))))
+
+
+@pytest.mark.parametrize("levels", [{"host": cs, "local": cf} for cs, cf in itertools.product((False, True),
+                                                                                             repeat=2)],
+                         ids=lambda v: f"host_{'c' if v['host'] else 'r'}_local_{'c' if v['local'] else 'r'}")
+def test_psum_without_check_vma_is_the_tuple_programs_bits(levels):
+  """psum over a declared axis (check_vma off): its four phases over the levels' groups, the bits of the
+  same variant over the tuple mesh, for a size n does not divide."""
+  x = _payload((N, 7 * 53))
+
+  def body(one_axis):
+    def f(v):
+      with two_level.use_algorithm("hierarchical", levels), zipccl_jax.use_levels({"i": L}):
+        return zipccl_jax.psum(v[0], "i" if one_axis else AXES, fixed_order=True)[None]
+    return f
+  got = _psum_run(True, body(True), x, False)
+  want = _psum_run(False, body(False), x, False)
+  assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), levels
+
+
+def test_psum_with_check_vma_stays_flat():
+  """With check_vma, jax types a psum's result invariant over the axis, which grouped gathers cannot give
+  (no collective over the whole axis ends the program): psum over a declared axis runs flat, and auto
+  decides as without levels; psum_scatter over it still runs two-level."""
+  x = _payload((N, 8 * 65536))
+  strategy.reset_decisions()
+  with zipccl_jax.use_profile(_profile()):
+    def body(v):
+      with zipccl_jax.use_levels({"i": L}):
+        return zipccl_jax.psum(v[0], "i", name="dp")[None]
+
+    def scatter(v):
+      with zipccl_jax.use_levels({"i": L}):
+        return zipccl_jax.psum_scatter(v[0], "i", tiled=True, name="rs")[None]
+    _psum_run(True, body, x, True)
+    _run(True, scatter, x)
+  ds = zipccl_jax.decisions()
+  assert "dp [levels]" not in ds and "dp" in ds
+  assert ds["rs [levels]"].algorithm.startswith("hierarchical"), ds["rs [levels]"]

@@ -196,9 +196,9 @@ def test_calibrate_keeps_every_size_it_measured():
   checked = 0
   for akey, prefix in (("host,local", "link"), ("host", "link[host]"), ("local", "link[local]")):
     for coll in ("all_to_all", "all_gather") + (
-        tuple(two_level.hierarchical_key(op, c, fo) for op in two_level.OPS for c in (False, True)
+        tuple(two_level.hierarchical_key(op, c, fo) for op in two_level.PROGRAM_OPS for c in (False, True)
               for fo in (False, True))
-        + tuple(two_level.flat_coded_key(op) for op in two_level.OPS)
+        + tuple(two_level.flat_coded_key(op) for op in two_level.PROGRAM_OPS)
         if akey == "host,local" else ()):
       lk = prof.links[akey].get(coll)
       if lk is None:                                 # unmeasurable (named in the notes)

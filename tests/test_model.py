@@ -124,7 +124,7 @@ TOPOLOGIES = {
 
 
 @pytest.mark.parametrize("name", sorted(TOPOLOGIES))
-@pytest.mark.parametrize("workload", ["moe_dispatch", "fsdp"])
+@pytest.mark.parametrize("workload", ["moe_dispatch", "fsdp", "ddp"])
 def test_command_writes_json_and_png(tmp_path, capsys, name, workload):
   out, png = tmp_path / "out.json", tmp_path / "out.png"
   rc = zm.main(TOPOLOGIES[name] + ["--workload", workload, "--json", str(out), "--png", str(png),

@@ -3,9 +3,10 @@
 Real clusters have two levels: devices inside a host talk over a fast link, hosts over a slow one.
 A collective over a tuple of two mesh axes such as ``("host", "local")`` can run *flat* (one
 ``jax.lax`` collective over both axes) or *hierarchically*, as one collective per axis, in the
-order that moves the fewest bytes over the slow link, each phase raw or compressed. all_gather and
-psum_scatter over ONE axis that spans hosts (`strategy.levels.use_levels`) run the same phases, each
-a collective over the level's ``axis_index_groups`` of that axis (`strategy.levels.level_groups`):
+order that moves the fewest bytes over the slow link, each phase raw or compressed. all_gather,
+psum_scatter and psum (``check_vma=False``) over ONE axis that spans hosts
+(`strategy.levels.use_levels`) run the same phases, each a collective over the level's
+``axis_index_groups`` of that axis (`strategy.levels.level_groups`):
 
 ==============  ==============================================  ===============================
 collective      hierarchical phases (device ``(h, l)``)         bytes over the slow link
@@ -17,6 +18,9 @@ all_gather      1. all_gather over ``slow`` of the device's     the device's own
 psum_scatter    1. psum_scatter over ``fast`` (the host's       ``(H - 1)`` chunks of the
                 partial sums of the chunks of every device      result size, against
                 ``(h', l)``); 2. psum_scatter over ``slow``     ``(H - 1) L`` flat
+psum            psum_scatter's two phases (device ``(h, l)``    twice psum_scatter's: the
+                sums chunk ``l H + h``), then all_gather's      ring's reach (each device
+                (slow, then fast: every chunk back in place)    its own link)
 all_to_all      see below                                       the same bytes as flat (the
                                                                 coded ones: C per row), and
                                                                 only those rows are coded
@@ -76,10 +80,10 @@ as fast. The price of the rounds is ``(H - 1) L`` collectives instead of one ove
 (latency, in the cost model).
 
 Exactness. Data movement (all_gather, all_to_all) is bit-identical to ``jax.lax`` in every
-variant. psum_scatter's hierarchical order: inside the host, the float32 sum of the ``L`` local
-inputs in ascending ``fast`` rank, rounded once to the dtype; then the float32 sum of the ``H``
-host partials in ascending ``slow`` rank, rounded once (the flat order is one float32 sum over all
-``n`` ranks, rounded once, so the two algorithms may differ in the last bit). Within an algorithm,
+variant. psum_scatter's and psum's hierarchical order: inside the host, the float32 sum of the
+``L`` local inputs in ascending ``fast`` rank, rounded once to the dtype; then the float32 sum of
+the ``H`` host partials in ascending ``slow`` rank, rounded once (the flat order is one float32
+sum over all ``n`` ranks, rounded once, so the two algorithms may differ in the last bit). Within an algorithm,
 compression never changes a bit: every phase is a zipccl collective, or (all_to_all's cross-host
 rounds, its mixed slots) coded frames with the uniform overflow fallback of
 :mod:`zipccl_jax._exchange`.
@@ -99,7 +103,7 @@ from jax import lax
 from zipccl_jax import _by_rounds, _exchange, _mixed, accounting, strategy
 from zipccl_jax._bits import uint_of
 from zipccl_jax._linear import linear
-from zipccl_jax._shard import ppermute_rank
+from zipccl_jax._shard import check_vma_on, ppermute_rank
 from zipccl_jax.observation import record_frames
 from zipccl_jax.strategy.levels import LevelPlan, level_groups
 
@@ -120,12 +124,12 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward
   H, L = lp.sizes
   capacity = "observed" if capacity is None else capacity
 
-  def phase(op, v, level, **kw):
+  def phase(op, v, level, part="", **kw):  # part: psum's gathers log apart from its scatters
     axis = lp.slow if level == "slow" else lp.fast
     c = lp.compress[axis]
     if op == "psum_scatter":
       kw["fixed_order"] = lp.fixed_order
-    name = f"{lp.site}/{axis}"
+    name = f"{lp.site}/{part}{axis}"
     if lp.axis is not None:  # one axis split into levels (use_levels): the level's groups of it
       axis, kw["axis_index_groups"] = lp.axis, level_groups(H, L, level)
     return fns[op](v, axis, compress=c, capacity=capacity if c else None, transport=transport,
@@ -135,6 +139,8 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward
     return _all_gather(x, args, H, L, phase)
   if lp.op == "psum_scatter":
     return _psum_scatter(x, args, H, L, phase)
+  if lp.op == "psum":
+    return _psum(x, H, L, phase, invariant=lp.axis is None and check_vma_on())
   c = lp.compress[lp.slow]
   split, concat, tiled = args
   if c and not lp.compress[lp.fast]:  # the mixed-slot exchange (see the module docstring)
@@ -171,6 +177,24 @@ def _psum_scatter(x, args, H, L, phase):
   if not tiled:                                                    # x.shape[dim] == n: c == 1
     return y.reshape(rest)
   return jnp.moveaxis(y, 0, dim)
+
+
+def _psum(x, H, L, phase, invariant: bool):
+  """psum_scatter's two phases, then all_gather's: device ``(h, l)`` sums chunk ``l H + h`` of the
+  operand (flattened, zero-padded to ``n c`` elements), in psum_scatter's hierarchical order, and
+  the gathers bring every chunk back in place. `invariant` (check_vma): the gathers'
+  ``to="invarying"`` makes the result invariant over both axes, as jax types a psum."""
+  n, size = H * L, x.size
+  c = -(-size // n)
+  flat = x.reshape(size)
+  if n * c != size:
+    flat = jnp.concatenate([flat, jnp.zeros((n * c - size,), x.dtype)])
+  p = phase("psum_scatter", flat, "fast", scatter_dimension=0, tiled=True)  # (H c): block l
+  y = phase("psum_scatter", p, "slow", scatter_dimension=0, tiled=True)     # (c): chunk l H + h
+  to = "invarying" if invariant else "varying"
+  g = phase("all_gather", y, "slow", "gather/", axis=0, tiled=True, to=to)  # (H c): block l
+  g = phase("all_gather", g, "fast", "gather/", axis=0, tiled=True, to=to)  # (n c)
+  return g[:size].reshape(x.shape)
 
 
 def _a2a_assemble(got, x, split: int, concat: int, tiled: bool):

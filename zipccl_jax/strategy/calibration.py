@@ -315,7 +315,7 @@ def _tuple_programs(op: str) -> dict:
 
 
 def _tuple_jobs(h: _Harness, link_bytes, jobs: list, sizes: dict) -> None:
-  for op in two_level.OPS:
+  for op in two_level.PROGRAM_OPS:
     for key, (coded, algorithm, fixed_order) in _tuple_programs(op).items():
       for size in link_bytes:
         f, x, sent = _tuple_job(h, op, size, coded, algorithm, fixed_order)
@@ -599,7 +599,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
       _fit_links(prof, lh.akey, collectives, link_bytes, sizes, net, noise, notes,
                  prefix=f"link[{lh.akey}]")
     if len(axes) == 2 and level_h:
-      _fit_links(prof, h.akey, [k for op in two_level.OPS for k in _tuple_programs(op)],
+      _fit_links(prof, h.akey, [k for op in two_level.PROGRAM_OPS for k in _tuple_programs(op)],
                  link_bytes, sizes, net, noise, notes, star=False)
   if codec:
     _fit_codec(prof, h.plat, dtypes, codec_bytes, sizes, net, noise, notes, role,

@@ -242,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--codec", help="cpu, gpu or tpu (that table), or ENCODE,DECODE GB/s for --dtype")
   p.add_argument("--profile", help="base profile JSON (default: $ZIPCCL_PROFILE or the defaults)")
   p.add_argument("--workload", default="moe_dispatch",
-                 help="moe_dispatch, fsdp or a JSON list of calls (" + "; ".join(
+                 help="moe_dispatch, fsdp, ddp or a JSON list of calls (" + "; ".join(
                      f"{k}: {v}" for k, v in WORKLOADS.items()) + ")")
   p.add_argument("--bytes", default="64MiB", help="the workload's size (default 64MiB; a JSON "
                  "workload has its own)")

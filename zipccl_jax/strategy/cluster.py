@@ -264,11 +264,17 @@ def _fsdp(nbytes: int, dtype: str, layers: int, n: int) -> list[Call]:
           Call("grads", "psum_scatter", nbytes, dtype, "gradient", layers)]
 
 
+def _ddp(nbytes: int, dtype: str, layers: int) -> list[Call]:
+  # `nbytes`: one layer's gradients, every device's whole copy, summed over every device
+  return [Call("grads", "psum", nbytes, dtype, "gradient", layers)]
+
+
 WORKLOADS = {
     "moe_dispatch": "MoE expert parallelism: per layer, dispatch and combine all_to_all of --bytes "
                     "per device, forward and backward",
     "fsdp": "dense FSDP: per layer, all_gather of the parameters (--bytes gathered) forward and "
             "backward, psum_scatter of the gradients",
+    "ddp": "data parallelism: per layer, psum of the gradients (--bytes per device)",
 }
 
 
@@ -280,6 +286,8 @@ def workload(name: str, nbytes: int, devices: int, *, dtype: str = "bfloat16",
     return _moe_dispatch(nbytes, dtype, layers)
   if name == "fsdp":
     return _fsdp(nbytes, dtype, layers, devices)
+  if name == "ddp":
+    return _ddp(nbytes, dtype, layers)
   if name.endswith(".json"):
     with open(name) as f:
       rows = json.load(f)
@@ -465,8 +473,9 @@ def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
           "min_gain": prof.min_gain, "fallback_risk": prof.fallback_risk,
           "links": f"per device, {top.link_source}; flat collectives over both levels: "
                    "zipccl_jax.model docstring; no overlap of compute and communication",
-          "levels": "the two-level programs run over mesh axes (host, local), or for all_gather and "
-                    "psum_scatter over one axis across hosts declared with zipccl_jax.use_levels"}
+          "levels": "the two-level programs run over mesh axes (host, local), or for all_gather, "
+                    "psum_scatter and psum (check_vma=False) over one axis across hosts declared "
+                    "with zipccl_jax.use_levels; psum's is psum_scatter's then all_gather's"}
 
 
 def sweep(top: Topology, calls: list[Call], scales, rates_Bps, *, compute_s: float = 0.0) -> dict:

@@ -2,7 +2,8 @@
 over ``(slow, fast)`` mesh axes (the programs: :mod:`zipccl_jax.hierarchical`).
 
 When it applies. Inside :func:`zipccl_jax.all_gather` (``to="varying"``),
-:func:`~zipccl_jax.psum_scatter` and :func:`~zipccl_jax.all_to_all`, for an ``axis_name`` of two
+:func:`~zipccl_jax.psum_scatter`, :func:`~zipccl_jax.all_to_all` and :func:`~zipccl_jax.psum`
+(costed as psum_scatter's programs followed by all_gather's), for an ``axis_name`` of two
 axes ``(slow, fast)`` whose link models are both in the active profile (``Profile.links[axis]``,
 what :func:`zipccl_jax.calibrate` measures per level for a tuple) with ``slow`` the slower, a
 float dtype, and a ``capacity`` that is None, a ratio or ``"observed"``. Then :func:`plan` costs
@@ -36,17 +37,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from zipccl_jax import _mixed
-from zipccl_jax._shard import axis_size, batched
+from zipccl_jax._shard import axis_size, batched, check_vma_on
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.strategy.decision import Decision, decide, log_decision
 from zipccl_jax.strategy.profile import axis_key, current_platform, get_profile
 
 __all__ = ["LevelPlan", "plan", "choose", "use_algorithm", "use_levels", "pinned", "levels_of",
-           "level_groups", "hierarchical_key", "flat_coded_key", "PROGRAM_DTYPE", "OPS", "SPLIT_OPS"]
+           "level_groups", "hierarchical_key", "flat_coded_key", "PROGRAM_DTYPE", "OPS", "SPLIT_OPS",
+           "PROGRAM_OPS"]
 
 
-OPS = ("all_gather", "psum_scatter", "all_to_all")
-SPLIT_OPS = ("all_gather", "psum_scatter")  # over one axis split into levels (`use_levels`)
+OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
+SPLIT_OPS = ("all_gather", "psum_scatter", "psum")  # over one axis split into levels (`use_levels`)
+PROGRAM_OPS = ("all_gather", "psum_scatter", "all_to_all")  # calibrate measures their programs
 
 
 def hierarchical_key(op: str, slow_coded: bool = False, fixed_order: bool = False) -> str:
@@ -139,14 +142,16 @@ def use_levels(per_host: dict, levels=("host", "local")):
 
   Users write one axis across hosts (``fsdp``, ``data``): its ``n`` ranks are ``H = n / L`` hosts
   of ``L = per_host[axis]`` devices, rank ``h * L + l`` on host ``h`` (a mesh made host-major, as
-  ``jax.make_mesh`` and ``mesh_utils.create_device_mesh`` make one). :func:`all_gather` and
-  :func:`psum_scatter` over such an axis then cost flat (the ``jax.lax`` call as written, or flat
-  compressed) against the hierarchical programs, whose phases are collectives over the level's
+  ``jax.make_mesh`` and ``mesh_utils.create_device_mesh`` make one). :func:`all_gather`,
+  :func:`psum_scatter` and, under ``check_vma=False``, :func:`psum` over such an axis then cost
+  flat (the ``jax.lax`` call as written, or flat compressed) against the hierarchical programs,
+  whose phases are collectives over the level's
   ``axis_index_groups`` of the axis: the ``L`` ranks of a host (``fast``), the ``H`` ranks of one
   local index (``slow``). The links are the profile's for ``levels`` (``Profile.links["host"]``,
   ``["local"]`` and ``["host,local"]``, what :func:`zipccl_jax.calibrate` measures over a mesh
   with those two axes, or ``zipccl_jax.model.Topology(...).profile()``); :func:`use_algorithm`
-  pins apply as for a tuple. all_to_all over the axis stays flat.
+  pins apply as for a tuple. all_to_all over the axis stays flat, and so does psum with
+  ``check_vma``: jax types its result invariant over the axis, which grouped gathers cannot give.
 
   Args:
     per_host: ``{axis name: devices per host}``, each an int >= 2.
@@ -250,7 +255,7 @@ _PHASES = {
 }  # (all_to_all host coded / local raw is not these phases: `_mixed_model`)
 
 _FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n,
-               "all_to_all": lambda m, n: m // n}
+               "all_to_all": lambda m, n: m // n, "psum": lambda m, n: -(-m // n)}
 
 
 def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=None,
@@ -278,6 +283,9 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=
   H, L = sizes
   prof = profile if profile is not None else get_profile()
   plat = platform if platform is not None else current_platform()
+  if op == "psum":
+    return _psum_candidates(dt, m, axis_name, slow, fast, sizes, role, allowed, prof, plat,
+                            fixed_order)
   model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat,
                                    fixed_order)
   tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
@@ -313,6 +321,27 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=
   if not same_dtype and (hierarchical_key(op, True, fixed_order) in tab or flat_coded_key(op) in tab):
     note += f", coded programs modelled ({dt.name}: measured on {PROGRAM_DTYPE.name})"
   return est, note
+
+
+def _psum_candidates(dt, m, axis_name, slow, fast, sizes, role, allowed, prof, plat, fixed_order):
+  """psum's candidates: flat (`strategy.decide`'s psum: ``jax.lax.psum``, or zipccl's own), and
+  each hierarchical variant as psum_scatter's over the operand padded to ``n c`` elements plus
+  all_gather's of the ``c``-element result (`zipccl_jax.hierarchical._psum` runs those two
+  programs), so a measured psum_scatter or all_gather program anchors it as it anchors them."""
+  H, L = sizes
+  n = H * L
+  c = -(-m // n)
+  d = decide("psum", dt, c, axis_size=n, axis_name=axis_name, role=role, compress=True,
+             profile=prof, platform=plat, log=False, fixed_order=fixed_order)
+  flat = {False: d.est_raw_s, True: d.est_compressed_s}
+  hier = {a for a in allowed if a[0] == "hier"}
+  kw = dict(profile=prof, platform=plat, fixed_order=fixed_order)
+  rs, note = _candidates("psum_scatter", dt, n * c, axis_name, slow, fast, sizes, role, hier, **kw)
+  ag, _ = _candidates("all_gather", dt, c, axis_name, slow, fast, sizes, role, hier, **kw)
+  est = {f"flat {'compressed' if cf else 'raw'}": (flat[cf], "flat", {"flat": cf})
+         for cf in (False, True) if ("flat", cf) in allowed}
+  est.update({k: (t + ag[k][0], alg, cs) for k, (t, alg, cs) in rs.items()})
+  return est, "psum_scatter then all_gather: " + note
 
 
 def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat, fixed_order=False):
@@ -399,6 +428,8 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   # one axis split into levels: not under jax.vmap, whose batching of the phases' grouped exchanges
   # jax does not implement (a batched call over the axis is flat)
   split = _split(axis_name) if op in SPLIT_OPS and not batched(x) else None
+  if split is not None and op == "psum" and check_vma_on():
+    return None  # its last phase is a grouped all_gather: varying, where jax types psum invariant
   if split is None and not _two_axes(axis_name):
     return None  # every call asks: one axis, the common case, returns before any other work
   forced_alg = (getattr(_FORCED, "value", None) or ("auto", None))[0]
