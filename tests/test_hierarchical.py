@@ -211,6 +211,22 @@ def test_grad_of_hierarchical_psum(vma):
   assert np.array_equal(_bits(got), _bits(grad(lambda v: jax.lax.psum(v, AXES))(xs)))
 
 
+@pytest.mark.parametrize("vma", [True, False], ids=["check_vma", "no_vma"])
+def test_vmap_of_hierarchical_psum(vma):
+  """jax.vmap over examples: each example's sum in the hierarchical order, on every device."""
+  mesh = _mesh()
+  rng = np.random.default_rng(8)
+  xs = [(rng.standard_normal((3, 40), np.float32) * 0.02).astype(ml_dtypes.bfloat16) for _ in range(H * L)]
+  x = np.concatenate([v[None] for v in xs])
+
+  def body(v):
+    with two_level.use_algorithm("hierarchical", {"host": True, "local": False}):
+      return jax.vmap(lambda u: zipccl_jax.psum(u, AXES))(v[0])[None]
+  got = _psum_run(mesh, body, x, vma).reshape(-1, 3, 40)
+  want = np.stack([_ordered_sums([v[i] for v in xs], ml_dtypes.bfloat16, True) for i in range(3)])
+  assert all(np.array_equal(_bits(g), _bits(want)) for g in got)
+
+
 def test_auto_psum_hierarchical_on_a_slow_host_link_and_explains_why():
   """A data-parallel gradient psum over the tuple: `auto` runs it two-level with the host level coded (each
   of its four phases logged), and flat where the message is small."""
