@@ -28,6 +28,9 @@ import _stats
 AXES = ("host", "local")
 # The default cases of a two-level run: one payload per collective (`--cases` picks others from CASES).
 DEFAULT_CASES = ("all_to_all:moe_dispatch", "all_gather:params_moe_experts", "psum_scatter:grads_moe_experts")
+# Cases of the two-level run only (`--cases`): a data-parallel gradient psum (every rank a full-size
+# gradient, as psum_scatter's payload), two-level as psum_scatter's programs followed by all_gather's.
+MESH_CASES = [("psum", "grads_moe_experts", "lm_grad_moe_experts", "bfloat16", (2097152,))]
 PORT = 12355  # inside fresh private namespaces every port is free
 
 
@@ -56,6 +59,8 @@ def _call(coll: str):
         return lambda m, v, **kw: m.all_gather(v, AXES, axis=0, tiled=True, **kw)
     if coll == "psum_scatter":
         return lambda m, v, **kw: m.psum_scatter(v, AXES, scatter_dimension=0, tiled=True, **kw)
+    if coll == "psum":
+        return lambda m, v, **kw: m.psum(v, AXES, **kw)
     raise ValueError(coll)
 
 
@@ -71,7 +76,7 @@ def variants(coll: str, zc, site: str) -> dict[str, dict]:
 
     ``lax_bits`` is jax.lax on the bit patterns (XLA:CPU widens BF16 collectives to F32 on the wire, so lax on
     BF16 itself is no fair baseline); for psum_scatter it is an all_to_all of the bits plus a local float32
-    sum, and no reference (its sum order is not the library's).
+    sum, for psum ``jax.lax.psum`` itself, and no reference (a reduction's order is not the library's).
     """
     import jax.numpy as jnp
     from jax import lax
@@ -79,6 +84,8 @@ def variants(coll: str, zc, site: str) -> dict[str, dict]:
     call = _call(coll)
 
     def lax_bits(v):
+        if coll == "psum":
+            return lax.psum(v, AXES)
         u = lax.bitcast_convert_type(v, _uint_like(v.dtype))
         if coll != "psum_scatter":
             return lax.bitcast_convert_type(call(lax, u), v.dtype)
@@ -86,7 +93,7 @@ def variants(coll: str, zc, site: str) -> dict[str, dict]:
         r = lax.bitcast_convert_type(lax.all_to_all(u.reshape(n, -1), AXES, 0, 0, tiled=True), v.dtype)
         return jnp.sum(r.astype(jnp.float32), axis=0).astype(v.dtype)
 
-    data_ref = "lax_bits" if coll != "psum_scatter" else None
+    data_ref = "lax_bits" if coll not in ("psum_scatter", "psum") else None
     out = {"lax_bits": {"algorithm": "flat", "compress": False, "reference": None, "body": lax_bits}}
     use = getattr(zc, "use_algorithm", None)  # zipccl_jax.hierarchical (two-level collectives)
     pinned = (lambda alg, levels=None: use(alg, levels)) if use else (lambda *a: contextlib.nullcontext())
@@ -178,7 +185,7 @@ def worker_mesh(args) -> None:
         bar_fn(bar_in).block_until_ready()
 
     if args.cases:  # names or substrings, as in the flat run
-        cases = bench.select_cases(bench.CASES, args.cases)
+        cases = bench.select_cases(bench.CASES + MESH_CASES, args.cases)
     else:
         cases = [c for c in bench.CASES if f"{c[0]}:{c[1]}" in DEFAULT_CASES]
     prepared = []
@@ -256,7 +263,7 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
             if name == "auto":  # the algorithm the model chose decides the reference
                 v["chosen"] = levels[0].algorithm if levels else "flat"
                 v["same_as"] = "flat_auto" if v["chosen"] == "flat" else _SAME_PROGRAM.get(v["chosen"])
-                if coll == "psum_scatter":
+                if coll in ("psum_scatter", "psum"):
                     v["reference"] = "flat_raw" if v["chosen"] == "flat" else "hierarchical_raw"
     outs = {name: np.asarray(v["fn"](gx).addressable_data(0)).view(np.uint8) for name, v in vs.items()}
     identical = {name: (None if v["reference"] is None else

@@ -343,7 +343,10 @@ CALIBRATE_LINK_BYTES = (256 << 10, 4 << 20)
 # The sizes of the profile the model predicts from (`model`): none is a case's own (the cases send 3.5-4.6 MB
 # per device and call), so every prediction interpolates, as one for a program nobody measured would.
 HELD_OUT_LINK_BYTES = (128 << 10, 1 << 20, 8 << 20)
-_SENT_KIND = {"all_to_all": "all-to-all", "all_gather": "all-gather", "psum_scatter": "reduce-scatter"}
+# psum (the two-level run's): its programs are psum_scatter's of the operand and all_gather's of the result,
+# each sending S (n-1)/n, so it is calibrated where psum_scatter is
+_SENT_KIND = {"all_to_all": "all-to-all", "all_gather": "all-gather", "psum_scatter": "reduce-scatter",
+              "psum": "reduce-scatter"}
 
 
 def calibration_sizes(operands, n: int) -> tuple[int, ...]:
