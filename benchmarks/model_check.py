@@ -41,6 +41,8 @@ PROFILE_RUN = RESULTS / "mesh_2x4_heldout.json"
 # The profile the training step is predicted from: the 2 x 4 run of the machine and code the step ran on
 # (train_step_4p.json predates the held-out calibration; its compute and timings come from that run).
 STEP_PROFILE_RUN = RESULTS / "mesh_2x4_session7.json"
+# psum over two levels, timed in a 2 x 4 run of its own (`collectives.py --mesh 2x4 --cases psum:...`)
+PSUM_RUN = RESULTS / "mesh_2x4_psum.json"
 STEP_RUN = RESULTS / "train_step_4p.json"
 STEP_WORKLOAD = RESULTS / "workload_moe_flax_1x4.json"
 # The runs above measured zipccl's raw programs as they were then: the reductions' fixed-order
@@ -127,19 +129,19 @@ def _np_dtype(name):
     return np_dtype(name)
 
 
-def two_levels(prof) -> list[dict]:
-    """Every variant of the 2 x 4 run: the anchored and the links-only prediction against the median. Links
-    only reads the run's held-out profile where it has one (calibrated at sizes no case has)."""
+def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "psum_scatter")) -> list[dict]:
+    """Every variant of a 2 x 4 run (`run`, of `ops`): the anchored and the links-only prediction against the
+    median. Links only reads the run's held-out profile where it has one (calibrated at sizes no case has)."""
     zm = _zs()
     from zipccl_jax import Profile
     from zipccl_jax.strategy import levels as two_level
-    recs = json.loads(PROFILE_RUN.read_text())
+    recs = json.loads(run.read_text())
     held = next((r["model_profile"] for r in recs if r["variant"] == "auto" and r.get("model_profile")), None)
     lp_ = Profile.from_dict(held) if held else prof
     top = zm.Topology(2, 4, lp_.link("host", "*", "cpu")[0], lp_.link("local", "*", "cpu")[0],
                       platform="cpu", base=_without_programs(lp_))
     rows = []
-    for op in ("all_to_all", "all_gather", "psum_scatter"):
+    for op in ops:
         by = {r["variant"]: r for r in recs if r["collective"] == op}
         r0 = by["flat_raw"]
         dt = np.dtype(_np_dtype(r0["dtype"]))
@@ -364,7 +366,8 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps({"at_scale": rows, "hierarchical_all_to_all": hier},
                                                indent=1) + "\n")
         return 0
-    flat, mesh, step = flat_sweep(), two_levels(testbed_profile()), training_step(testbed_profile(STEP_PROFILE_RUN))
+    mesh = two_levels(testbed_profile()) + two_levels(testbed_profile(PSUM_RUN), PSUM_RUN, ("psum",))
+    flat, step = flat_sweep(), training_step(testbed_profile(STEP_PROFILE_RUN))
     print(markdown(flat, mesh, step))
     if a.json:
         Path(a.json).write_text(json.dumps({"flat_sweep": flat, "two_levels": mesh, "training_step": step},

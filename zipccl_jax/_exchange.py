@@ -450,14 +450,20 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
 
   def ragged(rows):
-    chain = lambda r, cap: ragged_rows(r, axis_name, n, cap)
-    if pieces > 1:
-      return finish(in_pieces(rows, pieces, capacity, site, chain)[1])
-    any_raw, got = chain(rows, capacity)
-    accounting.count(site, any_raw)
-    return finish(got)
+    return _ragged_call(rows, lambda r, cap: ragged_rows(r, axis_name, n, cap), pieces, capacity,
+                        site, finish)
 
   return by_transport(transport, padded, ragged, rows)
+
+
+def _ragged_call(rows, chain: Callable, pieces: int, capacity: int, site: str, finish: Callable):
+  """One call on the ragged transport: `chain(rows, capacity)` -> (a row came raw, got), once or in
+  `pieces` (`in_pieces`), counted once; returns `finish(got)`."""
+  if pieces > 1:
+    return finish(in_pieces(rows, pieces, capacity, site, chain)[1])
+  any_raw, got = chain(rows, capacity)
+  accounting.count(site, any_raw)
+  return finish(got)
 
 
 def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
@@ -569,13 +575,8 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
 
   def ragged(x):
-    rows = x.reshape(1, x.size)
-    chain = lambda r, cap: ragged_gather(r, axis_name, n, cap)
-    if pieces > 1:
-      return finish(in_pieces(rows, pieces, capacity, site, chain)[1])
-    any_raw, got = chain(rows, capacity)
-    accounting.count(site, any_raw)
-    return finish(got)
+    return _ragged_call(x.reshape(1, x.size), lambda r, cap: ragged_gather(r, axis_name, n, cap),
+                        pieces, capacity, site, finish)
 
   if invariant:
     return padded(x)
@@ -642,12 +643,9 @@ def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, si
   transport: no flag and no conditional (`ragged_permute`).
   """
   def ragged(x):
-    chain = lambda r, cap: ragged_permute(r, axis_name, n, perm, cap)
-    if pieces > 1:
-      return in_pieces(x.reshape(1, x.size), pieces, capacity, site, chain)[1].reshape(x.shape)
-    any_raw, got = chain(x.reshape(1, x.size), capacity)
-    accounting.count(site, any_raw)
-    return got.reshape(x.shape)
+    chain = lambda r, cap: ragged_permute(r, axis_name, n, perm, cap)  # noqa: E731
+    return _ragged_call(x.reshape(1, x.size), chain, pieces, capacity, site,
+                        lambda got: got.reshape(x.shape))
 
   return by_transport(transport, lambda x: _permute_padded(x, axis_name, n, perm, capacity, site,
                                                            raw, pieces), ragged, x)
