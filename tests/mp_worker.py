@@ -4,7 +4,7 @@ Every rank builds the same global inputs from fixed seeds, places its local shar
 zipccl_jax collective next to its jax.lax twin in one jitted shard_map over all devices of all processes,
 and compares the shards it holds (`--transport` for the compressed ones): bit-identical for data movement, the documented fixed-order float32 sum
 (and compress=True == compress=False) for reductions, the same inside axis_index_groups and over one
-axis split into two levels (use_levels), jax.grad through all_to_all. It prints one line
+axis split into two levels (use_levels; psum too, without check_vma), jax.grad through all_to_all. It prints one line
 ``RESULT {json}`` and exits 0 when every check passed.
 """
 from __future__ import annotations
@@ -135,6 +135,19 @@ def main() -> int:
         checks[f"{dname}/{k}/documented"] = shards_equal(ours, np.tile(total, (n, 1)))
       if k == "psum_scatter":  # rank r holds rows r*R/n:(r+1)*R/n of the sum
         checks[f"{dname}/{k}/documented"] = shards_equal(ours, total)
+
+  # psum over the axis split into levels, with check_vma off (with it, psum over one axis stays flat):
+  # psum_scatter's phases then all_gather's, the "hosts" coded; the same bits as its raw program, and
+  # the documented two-level order (per host the f32 sum of its 2 ranks, rounded; then over the hosts)
+  lv_psum = jax.jit(jax.shard_map(
+      lambda v: (levels(lambda u: zj.psum(u, "i", transport=t, fixed_order=True), True)(v),
+                 levels(lambda u: zj.psum(u, "i", fixed_order=True), False)(v)),
+      mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+  for dname, data in (("gaussian", gauss), ("adversarial", adversarial)):
+    ours, twin = lv_psum(glob(data))
+    hosts = data.reshape(n // 2, 2, R, M).astype(np.float32).sum(axis=1).astype(bf16)  # f32, rank order
+    checks[f"{dname}/levels_psum/vs_raw"] = shards_equal(ours, twin)
+    checks[f"{dname}/levels_psum/documented"] = shards_equal(ours, np.tile(ordered_sum(hosts), (n, 1)))
 
   # the grouped calls and the coded level's phase code (sites of 2 ranks: the groups, the "hosts")
   checks["groups_and_levels_coded"] = sum(
