@@ -31,8 +31,7 @@ Keyword options shared by all:
   :func:`padded_capacity` if none was (this is what ``compress="auto"`` always does; ``"observed"``
   gives it to ``compress=True``); a pair ``(forward, backward)`` sets the capacity of the
   transposed collective in ``jax.grad`` separately (gradients code worse than activations).
-* ``transport``: ``"auto"`` (padded on CPU, ragged elsewhere, chosen with
-  ``lax.platform_dependent``), ``"padded"`` or ``"ragged"``.
+* ``transport``: ``"auto"`` (padded on CPU, ragged elsewhere), ``"padded"`` or ``"ragged"``.
 * ``name``: call-site name for :func:`stats` (default: ``op@file:line``).
 
 The wire, own-row skipping, ragged transport, uniform overflow fallback and pieces (K independent
@@ -41,12 +40,10 @@ coded chains per chunk, same bits for every K) are the protocol of :mod:`zipccl_
 Autodiff
 --------
 Each collective is linear in ``x`` and declared once as a linear function with a named
-transpose rule (``_all_to_all_transpose_rule``, ...; :mod:`zipccl_jax._linear`):
-``jax.jvp``/``jax.linearize``/``jax.jacfwd`` run the compressed collective on the tangent,
-``jax.grad``/``jax.vjp``/``jax.linear_transpose`` run the compressed collective the
-``jax.lax`` transpose uses on the cotangent, in the "gradient" role (its capacity ratio and
-decisions), with the ``backward`` half of a ``capacity`` pair. ``jax.vmap`` works over all of
-them.
+transpose rule (``_all_to_all_transpose_rule``, ...; :mod:`zipccl_jax._linear`): ``jax.jvp``/
+``jax.linearize``/``jax.jacfwd`` run the compressed collective on the tangent, ``jax.grad``/
+``jax.vjp``/``jax.linear_transpose`` the one the ``jax.lax`` transpose uses on the cotangent, in
+the "gradient" role, with the ``backward`` half of a ``capacity`` pair. ``jax.vmap`` works over all.
 
 Reductions and statistics
 -------------------------
@@ -478,14 +475,18 @@ def psum(x, axis_name, *, axis_index_groups=None, compress=None, capacity=None,
   one ``"auto"`` keeps ``"a2a-sum+gather"``. Under ``check_vma`` the result is device-invariant
   like ``jax.lax.psum``'s, and the transpose is a (free) ``pcast``; without, this ``psum``.
 
+  Over two levels (a ``(slow, fast)`` tuple with per-level links, or a ``use_levels`` axis
+  without ``check_vma``) it may run :func:`psum_scatter`'s two phases, then :func:`all_gather`'s
+  (:mod:`zipccl_jax.hierarchical`), in psum_scatter's two-level order.
+
   Args:
     x: array(s) with a mapped axis named ``axis_name``.
     axis_name: a mesh axis name, or a tuple of them.
     axis_index_groups: passed to ``jax.lax.psum``, which raises ``NotImplementedError`` for
       them inside ``shard_map``.
     compress, capacity, transport, name: see the module docstring (both
-      phases use the same options; the all-gather phase is always padded; so is the whole
-      ``"gather-sum"`` under ``check_vma``, whose result is device-invariant).
+      phases use the same options; under ``check_vma`` the all-gather phase, and the whole
+      ``"gather-sum"``, are padded: their result is device-invariant).
     fixed_order: as :func:`psum_scatter`'s.
 
   Returns:
