@@ -208,8 +208,10 @@ def _psum_run(one_axis, body, x, vma):
   return np.asarray(f(jax.device_put(x, NamedSharding(mesh, spec))))
 
 
-@pytest.mark.parametrize("levels", [{"host": cs, "local": cf} for cs, cf in itertools.product((False, True),
-                                                                                             repeat=2)],
+LEVEL_PATTERNS = [{"host": cs, "local": cf} for cs, cf in itertools.product((False, True), repeat=2)]
+
+
+@pytest.mark.parametrize("levels", LEVEL_PATTERNS,
                          ids=lambda v: f"host_{'c' if v['host'] else 'r'}_local_{'c' if v['local'] else 'r'}")
 def test_psum_without_check_vma_is_the_tuple_programs_bits(levels):
   """psum over a declared axis (check_vma off): its four phases over the levels' groups, the bits of the

@@ -82,10 +82,10 @@ as fast. The price of the rounds is ``(H - 1) L`` collectives instead of one ove
 Exactness. Data movement (all_gather, all_to_all) is bit-identical to ``jax.lax`` in every
 variant. psum_scatter's and psum's hierarchical order: inside the host, the float32 sum of the
 ``L`` local inputs in ascending ``fast`` rank, rounded once to the dtype; then the float32 sum of
-the ``H`` host partials in ascending ``slow`` rank, rounded once (the flat order is one float32
-sum over all ``n`` ranks, rounded once, so the two algorithms may differ in the last bit). Within an algorithm,
-compression never changes a bit: every phase is a zipccl collective, or (all_to_all's cross-host
-rounds, its mixed slots) coded frames with the uniform overflow fallback of
+the ``H`` host partials in ascending ``slow`` rank, rounded once (the flat order is one float32 sum
+over all ``n`` ranks, rounded once, so the two algorithms may differ in the last bit). Within an
+algorithm, compression never changes a bit: every phase is a zipccl collective, or (all_to_all's
+cross-host rounds, its mixed slots) coded frames with the uniform overflow fallback of
 :mod:`zipccl_jax._exchange`.
 
 When it applies, and how the algorithm is chosen: :mod:`zipccl_jax.strategy.levels` (the plan,

@@ -43,8 +43,8 @@ from zipccl_jax.strategy.decision import Decision, decide, log_decision
 from zipccl_jax.strategy.profile import axis_key, current_platform, get_profile
 
 __all__ = ["LevelPlan", "plan", "choose", "use_algorithm", "use_levels", "pinned", "levels_of",
-           "level_groups", "hierarchical_key", "flat_coded_key", "PROGRAM_DTYPE", "OPS", "SPLIT_OPS",
-           "PROGRAM_OPS"]
+           "level_groups", "hierarchical_key", "flat_coded_key", "PROGRAM_DTYPE", "OPS",
+           "SPLIT_OPS", "PROGRAM_OPS"]
 
 
 OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
