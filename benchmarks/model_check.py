@@ -37,12 +37,13 @@ import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FLAT_RUN = RESULTS / "collectives_heldout.json"
-PROFILE_RUN = RESULTS / "mesh_2x4_heldout.json"
+# Every two-level variant of the four ops, in one run of today's programs (`collectives.py --mesh 2x4 --cases
+# all_to_all:moe_dispatch,all_gather:params_moe_experts,psum_scatter:grads_moe_experts,psum:grads_moe_experts`;
+# the runs before it, mesh_2x4_heldout.json and mesh_2x4_psum.json, timed older programs or one op)
+PROFILE_RUN = RESULTS / "mesh_2x4_all_ops.json"
 # The profile the training step is predicted from: the 2 x 4 run of the machine and code the step ran on
 # (train_step_4p.json predates the held-out calibration; its compute and timings come from that run).
 STEP_PROFILE_RUN = RESULTS / "mesh_2x4_session7.json"
-# psum over two levels, timed in a 2 x 4 run of its own (`collectives.py --mesh 2x4 --cases psum:...`)
-PSUM_RUN = RESULTS / "mesh_2x4_psum.json"
 STEP_RUN = RESULTS / "train_step_4p.json"
 STEP_WORKLOAD = RESULTS / "workload_moe_flax_1x4.json"
 # The runs above measured zipccl's raw programs as they were then: the reductions' fixed-order
@@ -129,7 +130,7 @@ def _np_dtype(name):
     return np_dtype(name)
 
 
-def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "psum_scatter")) -> list[dict]:
+def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "psum_scatter", "psum")) -> list[dict]:
     """Every variant of a 2 x 4 run (`run`, of `ops`): the anchored and the links-only prediction against the
     median. Links only reads the run's held-out profile where it has one (calibrated at sizes no case has)."""
     zm = _zs()
@@ -138,8 +139,8 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "
     recs = json.loads(run.read_text())
     held = next((r["model_profile"] for r in recs if r["variant"] == "auto" and r.get("model_profile")), None)
     lp_ = Profile.from_dict(held) if held else prof
-    top = zm.Topology(2, 4, lp_.link("host", "*", "cpu")[0], lp_.link("local", "*", "cpu")[0],
-                      platform="cpu", base=_without_programs(lp_))
+    top = zm.Topology(2, 4, dict(lp_.links["host"]), dict(lp_.links["local"]), platform="cpu",
+                      base=_without_programs(lp_))  # each level per collective, as calibrated
     rows = []
     for op in ops:
         by = {r["variant"]: r for r in recs if r["collective"] == op}
@@ -366,7 +367,7 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps({"at_scale": rows, "hierarchical_all_to_all": hier},
                                                indent=1) + "\n")
         return 0
-    mesh = two_levels(testbed_profile()) + two_levels(testbed_profile(PSUM_RUN), PSUM_RUN, ("psum",))
+    mesh = two_levels(testbed_profile())
     flat, step = flat_sweep(), training_step(testbed_profile(STEP_PROFILE_RUN))
     print(markdown(flat, mesh, step))
     if a.json:

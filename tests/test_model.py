@@ -277,8 +277,7 @@ def test_prediction_choice_is_what_auto_runs(op, gbit, shape):
 @pytest.fixture(scope="module")
 def check():
   mod = _check_module()
-  mesh = (mod.two_levels(mod.testbed_profile())
-          + mod.two_levels(mod.testbed_profile(mod.PSUM_RUN), mod.PSUM_RUN, ("psum",)))
+  mesh = mod.two_levels(mod.testbed_profile())
   return (mod, mod.flat_sweep(), mesh, mod.training_step(mod.testbed_profile(mod.STEP_PROFILE_RUN)))
 
 

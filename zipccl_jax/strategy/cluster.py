@@ -33,6 +33,10 @@ axis             link model (``t = latency + bytes one device sends / bandwidth`
                  compose their curves, not their slopes (`links.flat_links`)
 ===============  ===========================================================================
 
+A level given per collective (``{"all_to_all": ..., "all_gather": ..., "*": ...}``, what
+:func:`zipccl_jax.calibrate` measures per level) costs each collective with its own link, and the
+flat collectives compose the levels' links of their kind.
+
 Every collective pays the slower level's latency once (one launch; per-message costs inside a
 collective are not modelled). A training step is its collectives, one after another, plus
 ``--compute-ms`` of work that does not overlap them (0: the step's communication alone).
@@ -130,8 +134,12 @@ class Topology:
 
   Attributes:
     hosts, per_host: the mesh ``("host", "local")``.
-    inter: the link between hosts, per device (``LinkModel``: latency s, bandwidth bytes/s).
-    intra: the link inside a host, per device (None with ``per_host == 1``).
+    inter: the link between hosts, per device (``LinkModel``: latency s, bandwidth bytes/s), or
+      its links per collective, ``{"all_to_all": LinkModel, "all_gather": ..., "*": ...}`` as a
+      calibrated profile holds a level's (``Profile.links["host"]``: a level's all_gather can run
+      at another rate than its all_to_all); ``"*"`` costs the collectives without an entry.
+    intra: the link inside a host, per device, or its links per collective (None with
+      ``per_host == 1``).
     platform: the device kind whose codec model applies ("gpu", "cpu", "tpu").
     codec: ``{dtype name: CodecModel}`` overriding the base profile's for `platform`, or None.
     shared_link: False; "host" (or ``--shared-link host``): the devices of a host share its `inter`
@@ -165,6 +173,11 @@ class Topology:
                        f"link) or 'all' (every device shares one; per_host 1 only), got "
                        f"{self.shared_link!r} with per_host {self.per_host}")
     object.__setattr__(self, "shared_link", share)
+    for name in ("inter", "intra"):
+      link = getattr(self, name)
+      if isinstance(link, dict) and not isinstance(link.get("*"), LinkModel):
+        raise ValueError(f"zipccl_jax.model: {name} per collective needs a '*' LinkModel (the "
+                         f"collectives without their own), got keys {sorted(link)}")
 
   @property
   def devices(self) -> int:
@@ -178,23 +191,33 @@ class Topology:
     return FAST if self.hosts == 1 else (SLOW, FAST)
 
   def level_links(self) -> tuple[LinkModel, LinkModel | None]:
-    """(inter, intra) per device: a shared link divided among the devices that share it."""
+    """(inter, intra) per device, each the level's ``"*"`` link: a shared link divided among the
+    devices that share it."""
+    inter, intra = self._level_tables()
+    return inter["*"], intra["*"] if intra else None
+
+  def _level_tables(self) -> tuple[dict, dict | None]:
+    """(inter, intra) per device as ``{collective: LinkModel}``, the shared link divided."""
     share = {"host": self.per_host, "all": self.devices}.get(self.shared_link, 1)
-    inter = self.inter if share == 1 else LinkModel(self.inter.latency_s, self.inter.bandwidth_Bps / share)
-    return inter, self.intra
+    inter = dict(self.inter) if isinstance(self.inter, dict) else {"*": self.inter}
+    if share != 1:
+      inter = {op: LinkModel(lk.latency_s, lk.bandwidth_Bps / share) for op, lk in inter.items()}
+    if self.intra is None:
+      return inter, None
+    return inter, dict(self.intra) if isinstance(self.intra, dict) else {"*": self.intra}
 
   def profile(self) -> Profile:
     """The profile of this topology: the base profile's codec, ratios and thresholds, with the
     links above (docstring table) and the codec overrides."""
     p = (self.base if self.base is not None else get_profile()).copy()
     p.sites = {}  # observed capacities belong to another program's call sites
-    inter, intra = self.level_links()
+    inter, intra = self._level_tables()
     H, L = self.hosts, self.per_host
     p.links = {}
     if H > 1:
-      p.links[SLOW] = {"*": inter}
+      p.links[SLOW] = inter
     if L > 1:
-      p.links[FAST] = {"*": intra}
+      p.links[FAST] = intra
     if H > 1 and L > 1:
       p.links[f"{SLOW},{FAST}"] = flat_links(H, L, inter, intra)
     plat = platform_key(self.platform)
@@ -213,7 +236,10 @@ class Topology:
             "intra_latency_us": intra.latency_s * 1e6 if intra else None}
 
   def with_inter(self, bandwidth_Bps: float) -> "Topology":
-    return dataclasses.replace(self, inter=LinkModel(self.inter.latency_s, float(bandwidth_Bps)))
+    """This topology with one line between hosts, at `bandwidth_Bps` (the latency of `inter`'s
+    ``"*"``; links per collective become that one)."""
+    star = self.inter["*"] if isinstance(self.inter, dict) else self.inter
+    return dataclasses.replace(self, inter=LinkModel(star.latency_s, float(bandwidth_Bps)))
 
 
 # --------------------------------------------------------------------------- #

@@ -75,22 +75,32 @@ def axis_key(axis_name) -> str:
   return str(axis_name)
 
 
-def flat_links(H: int, L: int, inter: LinkModel, intra: LinkModel) -> dict:
+def level_link(level, op: str) -> LinkModel:
+  """The link of collective `op` on one level: `level` is a :class:`LinkModel` (every collective's)
+  or ``{collective: LinkModel}`` with a ``"*"`` entry for the rest (a calibrated profile's
+  ``links[level]``)."""
+  return level.get(op, level["*"]) if isinstance(level, dict) else level
+
+
+def flat_links(H: int, L: int, inter, intra) -> dict:
   """Per collective, the flat collective over ("host", "local") as one link (the table of
   zipccl_jax.model's docstring). Each is its levels running at once (`_slowest`): lines give a
-  line, measured links (``points``) give the composed curve at their measured sizes."""
+  line, measured links (``points``) give the composed curve at their measured sizes. `inter` and
+  `intra` are each a level's link, or its links per collective (`level_link`): the flat
+  all_to_all composes the levels' all_to_all links, the flat all_gather their all_gather links."""
   n = H * L
-  lat = max(inter.latency_s, intra.latency_s)
   # all_to_all: of n - 1 rows, n - L cross hosts and L - 1 stay; both at once
   cross, stay = (n - L) / (n - 1), (L - 1) / (n - 1)
-  a2a = _slowest(((inter, cross), (intra, stay)), lat,
-                 1.0 / max(cross / inter.bandwidth_Bps, stay / intra.bandwidth_Bps))
+  x, y = level_link(inter, "all_to_all"), level_link(intra, "all_to_all")
+  a2a = _slowest(((x, cross), (y, stay)), max(x.latency_s, y.latency_s),
+                 1.0 / max(cross / x.bandwidth_Bps, stay / y.bandwidth_Bps))
   # ring all_gather: every edge of the ring carries n - 1 shards, a host's edge out of it through
   # its L devices' links together (one ring per device's link, each a 1/L slice)
-  ag = _slowest(((inter, 1.0 / L), (intra, 1.0)), lat,
-                min(L * inter.bandwidth_Bps, intra.bandwidth_Bps))
-  return {"all_to_all": a2a, "all_gather": ag, "*": a2a,
-          "ppermute": inter, "psum": inter}  # ppermute's rounds and flag psums cross hosts
+  x, y = level_link(inter, "all_gather"), level_link(intra, "all_gather")
+  ag = _slowest(((x, 1.0 / L), (y, 1.0)), max(x.latency_s, y.latency_s),
+                min(L * x.bandwidth_Bps, y.bandwidth_Bps))
+  return {"all_to_all": a2a, "all_gather": ag, "*": a2a,  # ppermute's rounds and flag psums cross
+          "ppermute": level_link(inter, "ppermute"), "psum": level_link(inter, "psum")}
 
 
 def _slowest(parts, latency_s: float, bandwidth_Bps: float) -> LinkModel:
