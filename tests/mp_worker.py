@@ -96,6 +96,14 @@ def main() -> int:
       "levels_psum_scatter": (
           levels(lambda v: zj.psum_scatter(v, "i", tiled=True, transport=t, fixed_order=True), True),
           levels(lambda v: zj.psum_scatter(v, "i", tiled=True, fixed_order=True), False)),
+      # MoE dispatch over one axis across hosts: the mixed slots over "i" (hosts coded), and the
+      # raw rounds (collective-permutes between hosts), each jax.lax's bits
+      "levels_all_to_all": (
+          levels(lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, transport=t), True),
+          lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True)),
+      "levels_all_to_all_rounds": (
+          levels(lambda v: zj.all_to_all(v, "i", 0, 0, tiled=True, transport=t), False),
+          lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True)),
   }
   names = list(ops)
   f = smap(lambda v: tuple((ops[k][0](v), ops[k][1](v)) for k in names))
@@ -128,7 +136,8 @@ def main() -> int:
   for dname, data in (("gaussian", gauss), ("adversarial", adversarial)):
     res = f(glob(data))
     for k, (ours, twin) in zip(names, res):
-      ref = "lax" if k in ("all_to_all", "all_gather", "ppermute", "grouped_all_gather") else "raw"
+      ref = "lax" if k in ("all_to_all", "all_gather", "ppermute", "grouped_all_gather",
+                           "levels_all_to_all", "levels_all_to_all_rounds") else "raw"
       checks[f"{dname}/{k}/vs_{ref}"] = shards_equal(ours, twin)
       total = ordered_sum(data.reshape(n, R, M))  # (R, M)
       if k == "psum":  # every rank holds the whole sum

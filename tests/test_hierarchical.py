@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import zipccl_jax
 from zipccl_jax import _exchange, _mixed, strategy
+from zipccl_jax._shard import TwoLevels
 from zipccl_jax.strategy import levels as two_level
 from zipccl_jax.strategy.codec_cost import CodecModel
 from zipccl_jax.strategy.links import LinkModel
@@ -341,10 +342,11 @@ def test_fp8_data_movement_every_variant_bit_identical(dtype):
       assert np.array_equal(got, ref), (coll, dtype, alg, levels, compress)
 
 
-def _hier_a2a(levels, **kw):
+def _hier_a2a(levels, one_axis=False, **kw):
+  """The two-level all_to_all over the (host, local) tuple, or over one axis "i" declared as its levels."""
   def body(v):
-    with two_level.use_algorithm("hierarchical", levels):
-      return zipccl_jax.all_to_all(v, AXES, 0, 0, tiled=True, **kw)[None]
+    with two_level.use_algorithm("hierarchical", levels), zipccl_jax.use_levels({"i": L}):
+      return zipccl_jax.all_to_all(v, "i" if one_axis else AXES, 0, 0, tiled=True, **kw)[None]
   return body
 
 
@@ -429,15 +431,16 @@ def _overflow_operand(hot):
   return x.reshape(-1, 96)
 
 
-def _assert_falls_back_everywhere(levels, hot, name):
+def _assert_falls_back_everywhere(levels, hot, name, one_axis=False):
   """The two-level all_to_all with `levels` at capacity 0.5 on `_overflow_operand(hot)`: its results are
   jax.lax's bits and the runtime counter of its slow phase sees a fallback on all n devices."""
   x = _overflow_operand(hot)
   ref = _bits(_run(_mesh(), _lax_a2a_bits, x))
   zipccl_jax.reset_stats()
   prev = zipccl_jax.set_runtime_stats(True)
+  mesh, spec = (Mesh(np.array(jax.devices()[:H * L]), ("i",)), P("i")) if one_axis else (_mesh(), P(AXES))
   try:
-    got = _bits(_run(_mesh(), _hier_a2a(levels, capacity=0.5, name=name), x))
+    got = _bits(_run(mesh, _hier_a2a(levels, one_axis, capacity=0.5, name=name), x, spec))
     jax.effects_barrier()
     st = zipccl_jax.stats()[f"{name}/host"]
   finally:
@@ -446,12 +449,14 @@ def _assert_falls_back_everywhere(levels, hot, name):
   assert st.calls == H * L and st.fallbacks == H * L, st
 
 
-@pytest.mark.parametrize("hot", [None, (5, 1)], ids=["every_sender", "dev5_row_for_dev1"])
-def test_all_to_all_cross_host_rounds_overflow_falls_back_everywhere_bit_identical(hot):
+@pytest.mark.parametrize("one_axis", [False, True], ids=["tuple", "one_axis"])
+@pytest.mark.parametrize("hot", [None, (5, 1), (1, 6)], ids=["every_sender", "dev5_row_for_dev1", "dev1_row_for_dev6"])
+def test_all_to_all_cross_host_rounds_overflow_falls_back_everywhere_bit_identical(hot, one_axis):
   """Both levels coded (the cross-host rows go in collective-permute rounds): frames that do not fit the
-  capacity, everywhere or in one frame of device 5. Every device must take the raw rounds together (they span
-  both hosts); the senders that send a device nothing report through the flag psum over the fast level."""
-  _assert_falls_back_everywhere({"host": True, "local": True}, hot, "xh")
+  capacity, everywhere or in one frame of device 5 (or 1). Every device must take the raw rounds together (they
+  span both hosts); the senders that send a device nothing report through the flag psum over the fast level
+  (over one axis "i", an all_gather over each host's group of it)."""
+  _assert_falls_back_everywhere({"host": True, "local": True}, hot, "xh", one_axis)
 
 
 def test_vmap_of_hierarchical_all_to_all_is_bit_identical():
@@ -598,22 +603,25 @@ def test_mixed_all_to_all_autodiff_bit_identical(mode):
 
 @pytest.mark.parametrize("hot", [None, (0, 5), (5, 1)], ids=["every_sender", "dev0_row_for_dev5",
                                                              "dev5_row_for_dev1"])
-def test_mixed_all_to_all_forced_overflow_falls_back_everywhere(hot):
+@pytest.mark.parametrize("one_axis", [False, True], ids=["tuple", "one_axis"])
+def test_mixed_all_to_all_forced_overflow_falls_back_everywhere(hot, one_axis):
   """Frames that do not fit capacity 0.5: every device takes the raw flat all_to_all (its results are jax.lax's
   bits) and the runtime counter sees a fallback on all n devices, also when one frame of one sender overflows
   (the rest of that sender's host learns it from the flag in its slot, the other host from poisoned frames)."""
-  _assert_falls_back_everywhere(MIXED, hot, "mixed_over")
+  _assert_falls_back_everywhere(MIXED, hot, "mixed_over", one_axis)
 
 
 @pytest.mark.parametrize("hot,falls_back", [((0, 5), True), ((1, 6), True), ((5, 1), True), ((6, 2), True),
                                              ((1, 0), False)],
                          ids=["dev0_row_for_dev5", "dev1_row_for_dev6", "dev5_row_for_dev1", "dev6_row_for_dev2",
                               "dev1_row_for_dev0_same_host_raw"])
-def test_mixed_exchange_fallback_decision_is_uniform(hot, falls_back):
+@pytest.mark.parametrize("one_axis", [False, True], ids=["tuple", "one_axis"])
+def test_mixed_exchange_fallback_decision_is_uniform(hot, falls_back, one_axis):
   """`_mixed.exchange_mixed` with a fallback that moves nothing (it returns a marker row on the rank that
   takes it): one overflowing frame of one sender must turn every rank to the fallback, not just the ranks its
   poisoned frames reach (a rank that decided otherwise would leave the real raw all_to_all one short). A row
-  for the sender's own host is not coded, so incompressible data there overflows nothing."""
+  for the sender's own host is not coded, so incompressible data there overflows nothing. The same over one
+  axis "i" split into the levels (`use_levels`: the tails over the host's group of "i")."""
   x = _overflow_operand(hot)
   marker = jnp.uint32(0x7FC0DEAD)
 
@@ -622,10 +630,12 @@ def test_mixed_exchange_fallback_decision_is_uniform(hot, falls_back):
     cap = zipccl_jax.padded_capacity(rows.shape[1], rows.dtype, ratio=0.5)
     bits = jax.lax.bitcast_convert_type(rows, jnp.uint32)
     raw = lambda: jax.lax.bitcast_convert_type(bits * 0 + marker, rows.dtype)  # noqa: E731  (varying, like rows)
-    got = _mixed.exchange_mixed(rows, slow="host", fast="local", capacity=cap, site="uniform", raw=raw)
+    grid = TwoLevels("host", "local", H, L, "i" if one_axis else None)
+    got = _mixed.exchange_mixed(rows, grid=grid, capacity=cap, site="uniform", raw=raw)
     return jax.lax.bitcast_convert_type(got, jnp.uint32)[None]
 
-  got = _run(_mesh(), body, x)
+  mesh = Mesh(np.array(jax.devices()[:H * L]), ("i",)) if one_axis else _mesh()
+  got = _run(mesh, body, x, P("i") if one_axis else P(AXES))
   fell_back = [bool(np.all(got[r] == np.uint32(marker))) for r in range(H * L)]
   assert fell_back == [falls_back] * (H * L), fell_back
 

@@ -1,6 +1,7 @@
-"""One mesh axis across hosts (`zipccl_jax.use_levels`): all_gather and psum_scatter over a single axis
-``"i"`` of 8 virtual CPU devices declared as 2 hosts of 4 run the two-level programs of a ``("host",
-"local")`` mesh, their phases collectives over the levels' ``axis_index_groups`` of ``"i"``.
+"""One mesh axis across hosts (`zipccl_jax.use_levels`): all_gather, psum_scatter and all_to_all over a
+single axis ``"i"`` of 8 virtual CPU devices declared as 2 hosts of 4 run the two-level programs of a
+``("host", "local")`` mesh, their phases collectives over the levels' ``axis_index_groups`` of ``"i"``
+(all_to_all's exchanges over every rank over ``"i"`` itself).
 
 Every variant gives the bits of the same variant over the tuple mesh (the same data at the same ranks),
 ``auto`` decides from the profile's links of the levels, and bad declarations raise at once.
@@ -64,20 +65,53 @@ def _variant(op, alg, levels, compress, one_axis):
     with two_level.use_algorithm(alg, levels), zipccl_jax.use_levels({"i": L}):
       if op == "all_gather":
         return zipccl_jax.all_gather(v, axis, tiled=True, compress=mode)[None]
+      if op == "all_to_all":
+        return zipccl_jax.all_to_all(v, axis, 0, 0, tiled=True, compress=mode)
       return zipccl_jax.psum_scatter(v[0], axis, tiled=True, compress=mode, fixed_order=True)[None]
   return body
 
 
 @pytest.mark.parametrize("alg,levels,compress", VARIANTS, ids=lambda v: str(v))
-@pytest.mark.parametrize("op", ["all_gather", "psum_scatter"])
+@pytest.mark.parametrize("op", ["all_gather", "psum_scatter", "all_to_all"])
 def test_every_variant_is_the_tuple_programs_bits(op, alg, levels, compress):
-  x = _payload((N, N * 512) if op == "psum_scatter" else (N * 2048,))
+  x = _payload({"psum_scatter": (N, N * 512), "all_to_all": (N * N * 512,)}.get(op, (N * 2048,)))
+  zipccl_jax.reset_stats()
   got = _run(True, _variant(op, alg, levels, compress, True), x)
+  assert not any(s.fallbacks for s in zipccl_jax.stats().values())  # the coded paths ran
   want = _run(False, _variant(op, alg, levels, compress, False), x)
   assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), (op, alg, levels, compress)
   if op == "all_gather":  # data movement: jax.lax's bits
     assert np.array_equal(got.reshape(N, -1).view(np.uint16),
                           np.broadcast_to(x.reshape(1, -1), (N, x.size)).view(np.uint16))
+  if op == "all_to_all":  # rank d's block from rank s is rank s's block for d
+    blocks = x.reshape(N, N, -1)
+    assert np.array_equal(got.reshape(N, N, -1).view(np.uint16), blocks.transpose(1, 0, 2).view(np.uint16))
+
+
+@pytest.mark.parametrize("levels", [{"host": True, "local": False}, {"host": True, "local": True},
+                                    {"host": False, "local": False}], ids=["mixed", "rounds_coded", "rounds_raw"])
+def test_all_to_all_over_one_axis_runs_its_exchanges_over_the_axis(levels):
+  """HLO of the one-axis all_to_all: the mixed slots go over all 8 ranks of "i" and the tails over each
+  host's group; the rounds are collective-permutes from (h, l) to (h + 1, l + s), the own host's rows an
+  all_to_all over each host's group."""
+  x = _payload((N * N * 512,))
+  mesh = Mesh(np.array(jax.devices()[:N]), ("i",))
+
+  def body(v):
+    with two_level.use_algorithm("hierarchical", levels), zipccl_jax.use_levels({"i": L}):
+      return zipccl_jax.all_to_all(v, "i", 0, 0, tiled=True)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+  text = f.lower(jax.device_put(x, NamedSharding(mesh, P("i")))).as_text()
+  host = "replica_groups = dense<[[0, 1, 2, 3], [4, 5, 6, 7]]>"
+  if levels["host"] and not levels["local"]:
+    assert "replica_groups = dense<[[0, 1, 2, 3, 4, 5, 6, 7]]>" in text and host in text
+    assert "collective_permute" not in text
+  else:
+    for s in range(L):  # round (1, s): device (0, l) sends to (1, (l + s) % L), rank 4 + (l + s) % L
+      pairs = ", ".join(f"[{l}, {L + (l + s) % L}]" for l in range(L))
+      assert pairs in text, (s, pairs)
+    assert host in text  # the own host's rows (and the coded rounds' flag sum)
 
 
 def test_the_slow_phase_codes_over_hosts_the_fast_one_inside_them():
@@ -121,6 +155,22 @@ def test_auto_decides_from_the_levels_links_and_explains():
   assert not ds["ag/local"].compress and ds["ag/local"].axis_size == L
 
 
+def test_auto_runs_all_to_all_over_one_axis_as_over_the_tuple():
+  """MoE dispatch written over one "expert" axis across hosts: auto's choice and bits are the tuple's."""
+  x = _payload((N * N * 4096,))
+  got = {}
+  with zipccl_jax.use_profile(_profile()):
+    for one_axis in (True, False):
+      strategy.reset_decisions()
+
+      def body(v):
+        with zipccl_jax.use_levels({"i": L}):
+          return zipccl_jax.all_to_all(v, "i" if one_axis else AXES, 0, 0, tiled=True, name="a2a")
+      got[one_axis] = (_run(one_axis, body, x), zipccl_jax.decisions()["a2a [levels]"].algorithm)
+  assert got[True][1] == got[False][1] and got[True][1].startswith("hierarchical(host:c"), got
+  assert np.array_equal(got[True][0].view(np.uint16), got[False][0].view(np.uint16))
+
+
 def test_undeclared_or_unknown_levels_stay_flat():
   x = _payload((N * 1024,))
   for declare in (False, True):  # declared, but the profile has no links for the levels: flat too
@@ -157,8 +207,9 @@ def test_hosts_that_do_not_divide_the_axis_raise_at_trace_time():
       _run(True, body, x)
 
 
-def test_grad_through_the_one_axis_programs_is_the_tuples():
-  x = _payload((N, 2048)).astype(np.float32)
+@pytest.mark.parametrize("op", ["all_gather", "all_to_all"])
+def test_grad_through_the_one_axis_programs_is_the_tuples(op):
+  x = _payload((N, N * 2048 if op == "all_to_all" else 2048)).astype(np.float32)
   w = np.random.default_rng(5).standard_normal((N, N * 2048)).astype(np.float32)
 
   def grad(one_axis):
@@ -168,6 +219,8 @@ def test_grad_through_the_one_axis_programs_is_the_tuples():
       def f(v):
         with two_level.use_algorithm("hierarchical", {"host": True, "local": False}), \
              zipccl_jax.use_levels({"i": L}), zipccl_jax.use_defaults(fixed_order=True):
+          if op == "all_to_all":  # its transpose is the all_to_all back, over the same levels
+            return jnp.sum(zipccl_jax.all_to_all(v[0], axis, 0, 0, tiled=True) * w[0])
           return jnp.sum(zipccl_jax.all_gather(v[0], axis, tiled=True) * w[0])
       return jax.grad(f)(v)
 

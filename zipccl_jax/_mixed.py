@@ -2,7 +2,8 @@
 
 `exchange_mixed` is the fifth exchange of `zipccl_jax._exchange` (whose docstring has the others,
 the own row, overflow and the uniform fallback), used by `zipccl_jax.hierarchical`'s "host coded,
-local raw" all_to_all over ``(slow, fast)``. Wire, per sender: ``uint8[n, C]`` over ``(slow,
+local raw" all_to_all over ``(slow, fast)`` (or over one axis split into those levels,
+`zipccl_jax._shard.TwoLevels`). Wire, per sender: ``uint8[n, C]`` over ``(slow,
 fast)``, then the tails, ``[L, T]`` elements over `fast`, when ``T > 0``.
 
 The mixed slot exchange (``n = H L`` ranks ``h' L + l'``, rows of ``B = m * itemsize`` bytes): the
@@ -28,7 +29,7 @@ from zipccl_jax import accounting, codec
 from zipccl_jax import format as fmt
 from zipccl_jax._bits import uint_of
 from zipccl_jax._exchange import cond_bits, decode_guarded, encode_rows, in_fallback, with_own_row
-from zipccl_jax._shard import vary
+from zipccl_jax._shard import TwoLevels
 
 # The last bytes of an own-group slot of `exchange_mixed`: its sender's overflow flag.
 MIXED_FLAG_BYTES = 8
@@ -58,17 +59,18 @@ def mixed_head_elems(capacity: int, m: int, dtype) -> int:
   return min((capacity - MIXED_FLAG_BYTES) // np.dtype(dtype).itemsize, m)
 
 
-def exchange_mixed(rows, *, slow, fast, capacity: int, site: str, raw: Callable,
+def exchange_mixed(rows, *, grid: TwoLevels, capacity: int, site: str, raw: Callable,
                    finish: Callable = lambda out: out):
-  """rows (n, m), row j for rank j = h' L + l' of the axes ``(slow, fast)`` -> `finish(got)`, got
-  (n, m) with row s from rank s: the rows for other `slow` groups coded, the own group's raw.
+  """rows (n, m), row j for rank j = h' L + l' of `grid` (the axes ``(slow, fast)``, or one axis
+  split into levels) -> `finish(got)`, got (n, m) with row s from rank s: the rows for other
+  hosts coded, the own host's raw.
 
   The "mixed slot" exchange (padded transport only; wire layout in the module docstring): one
-  all_to_all over ``(slow, fast)`` of ``uint8[n, C]`` slots, where the slot of a rank of another
+  all_to_all over every rank (`grid.axes`) of ``uint8[n, C]`` slots, where the slot of a rank of another
   group holds the coded frame (the encoder skips the own group's rows) and the slot of a rank of
   the own group holds the first ``min(C - 8, B)`` bytes of the row's bit pattern (``B = m *
   itemsize``) and, in its last 8 bytes, the sender's overflow flag; the rest of the own group's
-  rows (when ``B > C - 8``) goes in one all_to_all over `fast`, as elements. The self row is
+  rows (when ``B > C - 8``) goes in one all_to_all over the fast level, as elements. The self row is
   taken from `rows`.
 
   Uniform fallback: `raw()` (the flat `jax.lax` all_to_all on the operand's bits, returning what
@@ -81,12 +83,12 @@ def exchange_mixed(rows, *, slow, fast, capacity: int, site: str, raw: Callable,
   n, m = rows.shape
   dt = np.dtype(rows.dtype)
   u = uint_of(dt)
-  L = lax.axis_size(fast)
+  L = grid.L
   flag_at = capacity - MIXED_FLAG_BYTES                 # C >= 32 (a frame header)
   hw = mixed_head_elems(capacity, m, dt)                # elements of an own-group row in its slot
   head = hw * dt.itemsize                               # ... as bytes
-  # varying over both axes like the data: vmap's dynamic-slice rule combines them with the rows'
-  h, l = (vary(lax.axis_index(a).astype(jnp.int32), (slow, fast)) for a in (slow, fast))
+  # varying over the axes like the data: vmap's dynamic-slice rule combines them with the rows'
+  h, l = grid.coords()
   own = jnp.arange(n, dtype=jnp.int32) // L == h        # (n,): rows for / from the own group
   payload, _, over = encode_rows(rows, capacity, own)
   bits = lax.bitcast_convert_type(rows, u)
@@ -95,10 +97,11 @@ def exchange_mixed(rows, *, slow, fast, capacity: int, site: str, raw: Callable,
   heads = jnp.concatenate([jnp.pad(_byte_view(mine[:, :hw]), ((0, 0), (0, flag_at - head))),
                            flag], axis=1)                                   # (L, C)
   slots = lax.dynamic_update_slice_in_dim(payload, heads, h * L, 0)
-  recv = lax.all_to_all(slots, (slow, fast), 0, 0, tiled=True)             # (n, C): row s from s
+  recv = lax.all_to_all(slots, grid.axes, 0, 0, tiled=True)                # (n, C): row s from s
   tails = None
-  if hw < m:
-    tails = lax.all_to_all(mine[:, hw:], fast, 0, 0, tiled=True)  # (L, m - hw): from (h, l')
+  if hw < m:  # (L, m - hw): from (h, l')
+    tails = lax.all_to_all(mine[:, hw:], split_axis=0, concat_axis=0, tiled=True,
+                           **grid.over("fast"))
   frames = jnp.where(own[:, None], jnp.uint8(0), recv[:, :fmt.FRAME_HEADER_BYTES])
   flags = jnp.where(own, recv[:, flag_at], jnp.uint8(0))
   fallback = codec.any_overflow(frames, capacity) | jnp.any(flags != 0)

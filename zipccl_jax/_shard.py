@@ -5,6 +5,7 @@ Nothing here moves data; every function runs at trace time (or adds a `pcast`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import os
@@ -151,6 +152,53 @@ def _ppermute_order(axis_name):
       bound = ()
   order = sorted(range(len(axes)), key=lambda i: bound.index(axes[i]) if axes[i] in bound else i)
   return axes, order, [int(lax.axis_size(a)) for a in axes]
+
+
+def level_groups(H: int, L: int, level: str) -> list:
+  """The ``axis_index_groups`` of one level of an axis of ``H x L`` ranks, rank ``h * L + l`` on
+  host ``h``: the hosts' ``L`` ranks (``"fast"``), or the ``H`` ranks of each local index
+  (``"slow"``), each in ascending rank, so a rank's position in its group is ``l``, or ``h``."""
+  if level == "fast":
+    return [[h * L + l for l in range(L)] for h in range(H)]
+  return [[h * L + l for h in range(H)] for l in range(L)]
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoLevels:
+  """Where a two-level collective runs: over the mesh axes ``(slow, fast)`` (`axis` None), or over
+  ONE axis of ``H x L`` ranks, rank ``h * L + l`` on host ``h``, each level a collective over its
+  `level_groups` of that axis (`strategy.levels.use_levels`). Device ``(h, l)`` is the same rank
+  both ways, so a program written against this gives the same bits on either mesh."""
+  slow: str
+  fast: str
+  H: int
+  L: int
+  axis: object = None
+
+  @property
+  def axes(self):
+    """The ``axis_name`` of a collective over every rank."""
+    return (self.slow, self.fast) if self.axis is None else self.axis
+
+  def over(self, level: str) -> dict:
+    """``axis_name`` (and ``axis_index_groups``) of a collective over one level ("slow", "fast")."""
+    if self.axis is None:
+      return {"axis_name": self.slow if level == "slow" else self.fast}
+    return {"axis_name": self.axis, "axis_index_groups": level_groups(self.H, self.L, level)}
+
+  def coords(self):
+    """``(h, l)``, int32 scalars varying over the collective's axes (as its data)."""
+    if self.axis is None:
+      return tuple(vary(lax.axis_index(a).astype(jnp.int32), (self.slow, self.fast))
+                   for a in (self.slow, self.fast))
+    r = vary(lax.axis_index(self.axis).astype(jnp.int32), (self.axis,))
+    return r // self.L, r % self.L
+
+  def rank(self):
+    """``(h, l) -> `` the rank `lax_ppermute` over `axes` means by that device."""
+    if self.axis is None:
+      return ppermute_rank((self.slow, self.fast))
+    return lambda c: int(c[0]) * self.L + int(c[1])
 
 
 def manual_axes(axis_name) -> tuple:

@@ -4,9 +4,10 @@ Real clusters have two levels: devices inside a host talk over a fast link, host
 A collective over a tuple of two mesh axes such as ``("host", "local")`` can run *flat* (one
 ``jax.lax`` collective over both axes) or *hierarchically*, as one collective per axis, in the
 order that moves the fewest bytes over the slow link, each phase raw or compressed. all_gather,
-psum_scatter and psum (``check_vma=False``) over ONE axis that spans hosts
-(`strategy.levels.use_levels`) run the same phases, each a collective over the level's
-``axis_index_groups`` of that axis (`strategy.levels.level_groups`):
+psum_scatter, all_to_all and psum (``check_vma=False``) over ONE axis that spans hosts
+(`strategy.levels.use_levels`) run the same programs, each level's collectives over its
+``axis_index_groups`` of that axis and all_to_all's exchanges over every rank over the axis
+itself (`_shard.TwoLevels`):
 
 ==============  ==============================================  ===============================
 collective      hierarchical phases (device ``(h, l)``)         bytes over the slow link
@@ -103,9 +104,9 @@ from jax import lax
 from zipccl_jax import _by_rounds, _exchange, _mixed, accounting, strategy
 from zipccl_jax._bits import uint_of
 from zipccl_jax._linear import linear
-from zipccl_jax._shard import check_vma_on, ppermute_rank
+from zipccl_jax._shard import TwoLevels, check_vma_on
 from zipccl_jax.observation import record_frames
-from zipccl_jax.strategy.levels import LevelPlan, level_groups
+from zipccl_jax.strategy.levels import LevelPlan
 
 __all__ = ["run"]
 
@@ -123,17 +124,16 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward
   """
   H, L = lp.sizes
   capacity = "observed" if capacity is None else capacity
+  grid = _grid(lp)
 
   def phase(op, v, level, part="", **kw):  # part: psum's gathers log apart from its scatters
     axis = lp.slow if level == "slow" else lp.fast
     c = lp.compress[axis]
     if op == "psum_scatter":
       kw["fixed_order"] = lp.fixed_order
-    name = f"{lp.site}/{part}{axis}"
-    if lp.axis is not None:  # one axis split into levels (use_levels): the level's groups of it
-      axis, kw["axis_index_groups"] = lp.axis, level_groups(H, L, level)
-    return fns[op](v, axis, compress=c, capacity=capacity if c else None, transport=transport,
-                   name=name, **kw)
+    where = grid.over(level)  # the level's axis, or its groups of the one axis (use_levels)
+    return fns[op](v, where.pop("axis_name"), compress=c, capacity=capacity if c else None,
+                   transport=transport, name=f"{lp.site}/{part}{axis}", **where, **kw)
 
   if lp.op == "all_gather":
     return _all_gather(x, args, H, L, phase)
@@ -151,6 +151,10 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward
                             site=f"{lp.site}/{lp.slow}", role=lp.role)
   return linear(functools.partial(_all_to_all, args=args, lp=lp, phase=phase, cross=cross),
                 lambda ct: backward(ct, (concat, split, tiled)), x)
+
+
+def _grid(lp: LevelPlan) -> TwoLevels:
+  return TwoLevels(lp.slow, lp.fast, *lp.sizes, lp.axis)
 
 
 def _all_gather(x, args, H, L, phase):
@@ -243,12 +247,12 @@ def _mixed_exchange(rows, x, lp, args, site, C):
   split, concat, tiled = args
   dt = np.dtype(x.dtype)
   record_frames(site, "all_to_all", lambda: rows)
-  axes = (lp.slow, lp.fast)
+  grid = _grid(lp)
   xs_shape = (x.shape[split],) + x.shape[:split] + x.shape[split + 1:]
 
   def raw():  # the flat jax.lax all_to_all on the bits of x rebuilt from `rows` (one operand buffer)
     x_again = jnp.moveaxis(rows.reshape(xs_shape), 0, split)
-    return _exchange.raw_bits(lambda u: lax.all_to_all(u, axes, split, concat, tiled=tiled),
+    return _exchange.raw_bits(lambda u: lax.all_to_all(u, grid.axes, split, concat, tiled=tiled),
                               x_again)
 
   def finish(got):  # the layout copies on bit patterns (under vmap XLA:CPU may copy via float32)
@@ -256,8 +260,7 @@ def _mixed_exchange(rows, x, lp, args, site, C):
     out = _a2a_assemble(bits, x, split, concat, tiled)
     return lax.bitcast_convert_type(out, dt)
 
-  return _mixed.exchange_mixed(rows, slow=lp.slow, fast=lp.fast, capacity=C, site=site,
-                                  raw=raw, finish=finish)
+  return _mixed.exchange_mixed(rows, grid=grid, capacity=C, site=site, raw=raw, finish=finish)
 
 
 def _all_to_all(x, args, lp, phase, cross):
@@ -270,7 +273,7 @@ def _all_to_all(x, args, lp, phase, cross):
   xs = jnp.moveaxis(x, split, 0)
   m = x.size // n
   rows = xs.reshape(H, L * m)                           # [dest h'], row for (h', l') at l' * m
-  h = lax.axis_index(lp.slow)
+  h = _grid(lp).coords()[0]
   # sliced as bits: under vmap XLA:CPU computes a bfloat16 slice in float32 and quiets NaN payloads
   own = _exchange.raw_bits(lambda u: lax.dynamic_index_in_dim(u, h, 0, keepdims=False), rows)
   own = own.reshape(L, m)
@@ -305,21 +308,20 @@ def _cross_hosts(rows, lp, *, compress: bool, capacity, site: str, role: str):
   """
   H, L = lp.sizes
   n, m = rows.shape
-  axes = (lp.slow, lp.fast)
+  grid = _grid(lp)
   rounds = _rounds(H, L)
   t = np.array([r[0] for r in rounds], np.int32)
   s = np.array([r[1] for r in rounds], np.int32)
-  h = lax.axis_index(lp.slow).astype(jnp.int32)
-  l = lax.axis_index(lp.fast).astype(jnp.int32)
+  h, l = grid.coords()
   dest = ((h + t) % H) * L + (l + s) % L                       # (R,): the row sent in round r
   src = np.arange(n, dtype=np.int32)
   own = jnp.asarray(src // L) == h                             # (n,): rows of the own host
   arrival = jnp.where(own, 0, ((h - src // L) % H - 1) * L + (l - src % L) % L)  # round of row j
-  rank = ppermute_rank(axes)                                   # ppermute's numbering (_compat)
+  rank = grid.rank()                                           # ppermute's numbering (_compat)
   perms = [[(rank((a, b)), rank(((a + ti) % H, (b + si) % L))) for a in range(H) for b in range(L)]
            for ti, si in rounds]
 
-  route = dict(axes=axes, perms=perms, send=dest, arrival=arrival)
+  route = dict(axes=grid.axes, perms=perms, send=dest, arrival=arrival)
   dt = np.dtype(rows.dtype)
   plan = strategy.plan("all_to_all", dt, m, axis_size=n, compress=compress, capacity=capacity,
                        role=role, site=site, axis_name=lp.slow)
@@ -335,5 +337,5 @@ def _rounds_exchange(rows, plan, route, own, lp, site):
     accounting.count(site, jnp.bool_(False))
     return _by_rounds.raw_rounds(rows, **route)
   record_frames(site, "all_to_all", lambda: rows)
-  return _by_rounds.exchange_rounds(rows, **route, skip=own, flag_axis=lp.fast,
+  return _by_rounds.exchange_rounds(rows, **route, skip=own, flag_over=_grid(lp).over("fast"),
                                     capacity=plan.capacity, site=site)

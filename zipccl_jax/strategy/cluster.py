@@ -500,8 +500,9 @@ def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
           "links": f"per device, {top.link_source}; flat collectives over both levels: "
                    "zipccl_jax.model docstring; no overlap of compute and communication",
           "levels": "the two-level programs run over mesh axes (host, local), or for all_gather, "
-                    "psum_scatter and psum (check_vma=False) over one axis across hosts declared "
-                    "with zipccl_jax.use_levels; psum's is psum_scatter's then all_gather's"}
+                    "psum_scatter, all_to_all and psum (check_vma=False) over one axis across "
+                    "hosts declared with zipccl_jax.use_levels; psum's is psum_scatter's then "
+                    "all_gather's"}
 
 
 def sweep(top: Topology, calls: list[Call], scales, rates_Bps, *, compute_s: float = 0.0) -> dict:

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from zipccl_jax import _mixed
-from zipccl_jax._shard import axis_size, batched, check_vma_on
+from zipccl_jax._shard import axis_size, batched, check_vma_on, level_groups
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.strategy.decision import Decision, decide, log_decision
 from zipccl_jax.strategy.profile import axis_key, current_platform, get_profile
@@ -48,7 +48,7 @@ __all__ = ["LevelPlan", "plan", "choose", "use_algorithm", "use_levels", "pinned
 
 
 OPS = ("all_gather", "psum_scatter", "all_to_all", "psum")
-SPLIT_OPS = ("all_gather", "psum_scatter", "psum")  # over one axis split into levels (`use_levels`)
+SPLIT_OPS = ("all_gather", "psum_scatter", "psum", "all_to_all")  # over one axis split into levels
 PROGRAM_OPS = ("all_gather", "psum_scatter", "all_to_all")  # calibrate measures their programs
 
 
@@ -143,15 +143,16 @@ def use_levels(per_host: dict, levels=("host", "local")):
   Users write one axis across hosts (``fsdp``, ``data``): its ``n`` ranks are ``H = n / L`` hosts
   of ``L = per_host[axis]`` devices, rank ``h * L + l`` on host ``h`` (a mesh made host-major, as
   ``jax.make_mesh`` and ``mesh_utils.create_device_mesh`` make one). :func:`all_gather`,
-  :func:`psum_scatter` and, under ``check_vma=False``, :func:`psum` over such an axis then cost
-  flat (the ``jax.lax`` call as written, or flat compressed) against the hierarchical programs,
-  whose phases are collectives over the level's
+  :func:`psum_scatter`, :func:`all_to_all` and, under ``check_vma=False``, :func:`psum` over such
+  an axis then cost flat (the ``jax.lax`` call as written, or flat compressed) against the
+  hierarchical programs, whose phases are collectives over the level's
   ``axis_index_groups`` of the axis: the ``L`` ranks of a host (``fast``), the ``H`` ranks of one
   local index (``slow``). The links are the profile's for ``levels`` (``Profile.links["host"]``,
   ``["local"]`` and ``["host,local"]``, what :func:`zipccl_jax.calibrate` measures over a mesh
   with those two axes, or ``zipccl_jax.model.Topology(...).profile()``); :func:`use_algorithm`
-  pins apply as for a tuple. all_to_all over the axis stays flat, and so does psum with
-  ``check_vma``: jax types its result invariant over the axis, which grouped gathers cannot give.
+  pins apply as for a tuple (all_to_all's exchange over every rank runs over the axis itself).
+  psum with ``check_vma`` stays flat: jax types its result invariant over the axis, which grouped
+  gathers cannot give.
 
   Args:
     per_host: ``{axis name: devices per host}``, each an int >= 2.
@@ -187,15 +188,6 @@ def _split(axis_name):
   if not isinstance(one, str) or one not in declared[0]:
     return None
   return declared[0][one], declared[1]
-
-
-def level_groups(H: int, L: int, level: str) -> list:
-  """The ``axis_index_groups`` of one level of an axis of ``H x L`` ranks, rank ``h * L + l`` on
-  host ``h``: the hosts' ``L`` ranks (``"fast"``), or the ``H`` ranks of each local index
-  (``"slow"``), each in ascending rank, so a rank's position in its group is ``l``, or ``h``."""
-  if level == "fast":
-    return [[h * L + l for l in range(L)] for h in range(H)]
-  return [[h * L + l for h in range(H)] for l in range(L)]
 
 
 def pinned() -> tuple:
