@@ -212,3 +212,28 @@ def test_calibrate_keeps_every_size_it_measured():
       checked += 1
   assert checked >= 6
   assert Profile.from_json(prof.to_json()).links == prof.links
+
+
+def test_levels_per_collective_cost_each_collective_with_its_own_link():
+  """A level given per collective (what calibrate measures per level): the level's all_gather costs its
+  all_gather link, other collectives "*"; the flat all_gather composes the levels' all_gather links, the flat
+  all_to_all their all_to_all links; a shared link divides each; a table without "*" is refused."""
+  from zipccl_jax.model import Topology
+  H, L = 2, 4
+  a2a_h, ag_h = LinkModel(1e-4, 2e7), LinkModel(1e-4, 3e7)
+  a2a_l, ag_l = LinkModel(1e-5, 3e8), LinkModel(1e-5, 5e8)
+  inter = {"all_to_all": a2a_h, "all_gather": ag_h, "*": a2a_h}
+  intra = {"all_to_all": a2a_l, "all_gather": ag_l, "*": a2a_l}
+  p = Topology(H, L, inter, intra, platform="cpu").profile()
+  assert p.link("host", "all_gather", "cpu")[0] == ag_h and p.link("local", "all_gather", "cpu")[0] == ag_l
+  assert p.link("host", "ppermute", "cpu")[0] == a2a_h
+  flat = p.links["host,local"]
+  assert flat["all_gather"] == flat_links(H, L, ag_h, ag_l)["all_gather"]
+  assert flat["all_to_all"] == flat_links(H, L, a2a_h, a2a_l)["all_to_all"]
+  one = Topology(H, L, a2a_h, a2a_l, platform="cpu").profile()   # one link per level: every collective's
+  assert one.link("local", "all_gather", "cpu")[0] == a2a_l
+  shared = Topology(H, L, inter, intra, platform="cpu", shared_link="host").profile()
+  assert shared.link("host", "all_gather", "cpu")[0].bandwidth_Bps == pytest.approx(3e7 / L)
+  assert Topology(H, L, inter, intra).level_links() == (a2a_h, a2a_l)
+  with pytest.raises(ValueError, match="inter per collective needs a '\\*' LinkModel"):
+    Topology(H, L, {"all_gather": ag_h}, intra)
