@@ -51,17 +51,25 @@ def _uint_like(dtype):
     return {2: jnp.uint16, 4: jnp.uint32}[jnp.dtype(dtype).itemsize]
 
 
-def _call(coll: str):
-    """f(module, v, **kw): the collective over AXES with the benchmark's fixed layout arguments."""
+def _call(coll: str, axes=AXES):
+    """f(module, v, **kw): the collective over `axes` with the benchmark's fixed layout arguments."""
     if coll == "all_to_all":
-        return lambda m, v, **kw: m.all_to_all(v, AXES, 0, 0, tiled=True, **kw)
+        return lambda m, v, **kw: m.all_to_all(v, axes, 0, 0, tiled=True, **kw)
     if coll == "all_gather":
-        return lambda m, v, **kw: m.all_gather(v, AXES, axis=0, tiled=True, **kw)
+        return lambda m, v, **kw: m.all_gather(v, axes, axis=0, tiled=True, **kw)
     if coll == "psum_scatter":
-        return lambda m, v, **kw: m.psum_scatter(v, AXES, scatter_dimension=0, tiled=True, **kw)
+        return lambda m, v, **kw: m.psum_scatter(v, axes, scatter_dimension=0, tiled=True, **kw)
     if coll == "psum":
-        return lambda m, v, **kw: m.psum(v, AXES, **kw)
+        return lambda m, v, **kw: m.psum(v, axes, **kw)
     raise ValueError(coll)
+
+
+# The same collective written over ONE mesh axis ("i": the h * L + l devices of the tuple mesh, in its
+# order) declared as hosts of L devices (zipccl_jax.use_levels), as users write `expert` or `fsdp`: the
+# two-level program with the host level coded, and compress="auto" (psum stays flat over one axis under
+# shard_map's default check_vma, so it has none). Each must give the bits of its tuple twin.
+ONE_AXIS = "i"
+ONE_AXIS_OPS = ("all_to_all", "all_gather", "psum_scatter")
 
 
 # What "auto" runs, by the algorithm it chose: the variant tracing the same program (same phases, modes,
@@ -71,8 +79,9 @@ _SAME_PROGRAM = {"hierarchical(host:r,local:r)": "hierarchical_raw",
                  "hierarchical(host:c,local:c)": "hierarchical_all_compressed"}
 
 
-def variants(coll: str, zc, site: str) -> dict[str, dict]:
-    """name -> {'algorithm', 'compress', 'reference', 'body'} for one collective over AXES (call site `site`).
+def variants(coll: str, zc, site: str, per_host: int | None = None) -> dict[str, dict]:
+    """name -> {'algorithm', 'compress', 'reference', 'body'} for one collective over AXES (call site `site`),
+    and with `per_host`, the one-axis variants (``one_axis`` True: their body runs over ONE_AXIS).
 
     ``lax_bits`` is jax.lax on the bit patterns (XLA:CPU widens BF16 collectives to F32 on the wire, so lax on
     BF16 itself is no fair baseline); for psum_scatter it is an all_to_all of the bits plus a local float32
@@ -121,6 +130,22 @@ def variants(coll: str, zc, site: str) -> dict[str, dict]:
                      "reference": data_ref or ("hierarchical_raw" if name != "hierarchical_raw" else None)}
     # "auto": compress="auto" and the algorithm from the cost model (reference set once it has chosen)
     out["auto"] = {"algorithm": "auto", "compress": "auto", "reference": data_ref, "body": body("auto", "auto")}
+    if per_host is None or coll not in ONE_AXIS_OPS:
+        return out
+    call1 = _call(coll, ONE_AXIS)
+
+    def body1(mode, alg, levels=None):
+        def f(v):
+            with pinned(alg, levels), order(), zc.use_levels({ONE_AXIS: per_host}):
+                return call1(zc, v, compress=mode, name=site + "/one_axis")
+        return f
+
+    host_coded = {"host": True, "local": False}
+    out["one_axis_compressed"] = {"algorithm": "hierarchical", "compress": host_coded, "one_axis": True,
+                                  "body": body1(True, "hierarchical", host_coded),
+                                  "reference": "hierarchical_compressed"}  # the tuple's bits
+    out["one_axis_auto"] = {"algorithm": "auto", "compress": "auto", "one_axis": True, "reference": data_ref,
+                            "body": body1("auto", "auto")}
     return out
 
 
@@ -135,7 +160,8 @@ def _mesh_and_sharding(h: int, l: int):
     for i in range(h):  # the "host" axis must be the process axis, or the shaped link splits nothing
         assert {d.process_index for d in grid[i]} == {i}, f"row {i} of the mesh spans processes: {grid[i]}"
     mesh = Mesh(grid, AXES)
-    return mesh, NamedSharding(mesh, P(AXES))
+    one = Mesh(grid.reshape(-1), (ONE_AXIS,))  # device h * L + l at rank h * L + l, as over the tuple
+    return mesh, NamedSharding(mesh, P(AXES)), NamedSharding(one, P(ONE_AXIS))
 
 
 def _local_payload(case, rank: int, h: int, l: int, args):
@@ -164,11 +190,12 @@ def worker_mesh(args) -> None:
     zs = importlib.import_module("zipccl_jax.strategy")
 
     rank = args.rank
-    mesh, shard = _mesh_and_sharding(h, l)
+    mesh, shard, shard1 = _mesh_and_sharding(h, l)
     ctl = _netns.ControlDir(Path(args.ctl))
 
-    def sm(body):
-        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P(AXES), out_specs=jax.P(AXES)))
+    def sm(body, one_axis=False):
+        on = shard1 if one_axis else shard
+        return jax.jit(jax.shard_map(body, mesh=on.mesh, in_specs=on.spec, out_specs=on.spec))
 
     def log(*a):
         if rank == 0:
@@ -192,9 +219,12 @@ def worker_mesh(args) -> None:
     for case in cases:
         coll = case[0]
         gx = jax.make_array_from_process_local_data(shard, _local_payload(case, rank, h, l, args))
-        vs = variants(coll, zc, f"{coll}:{case[1]}")
+        # the same device buffers as an array over the one-axis mesh (no copy)
+        gx1 = jax.make_array_from_single_device_arrays(gx.shape, shard1, [s.data for s in gx.addressable_shards])
+        vs = variants(coll, zc, f"{coll}:{case[1]}", per_host=l)
         for v in vs.values():
-            v["fn"] = sm(v["body"])
+            v["fn"] = sm(v["body"], v.get("one_axis", False))
+            v["x"] = gx1 if v.get("one_axis") else gx
         prepared.append((case, gx, vs))
         log(f"prepared {coll}:{case[1]} global {gx.shape} {gx.dtype} variants {sorted(vs)}")
 
@@ -255,17 +285,17 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
         if v["compress"] == "auto":
             zs.reset_decisions()
             with zc.use_profile(prof if prof is not None else zc.get_profile()):
-                v["fn"] = sm(v["body"])
-                v["fn"].lower(gx).compile()
+                v["fn"] = sm(v["body"], v.get("one_axis", False))
+                v["fn"].lower(v["x"]).compile()
             ds = zc.decisions()
             plans[name] = [d.summary() for d in ds.values()]
             levels = [d for s_, d in ds.items() if s_.endswith(" [levels]")]
-            if name == "auto":  # the algorithm the model chose decides the reference
+            if name in ("auto", "one_axis_auto"):  # the algorithm the model chose decides the reference
                 v["chosen"] = levels[0].algorithm if levels else "flat"
                 v["same_as"] = "flat_auto" if v["chosen"] == "flat" else _SAME_PROGRAM.get(v["chosen"])
                 if coll in ("psum_scatter", "psum"):
                     v["reference"] = "flat_raw" if v["chosen"] == "flat" else "hierarchical_raw"
-    outs = {name: np.asarray(v["fn"](gx).addressable_data(0)).view(np.uint8) for name, v in vs.items()}
+    outs = {name: np.asarray(v["fn"](v["x"]).addressable_data(0)).view(np.uint8) for name, v in vs.items()}
     identical = {name: (None if v["reference"] is None else
                         not anywhere(not np.array_equal(outs[name], outs[v["reference"]])))
                  for name, v in vs.items()}
@@ -277,7 +307,7 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
             v = vs[name]
             barrier()
             t0 = time.perf_counter()
-            v["fn"](gx).block_until_ready()
+            v["fn"](v["x"]).block_until_ready()
             if rep >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
     names = sorted(vs)
@@ -289,7 +319,8 @@ def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywher
         reps = [float(t) for t in slowest[i]]
         v = vs[name]
         records.append({
-            "mesh": args.mesh, "axes": list(AXES), "collective": coll, "payload": payload, "dtype": dtype,
+            "mesh": args.mesh, "axes": [ONE_AXIS] if v.get("one_axis") else list(AXES), "collective": coll,
+            "payload": payload, "dtype": dtype,
             "tensor": tensor if args.corpus else "synthetic_gaussian", "global_shape": list(gx.shape),
             "rate_gbit": go["rate_gbit"], "link_MBps": go.get("link_MBps"), "variant": name,
             "algorithm": v.get("chosen", "flat" if v["algorithm"] == "auto" else v["algorithm"]).split("(")[0],

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FLAT_RUN = RESULTS / "collectives_heldout.json"
+FLAT_RUN = RESULTS / "collectives_heldout_se_rule.json"
 # Every two-level variant of the four ops, in one run of today's programs (`collectives.py --mesh 2x4 --cases
 # all_to_all:moe_dispatch,all_gather:params_moe_experts,psum_scatter:grads_moe_experts,psum:grads_moe_experts`;
 # the runs before it, mesh_2x4_heldout.json and mesh_2x4_psum.json, timed older programs or one op)
@@ -45,6 +45,8 @@ PROFILE_RUN = RESULTS / "mesh_2x4_all_ops.json"
 # (train_step_4p.json predates the held-out calibration; its compute and timings come from that run).
 STEP_PROFILE_RUN = RESULTS / "mesh_2x4_session7.json"
 STEP_RUN = RESULTS / "train_step_4p.json"
+# The loopback rate per shaped rate of the machine and session the step ran on (its run measured none)
+STEP_LINK_RUN = RESULTS / "collectives_heldout.json"
 STEP_WORKLOAD = RESULTS / "workload_moe_flax_1x4.json"
 # The runs above measured zipccl's raw programs as they were then: the reductions' fixed-order
 # all-to-all and sum (today `fixed_order=True`; raw is now jax.lax's call), and the hierarchical
@@ -179,13 +181,13 @@ def training_step(prof) -> list[dict]:
     zm = _zs()
     runs = json.loads(STEP_RUN.read_text())["runs"]
     calls = [zm.Call(**c) for c in json.loads(STEP_WORKLOAD.read_text())]
-    flat = {r["rate_gbit"]: r["link_MBps"] for r in json.loads(FLAT_RUN.read_text())}  # TCP, as measured
+    flat = {r["rate_gbit"]: r["link_MBps"] for r in json.loads(STEP_LINK_RUN.read_text())}  # TCP, measured
     lat = prof.link("host", "*", "cpu")[0].latency_s
     rows = []
     for rate in sorted({r["rate_gbit"] for r in runs if r["rate_gbit"] is not None}):
         by = {r["variant"]: r for r in runs if r["rate_gbit"] == rate}
         compute = statistics.median(c for run in by["uncompressed"]["run_step_cpu_s"] for c in run[1:])
-        mbps = flat[rate]  # the flat sweep's loopback TCP at this rate (the step's run measured none)
+        mbps = flat[rate]  # that session's loopback TCP at this rate (the step's run measured none)
         top = zm.Topology(4, 1, _link(lat, mbps * 1e6), platform="cpu", shared_link=True, base=prof)
         preds = [zm.predict_call(top, c, fixed_order=FIXED_ORDER) for c in calls]
         raw = compute + sum(c.calls * p["zipccl_raw_time_s"] for c, p in zip(calls, preds))

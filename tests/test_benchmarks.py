@@ -202,7 +202,8 @@ MESH_FIELDS = ("mesh", "axes", "collective", "algorithm", "compress", "plan", "m
 
 
 def test_collectives_benchmark_mesh_smoke(tmp_path):
-    """--mesh 2x4: 2 processes x 4 devices, one record per variant, every zipccl result bit-identical."""
+    """--mesh 2x4: 2 processes x 4 devices, one record per variant, every zipccl result bit-identical; the
+    one-axis variants (the same collective over one axis declared as the levels) give their tuple twin's bits."""
     out = tmp_path / "mesh.json"
     cmd = [sys.executable, str(BENCH / "collectives.py"), "--mesh", "2x4", "--no-netns", "--rates", "unshaped",
            "--max-elems", "16384", "--reps", "2", "--warmup", "1", "--timeout", "240", "--json", str(out)]
@@ -213,7 +214,8 @@ def test_collectives_benchmark_mesh_smoke(tmp_path):
         tuple(c.split(":")) for c in _twolevel.DEFAULT_CASES}
     for x in records:
         assert all(k in x for k in MESH_FIELDS), x.keys()
-        assert x["mesh"] == "2x4" and x["axes"] == ["host", "local"]
+        one_axis = x["variant"].startswith("one_axis")
+        assert x["mesh"] == "2x4" and x["axes"] == (["i"] if one_axis else ["host", "local"])
         assert x["median_s"] > 0 and x["spread_s"] >= 0 and len(x["rep_times_s"]) == 2
         assert x["algorithm"] in ("flat", "hierarchical") and x["compress"] in (True, False, "auto")
         if x["reference"] is not None:
@@ -223,6 +225,11 @@ def test_collectives_benchmark_mesh_smoke(tmp_path):
         if x["variant"] == "auto":  # the links-only prediction's profile, measured at sizes no case has
             assert x["model_profile"]["links"]["host"] and x["model_profile"]["links"]["local"], x
     assert any(x["variant"] == "flat_compressed" for x in records)
+    for op in _twolevel.ONE_AXIS_OPS:
+        mine = {x["variant"]: x for x in records if x["collective"] == op and x["variant"].startswith("one_axis")}
+        assert set(mine) == {"one_axis_compressed", "one_axis_auto"}, mine
+        assert mine["one_axis_compressed"]["reference"] == "hierarchical_compressed"
+        assert mine["one_axis_compressed"]["bit_identical"] is True
 
 
 def test_train_step_benchmark_smoke(tmp_path):

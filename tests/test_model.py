@@ -303,8 +303,8 @@ def test_flat_sweep_within_15_percent_where_the_link_binds(check):
   # raw and compressed in every case (README.md quotes how often it was the better one). The choice is what
   # auto ran in the benchmark (its own profile; the model predicts from a held-out one where the run has it)
   # Outside that, only a near tie: a case whose held-out prediction of compressed / raw is within 10% of 1
-  # (the crossover, where a 10% model error picks either side; the held-out run's one: FP32 psum_scatter at
-  # 2.5 Gbit/s, raw at 1.057x the compressed time, predicted 1.076).
+  # (the crossover, where a 10% model error picks either side; the run before this one had one: FP32
+  # psum_scatter at 2.5 Gbit/s, raw at 1.057x the compressed time, predicted 1.076; this run has none).
   misses = []
   for r in flat:
     ran = r["meas_auto_choice"]
