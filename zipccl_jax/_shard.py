@@ -192,7 +192,8 @@ class TwoLevels:
       return tuple(vary(lax.axis_index(a).astype(jnp.int32), (self.slow, self.fast))
                    for a in (self.slow, self.fast))
     r = vary(lax.axis_index(self.axis).astype(jnp.int32), (self.axis,))
-    return r // self.L, r % self.L
+    L = jnp.int32(self.L)
+    return lax.div(r, L), lax.rem(r, L)  # r >= 0: truncation, no floor's sign fix-ups
 
   def rank(self):
     """``(h, l) -> `` the rank `lax_ppermute` over `axes` means by that device."""
