@@ -66,8 +66,9 @@ def _call(coll: str, axes=AXES):
 
 # The same collective written over ONE mesh axis ("i": the h * L + l devices of the tuple mesh, in its
 # order) declared as hosts of L devices (zipccl_jax.use_levels), as users write `expert` or `fsdp`: the
-# two-level program with the host level coded, and compress="auto" (psum stays flat over one axis under
-# shard_map's default check_vma, so it has none). Each must give the bits of its tuple twin.
+# two-level program with the host level coded, flat compressed (the control: one mesh axis against two,
+# the same program), and compress="auto" (psum stays flat over one axis under shard_map's default
+# check_vma, so it has none). Each must give the bits of its tuple twin.
 ONE_AXIS = "i"
 ONE_AXIS_OPS = ("all_to_all", "all_gather", "psum_scatter")
 
@@ -144,6 +145,8 @@ def variants(coll: str, zc, site: str, per_host: int | None = None) -> dict[str,
     out["one_axis_compressed"] = {"algorithm": "hierarchical", "compress": host_coded, "one_axis": True,
                                   "body": body1(True, "hierarchical", host_coded),
                                   "reference": "hierarchical_compressed"}  # the tuple's bits
+    out["one_axis_flat_compressed"] = {"algorithm": "flat", "compress": True, "one_axis": True,  # the control
+                                       "body": body1(True, "flat"), "reference": data_ref or "flat_compressed"}
     out["one_axis_auto"] = {"algorithm": "auto", "compress": "auto", "one_axis": True, "reference": data_ref,
                             "body": body1("auto", "auto")}
     return out
