@@ -116,6 +116,18 @@ def test_all_to_all_over_one_axis_runs_its_exchanges_over_the_axis(levels):
     assert host in text  # the own host's rows (and the coded rounds' flag sum)
 
 
+def test_jax_refuses_a_grouped_psum_under_check_vma():
+  """Why the coded rounds' overflow flag over one axis is an all_gather over each host's group
+  (`_by_rounds.exchange_rounds`): jax's psum over axis_index_groups raises NotImplementedError in a
+  shard_map with check_vma (jax 0.10.2 to 0.12), where the tuple form's psum over `fast` is fine."""
+  mesh = Mesh(np.array(jax.devices()[:N]), ("i",))
+  groups = [[h * L + l for l in range(L)] for h in range(H)]
+  f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "i", axis_index_groups=groups), mesh=mesh,
+                            in_specs=P("i"), out_specs=P("i")))
+  with pytest.raises(NotImplementedError):
+    f(jnp.ones((N,), jnp.int32))
+
+
 def test_the_slow_phase_codes_over_hosts_the_fast_one_inside_them():
   """HLO: the coded all_gather runs over groups of H ranks (one per local index, u8 frames), the raw
   one over the L ranks of each host (u16)."""

@@ -48,7 +48,7 @@ def exchange_rounds(rows, *, axes, perms, send, arrival, skip, flag_over: dict, 
   flag = vary(over.astype(jnp.int32), axes_of(flag_over["axis_name"]))
   if flag_over.get("axis_index_groups") is None:
     group_over = lax.psum(flag, **flag_over) > 0
-  else:  # jax's psum over axis_index_groups raises NotImplementedError inside shard_map
+  else:  # jax's psum over axis_index_groups raises NotImplementedError under check_vma
     group_over = jnp.any(lax.all_gather(flag, **flag_over) > 0)
   fallback = codec.any_overflow(recv, capacity) | group_over
   accounting.count(site, fallback)

@@ -66,8 +66,8 @@ def exchange_mixed(rows, *, grid: TwoLevels, capacity: int, site: str, raw: Call
   hosts coded, the own host's raw.
 
   The "mixed slot" exchange (padded transport only; wire layout in the module docstring): one
-  all_to_all over every rank (`grid.axes`) of ``uint8[n, C]`` slots, where the slot of a rank of another
-  group holds the coded frame (the encoder skips the own group's rows) and the slot of a rank of
+  all_to_all over every rank (`grid.axes`) of ``uint8[n, C]`` slots, where the slot of a rank of
+  another group holds the coded frame (the encoder skips the own group's rows) and the slot of a rank of
   the own group holds the first ``min(C - 8, B)`` bytes of the row's bit pattern (``B = m *
   itemsize``) and, in its last 8 bytes, the sender's overflow flag; the rest of the own group's
   rows (when ``B > C - 8``) goes in one all_to_all over the fast level, as elements. The self row is

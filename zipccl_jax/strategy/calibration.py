@@ -386,9 +386,9 @@ def _iqr(v) -> float:
 
 
 def _median_se(v) -> float:
-  """The standard error of the median of the repetitions `v` (s): sqrt(pi / 2) sigma / sqrt(n), sigma
-  from the interquartile range (IQR / 1.349 for a normal spread). A median of n repetitions is
-  known to about this, not to the spread of one repetition."""
+  """The standard error of the median of the repetitions `v` (s): sqrt(pi / 2) sigma / sqrt(n),
+  sigma from the interquartile range (IQR / 1.349 for a normal spread). A median of n repetitions
+  is known to about this, not to the spread of one repetition."""
   return float(math.sqrt(math.pi / 2) * _iqr(v) / 1.349 / math.sqrt(max(1, len(v))))
 
 
@@ -488,7 +488,8 @@ def _in_situ(prof: Profile, h: _Harness, dname: str, raw_sent: int, role: str, s
   if applied:
     prof.codec[plat] = scaled
   return {"dtype": dt.name, "chunk_elems": m, "capacity": cap, "compressed_a2a_s": t_c,
-          "spread_s": max(v["q"] for v in allv), "median_se_s": noise, "codec_measured_s": k_meas, "codec_isolated_s": k_iso,
+          "spread_s": max(v["q"] for v in allv), "median_se_s": noise,
+          "codec_measured_s": k_meas, "codec_isolated_s": k_iso,
           "factor": factor, "applied": applied,
           "note": ("scaled" if applied else "out of bounds" if resolved
                    else "codec cost within twice its median's standard error")}
@@ -532,8 +533,8 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   codec model of the platform is scaled by (that cost / the isolated
   estimate), clamped to [1/4, 16], unless that cost is within twice the
   standard error of its median (from the repetitions' interquartile range) or
-  the scaled models leave the bounds: then the isolated models stay. ``meta["calibration"]["in_situ"]``
-  keeps the figures (``applied``, ``note``).
+  the scaled models leave the bounds: then the isolated models stay.
+  ``meta["calibration"]["in_situ"]`` keeps the figures (``applied``, ``note``).
 
   Choose ``link_bytes`` to span the messages of the program, and include the
   sizes of its large collectives (the bytes one device sends in the flat raw
