@@ -57,6 +57,7 @@ _OPS = {
     "psum_scatter": lambda v, **kw: zipccl_jax.psum_scatter(v, "i", tiled=True, **kw),
     "ppermute": lambda v, **kw: zipccl_jax.ppermute(v, "i", [(i, (i + 1) % 8) for i in range(8)], **kw),
 }
+_SYNC = ("all-to-all", "all-gather", "collective-permute", "all-reduce")  # plain, not a start/done pair
 _LINE = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*? (?P<op>[a-z\-]+)\(")
 
 
@@ -64,16 +65,23 @@ def scheduled(hlo: str) -> list[tuple[str, str]]:
     """(kind, name) of the entry computation's encodes, decodes (those outside conditionals), collective
     starts/dones, synchronous ragged-all-to-alls and conditionals, in the scheduled order (a scheduled module lists instructions in execution order)."""
     out = []
+    bodies = dict(re.findall(r"^%([\w.\-]+) .*?\{\n(.*?)^\}", hlo, re.M | re.S))  # computation -> its text
     for line in hlo[hlo.index("\nENTRY"):].splitlines()[1:]:
         m = _LINE.match(line)
         if not m:
             continue
         op = m.group("op")
+        called = re.search(r"calls=%([\w.\-]+)", line) if op == "fusion" else None
+        if called:  # XLA:GPU wraps a custom call reading a slice of its operand in a fusion (no copy)
+            line = bodies.get(called.group(1), "")
+            op = "custom-call"
         if op == "custom-call" and "zipccl_encode" in line:
             out.append(("encode", m.group("name")))
         elif op == "custom-call" and "zipccl_decode" in line:
             out.append(("decode", m.group("name")))
         elif op == "ragged-all-to-all":  # XLA:GPU runs it synchronously (no start/done pair)
+            out.append((op + " (sync)", m.group("name")))
+        elif op in _SYNC:  # XLA turns an async pair with nothing between start and done into this
             out.append((op + " (sync)", m.group("name")))
         elif op.endswith("-start"):  # XLA marks a collective it found nothing to overlap with sync
             out.append((op + (" (sync)" if '"is_sync":true' in line else " (async)"), m.group("name")))
@@ -83,11 +91,14 @@ def scheduled(hlo: str) -> list[tuple[str, str]]:
 
 
 def overlaps(seq):
-    """{collective start: [encodes, decodes and conditionals scheduled before its done]}."""
+    """{collective start: [encodes, decodes and conditionals scheduled before its done]}; a synchronous
+    all-to-all, all-gather, collective-permute or all-reduce: [] (nothing runs beside it)."""
     open_, out = {}, {}
     for kind, name in seq:
         if "-start" in kind:
             open_[name] = []
+        elif kind.split(" ")[0] in _SYNC:  # a transfer with nothing beside it
+            out[name] = []
         elif kind.endswith("-done"):
             start = next(iter(open_), None)
             if start is not None:

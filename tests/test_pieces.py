@@ -414,19 +414,29 @@ SCHEDULES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "result
 @pytest.mark.parametrize("path", SCHEDULES, ids=lambda p: p.stem)
 def test_pipeline_formula_follows_the_compiled_schedule(path):
   """The model's overlap (`programs.overlap_pattern`, which `pipeline_time` sums) is what XLA:GPU
-  scheduled: per transfer, in order, the encodes and decodes placed between its start and done, from
-  deviceless 8 x H100 compiles of the padded transport in K pieces (recorded by
-  `JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu python benchmarks/gpu_schedule.py --op OP
-  --pieces K --json ...` with jax 0.11.2 + jax-cuda12-plugin). The call's one conditional comes after
-  every decode."""
+  scheduled: per transfer, in order, the encodes and decodes placed between its start and done (a
+  synchronous collective: none), from deviceless 8 x H100 compiles of the padded transport in K
+  pieces (recorded by `JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu python
+  benchmarks/gpu_schedule.py --op OP --pieces K --json ...` with jax 0.11.2 + jax-cuda12-plugin).
+  The call's one conditional comes after every decode."""
   rec = json.loads(path.read_text())
-  k = rec["args"]["pieces"]
-  got = [(sum(w.startswith("encode") for w in work), sum(w.startswith("decode") for w in work))
-         for start, work in rec["overlaps"].items() if not start.startswith("all-reduce")]  # ppermute's flag
-  assert got == programs.overlap_pattern(k), (path.name, got)
+  k, op = rec["args"]["pieces"], rec["args"]["op"]
+  got = tuple((sum(w.startswith("encode") for w in work), sum(w.startswith("decode") for w in work))
+              for start, work in rec["overlaps"].items() if not start.startswith("all-reduce"))
+  assert got == programs.overlap_pattern(k, op), (path.name, got)
   kinds = [kind for kind, _ in rec["schedule"]]
   assert kinds.count("conditional") == 1 and kinds[-1] == "conditional", kinds
   assert kinds.count("decode") == k and kinds.count("encode") == k
+
+
+def test_every_scheduled_pattern_has_its_compiled_schedule():
+  """Each (op, K) of `programs.SCHEDULED` comes from a recorded schedule (the test above compares
+  them), and every K the strategy may pick on a GPU is in the table."""
+  recorded = {(json.loads(p.read_text())["args"]["op"], json.loads(p.read_text())["args"]["pieces"])
+              for p in SCHEDULES}
+  for op, by_k in programs.SCHEDULED.items():
+    assert set(by_k) == set(range(2, programs.MAX_PIECES + 1)), op
+    assert {(op, k) for k in by_k} <= recorded, op
 
 
 RAGGED_SCHEDULES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob(

@@ -232,7 +232,7 @@ def own_row(axis_name, n: int):
 
 
 def with_own_row(decoded, rows, skip):
-  """`decoded` (n, m) with the rows flagged in `skip` (n,) taken from `rows` ((n, m), or (m,) for all).
+  """`decoded` (n, m) with the rows flagged in `skip` (n,) taken from `rows` ((n, m) or m elements).
 
   One select on the bit patterns, which XLA fuses with the decoder's output: a row update
   (dynamic_update_slice on the bit view) cost three passes over it on XLA:CPU (bitcast, copy,
@@ -240,7 +240,7 @@ def with_own_row(decoded, rows, skip):
   """
   u = uint_of(rows.dtype)
   own = lax.bitcast_convert_type(rows, u)
-  bits = jnp.where(skip[:, None], own if own.ndim == 2 else own[None, :],
+  bits = jnp.where(skip[:, None], own.reshape(-1, decoded.shape[1]),
                    lax.bitcast_convert_type(decoded, u))
   return lax.bitcast_convert_type(bits, rows.dtype)
 
@@ -441,10 +441,11 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
   def padded(rows):
     if pieces > 1:
       def piece(r, cap):
-        fallback, coded = exchange_chain(r, axis_name, n, cap, eager=True)
+        fallback, coded = exchange_chain(r, axis_name, n, cap, eager=True, own=False)
         return fallback, coded()
-      fallback, got = in_pieces(rows, pieces, capacity, site, piece)
-      return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(got))
+      fallback, joined = in_pieces(rows, pieces, capacity, site, piece)
+      coded = lambda: with_own_row(joined(), rows, own_row(axis_name, n))  # noqa: E731
+      return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
     fallback, coded = exchange_chain(rows, axis_name, n, capacity)
     accounting.count(site, fallback)
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
@@ -460,15 +461,16 @@ def _ragged_call(rows, chain: Callable, pieces: int, capacity: int, site: str, f
   """One call on the ragged transport: `chain(rows, capacity)` -> (a row came raw, got), once or in
   `pieces` (`in_pieces`), counted once; returns `finish(got)`."""
   if pieces > 1:
-    return finish(in_pieces(rows, pieces, capacity, site, chain)[1])
+    return finish(in_pieces(rows, pieces, capacity, site, chain)[1]())
   any_raw, got = chain(rows, capacity)
   accounting.count(site, any_raw)
   return finish(got)
 
 
-def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
+def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False, own: bool = True):
   """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s);
-  `eager`: the decode runs outside the fallback's conditional (`decode_any`)."""
+  `eager`: the decode runs outside the fallback's conditional (`decode_any`); `own=False`: the own
+  row is zeros (the caller puts it in, `in_pieces`)."""
   skip = own_row(axis_name, n)
   payload, nbytes, _ = encode_rows(rows, capacity, skip)
   recv = lax.all_to_all(payload, axis_name, 0, 0, tiled=True, axis_index_groups=_GROUPS.get())
@@ -476,7 +478,7 @@ def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
   m = rows.shape[1]
   dec = (lambda: decode_any(recv, m, rows.dtype, skip)) if eager else \
       (lambda: decode_guarded(recv, fallback, m, rows.dtype, skip))
-  return fallback, lambda: with_own_row(dec(), rows, skip)
+  return fallback, (lambda: with_own_row(dec(), rows, skip)) if own else dec
 
 
 def ragged_rows(rows, axis_name, n: int, capacity: int):
@@ -566,10 +568,11 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
   def padded(x):
     if pieces > 1:
       def piece(r, cap):
-        fallback, coded = _gather_chain(r, axis_name, n, cap, invariant, eager=True)
+        fallback, coded = _gather_chain(r, axis_name, n, cap, invariant, eager=True, own=False)
         return fallback, coded()
-      fallback, got = in_pieces(x.reshape(1, x.size), pieces, capacity, site, piece)
-      return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(got))
+      fallback, joined = in_pieces(x.reshape(1, x.size), pieces, capacity, site, piece)
+      coded = joined if invariant else lambda: with_own_row(joined(), x, own_row(axis_name, n))
+      return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
     fallback, coded = _gather_chain(x, axis_name, n, capacity, invariant)
     accounting.count(site, fallback)
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
@@ -583,9 +586,10 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
   return by_transport(transport, padded, ragged, x)
 
 
-def _gather_chain(x, axis_name, n: int, capacity: int, invariant: bool, eager: bool = False):
+def _gather_chain(x, axis_name, n: int, capacity: int, invariant: bool, eager: bool = False,
+                  own: bool = True):
   """Encode `x` (m elements) -> all-gather -> (fallback flag, thunk decoding (n, m), row s from
-  rank s); `eager` as in `exchange_chain`."""
+  rank s); `eager` and `own` as in `exchange_chain`."""
   m = x.size
   payload, nbytes, _ = encode_rows(x.reshape(1, m), capacity)
   recv = (lax.all_gather(payload[0], axis_name, to="invarying") if invariant
@@ -601,22 +605,23 @@ def _gather_chain(x, axis_name, n: int, capacity: int, invariant: bool, eager: b
     if invariant:  # the result must not depend on the rank: decode every row
       return dec()
     skip = own_row(axis_name, n)
-    return with_own_row(dec(skip), x.reshape(m), skip)
+    return with_own_row(dec(skip), x.reshape(m), skip) if own else dec(skip)
 
   return fallback, coded
 
 
 def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable, count: bool = True):
   """The columns of `rows` (R, m) as `pieces` independent chains; returns (whether any piece fell
-  back or came raw, the results (R', m) concatenated).
+  back or came raw, a thunk concatenating the results into (R', m)).
 
   `piece(columns, capacity)` -> (flag, result (R', m_k)) runs one chain: encode, move, decode,
   with no conditional (a padded piece decodes whatever arrived, its flag says whether to use it;
   the caller's one `lax.cond` per call picks the raw collective if any piece overflowed: every
   rank sees the same poisoned frames, so the choice is uniform). No chain reads another's values
-  and no decode sits in a conditional with a collective, so where collectives run asynchronously
-  (GPU) XLA may overlap encoding piece k+1 and decoding piece k-1 with the transfer of piece k.
-  The call is counted once (a fallback if any piece fell back).
+  and no decode sits in a conditional with a collective, so XLA:GPU overlaps codec and transfers
+  (`strategy.programs.SCHEDULED`). The call is counted once (a fallback if any piece fell back).
+  The padded callers join the pieces (and put in the own row) in the coded branch: one fusion
+  then writes the conditional's result, where outside it each was one more result-sized buffer.
   """
   dt = rows.dtype
   u = uint_of(dt)
@@ -629,7 +634,7 @@ def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable, coun
   flag = jnp.any(jnp.stack(flags))
   if count:  # else the caller counts (ppermute: its flag is made uniform by a psum first)
     accounting.count(site, flag)
-  return flag, lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
+  return flag, lambda: lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
 
 
 def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, site: str,
@@ -674,8 +679,7 @@ def _permute_padded(x, axis_name, n: int, perm, capacity: int, site: str, raw: C
     def chain(r, cap):
       over, recv = move(r, cap)
       return over, decode_any(recv[None], r.shape[1], x.dtype)
-    over, got = in_pieces(x.reshape(1, m), pieces, capacity, site, chain, count=False)
-    decoded = lambda: got
+    over, decoded = in_pieces(x.reshape(1, m), pieces, capacity, site, chain, count=False)
   else:
     over, recv = move(x.reshape(1, m), capacity)
     decoded = ((lambda: decode_guarded(recv[None], any_over, m, x.dtype)) if every

@@ -9,9 +9,11 @@ A compressed all_to_all, all_gather, psum_scatter, psum or ppermute can code eac
 independent chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has three stages, encode
 (``e = T_e / K + o_e``: the phase's encode bytes / encode_Bps, the encode overhead per piece),
 transfer (``w = T_w / K + latency``) and decode (``d = T_d / K + o_d``), laid out as XLA:GPU
-schedules the padded transport's chains (`overlap_pattern`, read from the compiled schedule of
-benchmarks/gpu_schedule.py): encode k+1 runs during transfer k, the first K - 1 decodes during the
-last transfer, the last decode after it::
+schedules the padded transport's chains: per transfer, the encodes and decodes that run during it
+(`overlap_pattern`, a table per op and K read from the compiled schedules of
+benchmarks/gpu_schedule.py), and every other encode and decode in turn. For an all_to_all in
+K <= 4 pieces: encode k+1 runs during transfer k, the first K - 1 decodes during the last
+transfer, the last decode after it::
 
   t(K) = e + (K - 1) max(w, e) + max(w, (K - 1) d) + d      where transfers overlap codec
   t(K) = sum_s (T_s + K o_s)                                 otherwise (CPU, ragged)
@@ -135,27 +137,71 @@ def pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int):
   return out
 
 
-def overlap_pattern(pieces: int) -> list[tuple[int, int]]:
-  """(encodes, decodes) XLA:GPU runs during each of the `pieces` transfers of a padded coded
-  call, in order: one encode (the next piece's) during each transfer but the last, the K - 1
-  earlier decodes during the last (tests/test_pieces.py checks it against compiled schedules)."""
-  return [(1, 0)] * (pieces - 1) + [(0, pieces - 1)]
+# (encodes, decodes) XLA:GPU runs during each transfer of a padded coded call in K pieces, in order,
+# per op and K: the deviceless 8 x H100 compiles of jax 0.11.2's XLA:GPU, 16 MiB per device
+# (`python benchmarks/gpu_schedule.py --op OP --pieces K`, benchmarks/results/
+# gpu_schedule_{a2a,ag,pp}_k{K}_padded.json; tests/test_pieces.py compares every entry with them).
+# XLA's memory-minimising scheduler decides, so the pattern is not one formula: a ppermute runs
+# fewer decodes during its last transfer, and XLA combines some pieces' collectives into one (a
+# tuple with fewer transfers than pieces: all_gather at K = 6, 7, 8).
+SCHEDULED = {
+    "all_to_all": {
+        2: ((1, 0), (0, 1)),
+        3: ((1, 0), (1, 0), (0, 2)),
+        4: ((1, 0), (1, 0), (1, 0), (0, 3)),
+        5: ((1, 0), (1, 0), (1, 0), (1, 1), (0, 3)),
+        6: ((1, 0), (1, 0), (1, 0), (2, 0), (0, 2), (0, 3)),
+        7: ((1, 0), (1, 0), (2, 0), (2, 0), (0, 2), (0, 2), (0, 2)),
+        8: ((1, 0), (1, 0), (1, 0), (1, 0), (1, 0), (1, 0), (1, 0), (0, 7)),
+    },
+    "all_gather": {
+        2: ((1, 0), (0, 1)),
+        3: ((1, 0), (1, 0), (0, 2)),
+        4: ((1, 0), (1, 0), (1, 0), (0, 3)),
+        5: ((1, 0), (1, 0), (1, 0), (1, 0), (0, 4)),
+        6: ((2, 0), (2, 0), (0, 2)),
+        7: ((2, 0), (2, 0), (2, 0), (0, 3)),
+        8: ((2, 0), (2, 0), (2, 0), (0, 3)),
+    },
+    "ppermute": {
+        2: ((1, 0), (0, 0)),
+        3: ((1, 0), (1, 0), (0, 1)),
+        4: ((1, 0), (1, 0), (1, 0), (0, 2)),
+        5: ((1, 0), (1, 0), (1, 0), (1, 0), (0, 3)),
+        6: ((1, 0), (1, 0), (1, 0), (1, 0), (1, 0), (0, 5)),
+        7: ((1, 0), (1, 0), (1, 0), (1, 0), (1, 0), (1, 0), (0, 4)),
+        8: ((1, 0), (1, 0), (1, 0), (1, 0), (1, 0), (1, 0), (1, 0), (0, 5)),
+    },
+}
 
 
-def pipeline_time(stages, pieces: int, overlap: bool) -> float:
-  """Seconds for a message in `pieces` chains, summed over phases. With `overlap`, the first
-  encode, then each transfer beside what `overlap_pattern` runs during it, then the decodes left;
-  without, every stage of every piece one after another (``K = 1`` is the unpipelined time
-  either way)."""
+def overlap_pattern(pieces: int, op: str = "all_to_all") -> tuple[tuple[int, int], ...]:
+  """(encodes, decodes) XLA:GPU runs during each transfer of a padded coded call of `op` in
+  `pieces`, in order (`SCHEDULED`). An op or K not compiled there (psum's phases) takes the
+  pipeline all_to_all compiles to at K <= 4: the next piece's encode during each transfer but
+  the last, the K - 1 earlier decodes during the last."""
+  if pieces == 1:
+    return ((0, 0),)
+  got = SCHEDULED.get(op, {}).get(pieces)
+  return got if got is not None else ((1, 0),) * (pieces - 1) + ((0, pieces - 1),)
+
+
+def pipeline_time(stages, pieces: int, overlap: bool, op: str = "all_to_all") -> float:
+  """Seconds for a message in `pieces` chains, summed over phases. With `overlap`: each transfer
+  beside what `overlap_pattern` runs during it, and every encode and decode that runs beside no
+  transfer, in turn (a transfer carries pieces / transfers of the message: XLA may combine
+  pieces' collectives); without, every stage of every piece one after another (``K = 1`` is the
+  unpipelined time either way)."""
   t = 0.0
-  for phase in stages:
-    e, w, d = (total / pieces + fixed for total, fixed in phase)
+  pattern = overlap_pattern(pieces, op)
+  for (te, oe), (tw, lat), (td, od) in stages:
+    e, d = te / pieces + oe, td / pieces + od
     if not overlap:
-      t += pieces * (e + w + d)
+      t += pieces * (e + tw / pieces + lat + d)
       continue
-    pattern = overlap_pattern(pieces)
-    t += e + sum(max(w, ne * e + nd * d) for ne, nd in pattern)
-    t += (pieces - sum(nd for _, nd in pattern)) * d
+    w = tw / len(pattern) + lat
+    t += sum(max(w, ne * e + nd * d) for ne, nd in pattern)
+    t += (pieces - sum(ne for ne, _ in pattern)) * e + (pieces - sum(nd for _, nd in pattern)) * d
   return t
 
 
@@ -191,7 +237,7 @@ def choose_pieces(stages, chunk_elems: int, platform: str, pinned: int | None = 
     ks = list(range(1, max(1, min(MAX_PIECES, int(chunk_elems) // fmt.BLOCK_ELEMS)) + 1))
   else:
     ks = sorted({1, least})
-  cands = [(k, pipeline_time(stages, k, overlap)) for k in ks]
+  cands = [(k, pipeline_time(stages, k, overlap, op)) for k in ks]
   if pinned is not None or least > 1:
     return cands[-1][0], cands[-1][1], cands
   best = min(cands, key=lambda c: (c[1], c[0]))
