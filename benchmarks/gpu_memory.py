@@ -46,12 +46,13 @@ OPS = {  # name -> (jax.lax call, zipccl_jax call)
 
 
 def analyse(f, spec) -> dict:
-  """XLA's memory analysis of the compiled program, and its conditionals (each one a host round trip
+  """XLA's memory analysis of the compiled program, and its conditionals and loops (each one a host round trip
   on XLA:GPU: ConditionalThunk copies the predicate to the host and waits for the stream)."""
   c = f.lower(spec).compile()
   ma = c.memory_analysis()
   return {"temp_bytes": ma.temp_size_in_bytes, "argument_bytes": ma.argument_size_in_bytes,
-          "output_bytes": ma.output_size_in_bytes, "conditionals": c.as_text().count(" conditional(")}
+          "output_bytes": ma.output_size_in_bytes, "conditionals": c.as_text().count(" conditional("),
+          "loops": c.as_text().count(" while(")}
 
 
 def lax_ragged_all_to_all(v):
@@ -129,19 +130,19 @@ def main(argv=None) -> int:
   spec = jax.ShapeDtypeStruct((N * rows, cols), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
   smap = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
   out = []
-  print(f"{'op':13s} {'variant':8s} {'temp MiB':>9s} {'extra':>8s} {'frames':>8s} {'/ size':>6s} {'conds':>5s}  "
+  print(f"{'op':13s} {'variant':8s} {'temp MiB':>9s} {'extra':>8s} {'frames':>8s} {'/ size':>6s} {'waits':>5s}  "
         f"(per device, {rows * cols * 2 / 2**20:.0f} MiB; size = the larger of operand and result)")
   for op in a.ops.split(","):
     theirs, ours = OPS[op]
     base = analyse(smap(theirs), spec)
     out.append({"op": op, "variant": "jax.lax", **base})
     print(f"{op:13s} {'jax.lax':8s} {base['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {'':6s} "
-          f"{base['conditionals']:5d}")
+          f"{base['conditionals'] + base['loops']:5d}")
     if op == "all_to_all":
       ref = analyse(smap(lax_ragged_all_to_all), spec)
       out.append({"op": op, "variant": "jax.lax ragged_all_to_all", **ref})
       print(f"{op:13s} {'lax rag':8s} {ref['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {'':6s} "
-            f"{ref['conditionals']:5d}")
+            f"{ref['conditionals'] + ref['loops']:5d}")
     for transport in ("padded", "ragged"):
       zj.reset_stats()
       k = a.pieces or gpu_pieces(op, rows * cols, transport)
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
       out.append({"op": op, "variant": transport, "pieces": k, **rec, "extra_temp_bytes": extra, "frame_bytes": frames,
                   "within_frames": extra <= frames, "extra_over_size": round(extra / size, 3)})
       print(f"{op:13s} {transport + f' K={k}':8s} {rec['temp_bytes'] / 2**20:9.1f} {extra / 2**20:8.1f} "
-            f"{frames / 2**20:8.1f} {extra / size:6.2f} {rec['conditionals']:5d}")
+            f"{frames / 2**20:8.1f} {extra / size:6.2f} {rec['conditionals'] + rec['loops']:5d}")
   if a.json:
     a.json.write_text(json.dumps({"command": "python benchmarks/gpu_memory.py " + " ".join(argv or sys.argv[1:]),
                                   "topology": f"{N} x H100 (described, deviceless)", "jax": jax.__version__,

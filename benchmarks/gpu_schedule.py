@@ -85,7 +85,7 @@ def scheduled(hlo: str) -> list[tuple[str, str]]:
             out.append((op + " (sync)", m.group("name")))
         elif op.endswith("-start"):  # XLA marks a collective it found nothing to overlap with sync
             out.append((op + (" (sync)" if '"is_sync":true' in line else " (async)"), m.group("name")))
-        elif op.endswith("-done") or op == "conditional":
+        elif op.endswith("-done") or op in ("conditional", "while"):
             out.append((op, m.group("name")))
     return out
 
@@ -98,7 +98,7 @@ def overlaps(seq):
         if "-start" in kind:
             open_[name] = []
         elif kind.split(" ")[0] in _SYNC:  # a transfer with nothing beside it
-            out[name] = []
+            out[f"{kind.split(' ')[0]} {name}"] = []
         elif kind.endswith("-done"):
             start = next(iter(open_), None)
             if start is not None:

@@ -72,9 +72,9 @@ def test_extension_reports_cuda():
   assert EXT.with_cuda, "an NVRTC is installed but the extension was built without the CUDA kernels"
   regs = EXT.registrations()
   assert "CUDA" in regs, sorted(regs)
-  assert sorted(regs["CUDA"]) == ["zipccl_decode", "zipccl_encode"]
+  assert sorted(regs["CUDA"]) == ["zipccl_decode", "zipccl_decode_into", "zipccl_encode"]
   # zipccl_count (runtime statistics) is CPU-only: other platforms count with jax.debug.callback
-  assert sorted(regs["cpu"]) == ["zipccl_count", "zipccl_decode", "zipccl_encode"]
+  assert sorted(regs["cpu"]) == ["zipccl_count", "zipccl_decode", "zipccl_decode_into", "zipccl_encode"]
 
 
 def test_host_bindings_present_with_cuda():

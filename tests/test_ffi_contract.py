@@ -92,3 +92,14 @@ def test_the_contract_test_catches_a_missing_scratch_size_check(tmp_path):
   assert r.returncode != 0
   assert ("[FAIL] a_scratch_result_too_small_is_an_invalid_argument" in r.stdout
           or "heap-buffer-overflow" in r.stderr), (r.stdout + r.stderr)[-3000:]
+
+
+# Seeded: decode_into writes from column 0 instead of its `col` (the other columns would be overwritten).
+SEED_NO_COLUMN = [("  auto* base = static_cast<uint8_t*>(out) + call.col * uint64_t(zipccl::ElemBytes(call.dtype));\n",
+                   "  auto* base = static_cast<uint8_t*>(out);\n")]
+
+
+def test_the_contract_test_catches_decode_into_ignoring_its_column(tmp_path):
+  r = _run(_seeded(tmp_path, SEED_NO_COLUMN, "contract_seeded_column"), ["decode_into_writes_only_its_columns"])
+  assert r.returncode != 0
+  assert "[FAIL] decode_into_writes_only_its_columns" in r.stdout, (r.stdout + r.stderr)[-3000:]

@@ -211,19 +211,27 @@ def test_cuda_lowering_has_k_independent_chains(op, transport):
     # (the call's fallback conditional, its raw permute, reads every chain's flag)
     prefixes = [set(sorted(encodes)[:i + 1]) for i in range(k)]
     for what, want in (("stablehlo.collective_permute", prefixes + [set(encodes)]),
-                       ("zipccl_decode", prefixes)):
+                       ("zipccl_decode_into", prefixes)):
       sets = [enc for lab, enc in chains if lab == [what]]
       assert sorted(sets, key=len) == want, (what, chains)
     return
-  # padded: the call's one fallback conditional reads every chain's flag and holds only the raw
-  # collective (no decode: the decodes run outside it, so XLA can overlap them with transfers);
+  if transport == "padded":
+    # every transfer reads its own encode only; decode k writes into decode k-1's result
+    # (`codec.decode_frames_into`), so it reads the first k+1 encodes; the call's one fallback (a
+    # loop holding only the raw collective, no decode) reads every chain
+    prefixes = [set(sorted(encodes)[:i + 1]) for i in range(k)]
+    decodes = [enc for lab, enc in chains if lab == ["zipccl_decode_into"]]
+    assert sorted(decodes, key=len) == prefixes, chains
+    shared = [(lab, enc) for lab, enc in chains if len(enc) > 1 and lab != ["zipccl_decode_into"]]
+    assert len(shared) == 1 and shared[0][1] == set(encodes), shared
+    assert not any("zipccl_decode" in c for c in shared[0][0])
+    assert any(c in shared[0][0] for c in COLLECTIVE_OPS)
+    colls = [enc for lab, enc in chains if len(enc) == 1 and any(c in lab for c in COLLECTIVE_OPS)]
+    assert {next(iter(e)) for e in colls} == set(encodes), chains
+    return
   # ragged: no conditional, nothing reads two chains' values
   shared = [(lab, enc) for lab, enc in chains if len(enc) > 1]
-  if transport == "padded":
-    assert len(shared) == 1 and shared[0][1] == set(encodes), shared
-    assert "zipccl_decode" not in shared[0][0] and any(c in shared[0][0] for c in COLLECTIVE_OPS)
-  else:
-    assert not shared, shared
+  assert not shared, shared
   chains = [(lab, enc) for lab, enc in chains if len(enc) <= 1]
   decodes = [enc for lab, enc in chains if "zipccl_decode" in lab]
   colls = [enc for lab, enc in chains if any(c in lab for c in COLLECTIVE_OPS)
@@ -317,14 +325,17 @@ def test_ordered_sum_pins_the_first_nan():
 
 
 def test_cuda_lowering_of_psum_chains_per_phase():
-  """psum (reduce-scatter + all-gather) in 2 pieces: each phase's chains are independent of each other;
-  a gather chain reads the sums, which depend on every reduce-scatter chain (the reduction itself)."""
+  """psum (reduce-scatter + all-gather) in 2 pieces: each phase's transfers are independent of each
+  other (decode k writes into decode k-1's result, so it reads the first k+1 encodes); a gather chain
+  reads the sums, which depend on every reduce-scatter chain (the reduction itself)."""
   chains, encodes = _chains(_cuda_module("psum", 2, "padded"))
   assert len(encodes) == 4  # 2 reduce-scatter + 2 all-gather encodes
   first = sorted(encodes)[:2]
-  decodes = [enc for lab, enc in chains if "zipccl_decode" in lab]
+  decodes = [enc for lab, enc in chains if "zipccl_decode_into" in lab]
   rs = [e for e in decodes if e <= set(first)]
-  assert len(rs) == 2 and all(len(e) == 1 for e in rs), decodes
+  assert sorted(rs, key=len) == [{first[0]}, set(first)], decodes
+  colls = [enc for lab, enc in chains if any(c in lab for c in COLLECTIVE_OPS) and len(enc) == 1]
+  assert {next(iter(e)) for e in colls} == set(first), chains  # the reduce-scatter's transfers
 
 
 def test_k1_lowering_is_one_chain():
@@ -418,14 +429,15 @@ def test_pipeline_formula_follows_the_compiled_schedule(path):
   synchronous collective: none), from deviceless 8 x H100 compiles of the padded transport in K
   pieces (recorded by `JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu python
   benchmarks/gpu_schedule.py --op OP --pieces K --json ...` with jax 0.11.2 + jax-cuda12-plugin).
-  The call's one conditional comes after every decode."""
+  The call's one fallback (a loop, `_pieces.unless_fallback`; no conditional) comes after every
+  decode."""
   rec = json.loads(path.read_text())
   k, op = rec["args"]["pieces"], rec["args"]["op"]
   got = tuple((sum(w.startswith("encode") for w in work), sum(w.startswith("decode") for w in work))
               for start, work in rec["overlaps"].items() if not start.startswith("all-reduce"))
   assert got == programs.overlap_pattern(k, op), (path.name, got)
   kinds = [kind for kind, _ in rec["schedule"]]
-  assert kinds.count("conditional") == 1 and kinds[-1] == "conditional", kinds
+  assert "conditional" not in kinds and kinds.count("while") == 1 and kinds[-1] == "while", kinds
   assert kinds.count("decode") == k and kinds.count("encode") == k
 
 

@@ -92,29 +92,24 @@ void FillRejected(uint8_t* row, uint64_t n, uint64_t w, uint8_t dtype) {
   }
 }
 
-ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
-                      ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra_rets) try {
-  zipccl::ffi_operands::DecodeCall call{};
-  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, extra, *out, extra_rets, &call); e.failure())
-    return e;
-  const uint8_t* skip = call.skip;
-  int32_t* status = call.status;
+// Decodes the call's frames from `in` into `o`: frame f's n elements from element
+// f * out_row + col (a skipped frame's elements zero; with a status result a rejected frame's
+// NaN, else the first bad frame fails the call, naming frame and block).
+ffi::Error DecodeFrames(const zipccl::ffi_operands::DecodeCall& call, const uint8_t* in, uint8_t* o) {
   const uint8_t dtype = call.dtype;
-  const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
-  if (frames == 0) return ffi::Error::Success();
+  const uint64_t n = call.n, cap = call.cap_bytes;
   const uint64_t w = uint64_t(zipccl::ElemBytes(dtype));
-  const uint8_t* in = payload.typed_data();
-  auto* o = static_cast<uint8_t*>(out->untyped_data());
-  for (uint64_t f = 0; f < frames; ++f) {
-    if (skip && skip[f]) {  // not read, not validated: zeros
-      std::memset(o + f * n * w, 0, n * w);
-      if (status) status[f] = zipccl::kOk;
+  for (uint64_t f = 0; f < call.frames; ++f) {
+    uint8_t* row = o + (f * call.out_row + call.col) * w;
+    if (call.skip && call.skip[f]) {  // not read, not validated: zeros
+      std::memset(row, 0, n * w);
+      if (call.status) call.status[f] = zipccl::kOk;
       continue;
     }
-    zipccl::cpu::DecodeResult r = zipccl::cpu::DecodeFrame(in + f * cap, cap, dtype, n, o + f * n * w);
-    if (status) {  // report, do not fail: the row of a rejected frame is NaN (as on CUDA)
-      status[f] = int32_t(r.status);
-      if (r.status != zipccl::kOk) FillRejected(o + f * n * w, n, w, dtype);
+    zipccl::cpu::DecodeResult r = zipccl::cpu::DecodeFrame(in + f * cap, cap, dtype, n, row);
+    if (call.status) {  // report, do not fail: the row of a rejected frame is NaN (as on CUDA)
+      call.status[f] = int32_t(r.status);
+      if (r.status != zipccl::kOk) FillRejected(row, n, w, dtype);
       continue;
     }
     if (r.status != zipccl::kOk) {
@@ -129,8 +124,30 @@ ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
     }
   }
   return ffi::Error::Success();
+}
+
+ffi::Error DecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra,
+                      ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra_rets) try {
+  zipccl::ffi_operands::DecodeCall call{};
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecode(payload, extra, *out, extra_rets, &call); e.failure())
+    return e;
+  return DecodeFrames(call, payload.typed_data(), static_cast<uint8_t*>(out->untyped_data()));
 } catch (const std::exception& e) {
   return ffi::Error::Internal(std::string("zipccl decode: ") + e.what());
+}
+
+// `out` is `into` (aliased): only the frames' columns are written.
+ffi::Error DecodeIntoImpl(ffi::Buffer<ffi::U8> payload, ffi::AnyBuffer into, ffi::RemainingArgs extra,
+                          int64_t col, int64_t elems, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::RemainingRets extra_rets) try {
+  zipccl::ffi_operands::DecodeCall call{};
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeInto(payload, into, extra, col, elems, *out,
+                                                           extra_rets, &call);
+      e.failure())
+    return e;
+  return DecodeFrames(call, payload.typed_data(), static_cast<uint8_t*>(out->untyped_data()));
+} catch (const std::exception& e) {
+  return ffi::Error::Internal(std::string("zipccl decode_into: ") + e.what());
 }
 
 }  // namespace
@@ -140,3 +157,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCpu, EncodeImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCpu, DecodeImpl,
                               zipccl::ffi_operands::BindDecode(ffi::Ffi::Bind()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeIntoCpu, DecodeIntoImpl,
+                              zipccl::ffi_operands::BindDecodeInto(ffi::Ffi::Bind()));

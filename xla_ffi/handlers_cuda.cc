@@ -145,6 +145,26 @@ ffi::Error EncodeImpl(CUstream_st* stream, ffi::AnyBuffer x, ffi::RemainingArgs 
   return err ? CudaError("zipccl encode: kernel launch", err) : ffi::Error::Success();
 }
 
+// Enqueues the decode of a checked call into `out` (frame f's n elements from element
+// f * out_row + col); the scratch is the last of `extra`.
+ffi::Error LaunchDecode(CUstream_st* stream, const ffi::Buffer<ffi::U8>& payload,
+                        const zipccl::ffi_operands::DecodeCall& call, void* out, ffi::RemainingRets& extra,
+                        const char* op) {
+  const uint64_t frames = call.frames, n = call.n;
+  if (frames == 0) return ffi::Error::Success();
+  ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> scratch = extra.get<ffi::AnyBuffer>(extra.size() - 1);
+  if (scratch.has_error()) return Invalid(std::string("zipccl ") + op + ": the last result (scratch) must be an array");
+  const zipccl::cuda::DecodeLayout L = zipccl::cuda::MakeDecodeLayout(frames, n);
+  ffi::ErrorOr<uint8_t*> s = ScratchOf(**scratch, L.scratch_bytes, CallName(op, frames, n));
+  if (s.has_error()) return s.error();
+  const std::string what = std::string("zipccl ") + op;
+  if (ffi::Error e = PrepareLaunch(frames, n, what.c_str()); e.failure()) return e;
+  auto* base = static_cast<uint8_t*>(out) + call.col * uint64_t(zipccl::ElemBytes(call.dtype));
+  int err = zipccl::cuda::DecodeAsync(payload.typed_data(), call.cap_bytes, call.dtype, base, call.out_row,
+                                      call.status, call.skip, L, s.value(), stream);
+  return err ? CudaError((what + ": kernel launch").c_str(), err) : ffi::Error::Success();
+}
+
 // Results: out, the optional status, then the scratch (the last one).
 ffi::Error DecodeImpl(CUstream_st* stream, ffi::Buffer<ffi::U8> payload, ffi::RemainingArgs extra_args,
                       ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra) {
@@ -153,18 +173,19 @@ ffi::Error DecodeImpl(CUstream_st* stream, ffi::Buffer<ffi::U8> payload, ffi::Re
                                                       /*trailing=*/1);
       e.failure())
     return e;
-  const uint8_t dtype = call.dtype;
-  const uint64_t frames = call.frames, n = call.n, cap = call.cap_bytes;
-  if (frames == 0) return ffi::Error::Success();
-  ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> scratch = extra.get<ffi::AnyBuffer>(extra.size() - 1);
-  if (scratch.has_error()) return Invalid("zipccl decode: the last result (scratch) must be an array");
-  const zipccl::cuda::DecodeLayout L = zipccl::cuda::MakeDecodeLayout(frames, n);
-  ffi::ErrorOr<uint8_t*> s = ScratchOf(**scratch, L.scratch_bytes, CallName("decode", frames, n));
-  if (s.has_error()) return s.error();
-  if (ffi::Error e = PrepareLaunch(frames, n, "zipccl decode"); e.failure()) return e;
-  int err = zipccl::cuda::DecodeAsync(payload.typed_data(), cap, dtype, out->untyped_data(),
-                                      call.status, call.skip, L, s.value(), stream);
-  return err ? CudaError("zipccl decode: kernel launch", err) : ffi::Error::Success();
+  return LaunchDecode(stream, payload, call, out->untyped_data(), extra, "decode");
+}
+
+// decode_into: `out` is `into` (aliased); only the frames' columns are written.
+ffi::Error DecodeIntoImpl(CUstream_st* stream, ffi::Buffer<ffi::U8> payload, ffi::AnyBuffer into,
+                          ffi::RemainingArgs extra_args, int64_t col, int64_t elems,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra) {
+  zipccl::ffi_operands::DecodeCall call{};
+  if (ffi::Error e = zipccl::ffi_operands::CheckDecodeInto(payload, into, extra_args, col, elems, *out,
+                                                          extra, &call, /*trailing=*/1);
+      e.failure())
+    return e;
+  return LaunchDecode(stream, payload, call, out->untyped_data(), extra, "decode_into");
 }
 
 }  // namespace
@@ -180,5 +201,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCuda, EncodeImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCuda, DecodeImpl,
                               zipccl::ffi_operands::BindDecode(
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<CUstream_st*>>()),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeIntoCuda, DecodeIntoImpl,
+                              zipccl::ffi_operands::BindDecodeInto(
                                   ffi::Ffi::Bind().Ctx<ffi::PlatformStream<CUstream_st*>>()),
                               {ffi::Traits::kCmdBufferCompatible});

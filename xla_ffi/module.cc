@@ -102,12 +102,14 @@ NB_MODULE(_zipccl, m) {
     nb::dict cpu;
     cpu["zipccl_encode"] = Capsule(ZipcclEncodeCpu);
     cpu["zipccl_decode"] = Capsule(ZipcclDecodeCpu);
+    cpu["zipccl_decode_into"] = Capsule(ZipcclDecodeIntoCpu);
     cpu["zipccl_count"] = Capsule(ZipcclCountCpu);
     per_platform["cpu"] = cpu;
 #if defined(ZIPCCL_WITH_CUDA)
     nb::dict cuda;
     cuda["zipccl_encode"] = Capsule(ZipcclEncodeCuda);
     cuda["zipccl_decode"] = Capsule(ZipcclDecodeCuda);
+    cuda["zipccl_decode_into"] = Capsule(ZipcclDecodeIntoCuda);
     per_platform["CUDA"] = cuda;
 #endif
     return per_platform;

@@ -59,6 +59,22 @@ auto BindDecode(Binding&& b) {
       .RemainingRets();                      // optional int32 status
 }
 
+// Decode into a buffer the caller gives: `into` (frames x R elements), aliased to the result
+// (jax.ffi.ffi_call's input_output_aliases={1: 0}), gets each frame's `elems` elements in its
+// columns [col, col + elems); every other element keeps its value. A K-piece collective decodes
+// its pieces into one result this way instead of joining K decoded buffers (zipccl_jax._exchange).
+template <class Binding>
+auto BindDecodeInto(Binding&& b) {
+  return std::move(b)
+      .template Arg<ffi::Buffer<ffi::U8>>()  // payload
+      .template Arg<ffi::AnyBuffer>()        // into: frames x R elements, aliased to out
+      .RemainingArgs()                       // optional skip: bool/u8, payload dims[:-1]
+      .template Attr<int64_t>("col")         // first column of a row the frame fills
+      .template Attr<int64_t>("elems")       // elements per frame
+      .template Ret<ffi::AnyBuffer>()        // out: `into`, columns [col, col + elems) written
+      .RemainingRets();                      // optional int32 status
+}
+
 inline ffi::Error Invalid(const std::string& msg) { return ffi::Error::InvalidArgument(msg); }
 
 // What one encode call codes: `frames` frames of `n` elements of `dtype`,
@@ -98,6 +114,8 @@ inline ffi::Error CheckEncodeShapes(const ffi::AnyBuffer& x, const ffi::Buffer<f
 struct DecodeCall {
   uint8_t dtype;
   uint64_t frames, n, cap_bytes;
+  uint64_t out_row = 0;           // elements from one frame's output to the next (>= n)
+  uint64_t col = 0;               // the first one's offset in the output, elements
   const uint8_t* skip = nullptr;  // [frames] flags (CheckSkip) or null
   int32_t* status = nullptr;      // [frames] (CheckDecodeStatus) or null
 };
@@ -117,6 +135,7 @@ inline ffi::Error CheckDecodeShapes(const ffi::Buffer<ffi::U8>& payload, const f
   if (out.element_count() % call->frames != 0)
     return Invalid("zipccl decode: output element count is not a multiple of the frame count");
   call->n = out.element_count() / call->frames;
+  call->out_row = call->n;
   return ffi::Error::Success();
 }
 
@@ -218,6 +237,40 @@ inline ffi::Error CheckDecode(const ffi::Buffer<ffi::U8>& payload, const ffi::Re
                               const ffi::AnyBuffer& out, const ffi::RemainingRets& extra_rets,
                               DecodeCall* call, size_t trailing = 0) {
   if (ffi::Error e = CheckDecodeShapes(payload, out, call); e.failure()) return e;
+  if (ffi::Error e = CheckDecodeSkip(extra, payload, &call->skip); e.failure()) return e;
+  return CheckDecodeStatus(extra_rets, call->frames, &call->status, trailing);
+}
+
+// decode_into's shapes (BindDecodeInto): `out` is `into` (same dtype, dims and address: XLA
+// gives an aliased result the operand's buffer), frames x R elements with R >= col + elems.
+inline ffi::Error CheckDecodeIntoShapes(const ffi::Buffer<ffi::U8>& payload, const ffi::AnyBuffer& into,
+                                        int64_t col, int64_t elems, const ffi::AnyBuffer& out,
+                                        DecodeCall* call) {
+  if (ffi::Error e = CheckDecodeShapes(payload, out, call); e.failure()) return e;
+  auto id = into.dimensions(), od = out.dimensions();
+  bool same = into.element_type() == out.element_type() && id.size() == od.size();
+  for (size_t i = 0; same && i < size_t(od.size()); ++i) same = id[i] == od[i];
+  if (!same)
+    return Invalid("zipccl decode_into: the result must have the dtype and shape of operand into, "
+                   "got " + DimsString(od, size_t(od.size())) + " and " + DimsString(id, size_t(id.size())));
+  if (into.untyped_data() != out.untyped_data())
+    return Invalid("zipccl decode_into: the result must alias operand into (input_output_aliases={1: 0})");
+  if (col < 0 || elems < 0 || (call->frames > 0 && uint64_t(col) + uint64_t(elems) > call->n))
+    return Invalid("zipccl decode_into: columns [col, col + elems) = [" + std::to_string(col) + ", " +
+                   std::to_string(col + elems) + ") must lie in a row of " + std::to_string(call->n) +
+                   " elements");
+  call->out_row = call->n;
+  call->col = uint64_t(col);
+  call->n = uint64_t(elems);
+  return ffi::Error::Success();
+}
+
+// decode_into's operands and results (the skip and status rules are decode's).
+inline ffi::Error CheckDecodeInto(const ffi::Buffer<ffi::U8>& payload, const ffi::AnyBuffer& into,
+                                  const ffi::RemainingArgs& extra, int64_t col, int64_t elems,
+                                  const ffi::AnyBuffer& out, const ffi::RemainingRets& extra_rets,
+                                  DecodeCall* call, size_t trailing = 0) {
+  if (ffi::Error e = CheckDecodeIntoShapes(payload, into, col, elems, out, call); e.failure()) return e;
   if (ffi::Error e = CheckDecodeSkip(extra, payload, &call->skip); e.failure()) return e;
   return CheckDecodeStatus(extra_rets, call->frames, &call->status, trailing);
 }

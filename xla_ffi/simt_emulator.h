@@ -453,15 +453,18 @@ inline std::vector<LaunchRecord> EmulateEncode(const uint8_t* x, uint64_t frames
   return l.records;
 }
 
-// The decoder's launch sequence, like EmulateEncode.
+// The decoder's launch sequence, like EmulateEncode; frame f's output starts at element
+// f * out_row of out (0: n, contiguous).
 inline std::vector<LaunchRecord> EmulateDecode(const uint8_t* payload, uint64_t frames, uint64_t cap,
                                                int dtype, uint64_t n, uint8_t* out, int32_t* status,
-                                               const uint8_t* skip, bool execute, uint64_t seed) {
+                                               const uint8_t* skip, bool execute, uint64_t seed,
+                                               uint64_t out_row = 0) {
   const DecodeLayout L = MakeDecodeLayout(frames, n);
   EmuLauncher l(execute, seed);
   std::vector<uint8_t> scratch;
   uint8_t* s = GarbageScratch(l, L.scratch_bytes, &scratch);
-  DecodeParams p = MakeDecodeParams(L, payload, cap, uint8_t(dtype), out, status, skip, s);
+  DecodeParams p =
+      MakeDecodeParams(L, payload, cap, uint8_t(dtype), out, out_row ? out_row : n, status, skip, s);
   RunDecode(l, p);
   return l.records;
 }

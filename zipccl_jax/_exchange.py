@@ -81,11 +81,12 @@ Pieces (pipelining)
 -------------------
 `exchange_rows`, `gather_row` and `permute_row` take ``pieces=K``: the columns are split into K
 pieces (`capacity.piece_bounds`), each coded in its own frames with its share of the capacity
-(`capacity.piece_capacities`), moved by its own collective and decoded outside any conditional,
-then concatenated; padded, one `lax.cond` per call takes the raw collective if any piece
-overflowed (ragged: none, each piece sends its own raw rows). The K chains share no value and no
-decode shares a conditional with a collective, so XLA:GPU can overlap encoding piece k+1 and
-decoding piece k-1 with the transfer of piece k. The bits do not depend on K. The strategy picks
+(`capacity.piece_capacities`), moved by its own collective and decoded outside any conditional
+(`zipccl_jax._pieces`). Padded, each piece is decoded into its columns of one result and one loop
+per call takes the raw collective if any piece overflowed; ragged, the pieces are joined (no
+fallback: each piece sends its own raw rows). The K transfers share no value, so XLA:GPU overlaps
+encoding piece k+1 with the transfer of piece k and decodes with the last transfers
+(`strategy.programs.SCHEDULED`). The bits do not depend on K. The strategy picks
 K (`strategy.decide`): 1 on CPU, whose collectives are blocking thunks on devices that share the
 host's cores (K > 1 only adds per-piece overheads). `permute_row`'s padded transfers are chained
 (piece k+1's frame waits for piece k's transfer behind an optimization barrier), since XLA:GPU
@@ -112,7 +113,9 @@ import numpy as np
 from jax import lax
 
 from zipccl_jax import _ragged, accounting, codec
-from zipccl_jax._bits import uint_of
+from zipccl_jax._pieces import decode_pieces, in_pieces, unless_fallback
+from zipccl_jax._bits import uint_of, zero_after
+from zipccl_jax.accounting import in_fallback
 from zipccl_jax._shard import (lax_ppermute, manual_axes, perm_in_tuple_order, ppermute_index,
                                vary, vary_like)
 from zipccl_jax.capacity import piece_capacities
@@ -130,19 +133,6 @@ def raw_bits(fn, x):
   dt = x.dtype
   u = lax.bitcast_convert_type(x, uint_of(dt))
   return lax.bitcast_convert_type(fn(u), dt)
-
-
-def zero_after(x, dtype=jnp.int32):
-  """A zero of `dtype` computed from `x`'s first element, which XLA cannot prove zero (the minimum
-  of an unsigned value and 0): what it feeds is computed once `x` exists, not hoisted before it."""
-  first = lax.bitcast_convert_type(x.reshape(-1)[:1], uint_of(x.dtype))[0]
-  return jnp.minimum(first, jnp.zeros((), first.dtype)).astype(dtype)
-
-
-def in_fallback(fn):
-  """`fn()` inside the raw-fallback named scope (what `hlo_collectives` calls fallback)."""
-  with jax.named_scope(accounting.FALLBACK_SCOPE):
-    return fn()
 
 
 def cond_bits(pred, raw_fn: Callable, coded_fn: Callable):
@@ -231,8 +221,24 @@ def own_row(axis_name, n: int):
   return rows == me
 
 
+def put_own_row(got, rows, axis_name):
+  """`got` (n, m) with this rank's row taken from `rows` ((n, m), or m elements: the row), updated
+  in place (no row of `got` is this rank's inside `code_own_row`). Where `got` is a buffer the
+  pieces were decoded into (`_pieces.decode_pieces`), `with_own_row`'s select would write a new
+  one (a result's bytes more) where XLA cannot reuse it."""
+  if coding_own_row():
+    return got
+  u = uint_of(got.dtype)
+  me = rank(axis_name)
+  bits = lax.bitcast_convert_type(rows, u)
+  own = (lax.dynamic_slice_in_dim(bits, me, 1, 0) if bits.ndim == 2 and bits.shape[0] > 1
+         else bits.reshape(1, -1))
+  out = lax.dynamic_update_slice_in_dim(lax.bitcast_convert_type(got, u), own, me, 0)
+  return lax.bitcast_convert_type(out, got.dtype)
+
+
 def with_own_row(decoded, rows, skip):
-  """`decoded` (n, m) with the rows flagged in `skip` (n,) taken from `rows` ((n, m) or m elements).
+  """`decoded` (n, m) with the rows flagged in `skip` (n,) taken from `rows` ((n, m), or (m,) for all).
 
   One select on the bit patterns, which XLA fuses with the decoder's output: a row update
   (dynamic_update_slice on the bit view) cost three passes over it on XLA:CPU (bitcast, copy,
@@ -240,7 +246,7 @@ def with_own_row(decoded, rows, skip):
   """
   u = uint_of(rows.dtype)
   own = lax.bitcast_convert_type(rows, u)
-  bits = jnp.where(skip[:, None], own.reshape(-1, decoded.shape[1]),
+  bits = jnp.where(skip[:, None], own if own.ndim == 2 else own[None, :],
                    lax.bitcast_convert_type(decoded, u))
   return lax.bitcast_convert_type(bits, rows.dtype)
 
@@ -433,19 +439,17 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
   Padded transport: `raw()` is the fallback branch (the `jax.lax` collective on the operand's
   bits), traced in the fallback scope; it must return what `finish` returns. Ragged transport:
   no fallback and no conditional, a row that does not fit travels raw (`ragged_rows`).
-  `pieces` > 1 codes the columns in that many independent chains (`in_pieces`); padded, one
+  `pieces` > 1 codes the columns in that many independent chains (`_pieces`); padded, one
   fallback for the call. The reductions sum `got` after the conditional, not inside a branch:
   summed in two places, XLA may order an addition's operands differently, and the sign and
   payload of a sum of NaNs follow that order (x86), so the coded and raw results would differ.
   """
   def padded(rows):
     if pieces > 1:
-      def piece(r, cap):
-        fallback, coded = exchange_chain(r, axis_name, n, cap, eager=True, own=False)
-        return fallback, coded()
-      fallback, joined = in_pieces(rows, pieces, capacity, site, piece)
-      coded = lambda: with_own_row(joined(), rows, own_row(axis_name, n))  # noqa: E731
-      return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
+      fallback, got = decode_pieces(rows, pieces, capacity,
+                                    lambda r, cap: _send_rows(r, axis_name, n, cap))
+      accounting.count(site, fallback)
+      return unless_fallback(fallback, raw, finish(put_own_row(got, rows, axis_name)))
     fallback, coded = exchange_chain(rows, axis_name, n, capacity)
     accounting.count(site, fallback)
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
@@ -467,18 +471,23 @@ def _ragged_call(rows, chain: Callable, pieces: int, capacity: int, site: str, f
   return finish(got)
 
 
-def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False, own: bool = True):
-  """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s);
-  `eager`: the decode runs outside the fallback's conditional (`decode_any`); `own=False`: the own
-  row is zeros (the caller puts it in, `in_pieces`)."""
+def _send_rows(rows, axis_name, n: int, capacity: int):
+  """Encode rows (n, m) (the own row skipped) -> all-to-all -> (fallback flag, frames received
+  (n, C), the own row's flag (n,))."""
   skip = own_row(axis_name, n)
   payload, nbytes, _ = encode_rows(rows, capacity, skip)
   recv = lax.all_to_all(payload, axis_name, 0, 0, tiled=True, axis_index_groups=_GROUPS.get())
-  fallback = codec.any_overflow(recv, capacity)
+  return codec.any_overflow(recv, capacity), recv, skip
+
+
+def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
+  """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s);
+  `eager`: the decode runs outside the fallback's conditional (`decode_any`)."""
+  fallback, recv, skip = _send_rows(rows, axis_name, n, capacity)
   m = rows.shape[1]
   dec = (lambda: decode_any(recv, m, rows.dtype, skip)) if eager else \
       (lambda: decode_guarded(recv, fallback, m, rows.dtype, skip))
-  return fallback, (lambda: with_own_row(dec(), rows, skip)) if own else dec
+  return fallback, lambda: with_own_row(dec(), rows, skip)
 
 
 def ragged_rows(rows, axis_name, n: int, capacity: int):
@@ -563,16 +572,17 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
   Padded transport: `raw()` is the fallback (see `exchange_rows`). Ragged transport: no fallback
   and no conditional (`ragged_gather`). `invariant`: the result must not depend on the rank
   (padded transport, every row decoded). `pieces` > 1: the row's columns in that many
-  independent chains (`in_pieces`); padded, one fallback for the call.
+  independent chains (`_pieces`); padded, one fallback for the call.
   """
   def padded(x):
     if pieces > 1:
-      def piece(r, cap):
-        fallback, coded = _gather_chain(r, axis_name, n, cap, invariant, eager=True, own=False)
-        return fallback, coded()
-      fallback, joined = in_pieces(x.reshape(1, x.size), pieces, capacity, site, piece)
-      coded = joined if invariant else lambda: with_own_row(joined(), x, own_row(axis_name, n))
-      return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
+      def move(r, cap):  # the own row is decoded too where the result must not depend on the rank
+        fallback, recv = _gather_frames(r, axis_name, cap, invariant)
+        return fallback, recv, None if invariant else own_row(axis_name, n)
+      fallback, got = decode_pieces(x.reshape(1, x.size), pieces, capacity, move)
+      accounting.count(site, fallback)
+      got = got if invariant else put_own_row(got, x, axis_name)
+      return unless_fallback(fallback, raw, finish(got))
     fallback, coded = _gather_chain(x, axis_name, n, capacity, invariant)
     accounting.count(site, fallback)
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
@@ -586,61 +596,33 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
   return by_transport(transport, padded, ragged, x)
 
 
-def _gather_chain(x, axis_name, n: int, capacity: int, invariant: bool, eager: bool = False,
-                  own: bool = True):
-  """Encode `x` (m elements) -> all-gather -> (fallback flag, thunk decoding (n, m), row s from
-  rank s); `eager` and `own` as in `exchange_chain`."""
-  m = x.size
-  payload, nbytes, _ = encode_rows(x.reshape(1, m), capacity)
+def _gather_frames(x, axis_name, capacity: int, invariant: bool):
+  """Encode `x` as one frame -> all-gather -> (fallback flag, frames received (n, C))."""
+  payload, nbytes, _ = encode_rows(x.reshape(1, x.size), capacity)
   recv = (lax.all_gather(payload[0], axis_name, to="invarying") if invariant
           else lax.all_gather(payload[0], axis_name, axis_index_groups=_GROUPS.get()))
-  fallback = codec.any_overflow(recv, capacity)
+  return codec.any_overflow(recv, capacity), recv
 
-  def dec(skip=None):
-    if eager:
-      return decode_any(recv, m, x.dtype, skip)
-    return decode_guarded(recv, fallback, m, x.dtype, skip)
+
+def _gather_chain(x, axis_name, n: int, capacity: int, invariant: bool):
+  """Encode `x` (m elements) -> all-gather -> (fallback flag, thunk decoding (n, m), row s from
+  rank s, inside the fallback's conditional)."""
+  m = x.size
+  fallback, recv = _gather_frames(x, axis_name, capacity, invariant)
 
   def coded():
     if invariant:  # the result must not depend on the rank: decode every row
-      return dec()
+      return decode_guarded(recv, fallback, m, x.dtype)
     skip = own_row(axis_name, n)
-    return with_own_row(dec(skip), x.reshape(m), skip) if own else dec(skip)
+    return with_own_row(decode_guarded(recv, fallback, m, x.dtype, skip), x.reshape(m), skip)
 
   return fallback, coded
-
-
-def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable, count: bool = True):
-  """The columns of `rows` (R, m) as `pieces` independent chains; returns (whether any piece fell
-  back or came raw, a thunk concatenating the results into (R', m)).
-
-  `piece(columns, capacity)` -> (flag, result (R', m_k)) runs one chain: encode, move, decode,
-  with no conditional (a padded piece decodes whatever arrived, its flag says whether to use it;
-  the caller's one `lax.cond` per call picks the raw collective if any piece overflowed: every
-  rank sees the same poisoned frames, so the choice is uniform). No chain reads another's values
-  and no decode sits in a conditional with a collective, so XLA:GPU overlaps codec and transfers
-  (`strategy.programs.SCHEDULED`). The call is counted once (a fallback if any piece fell back).
-  The padded callers join the pieces (and put in the own row) in the coded branch: one fusion
-  then writes the conditional's result, where outside it each was one more result-sized buffer.
-  """
-  dt = rows.dtype
-  u = uint_of(dt)
-  bits = lax.bitcast_convert_type(rows, u)  # slices and the concatenation move bit patterns:
-  outs, flags = [], []                      # XLA:CPU may widen 16-bit float copies (NaN payloads)
-  for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt):
-    fallback, out = piece(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
-    outs.append(lax.bitcast_convert_type(out, u))
-    flags.append(fallback)
-  flag = jnp.any(jnp.stack(flags))
-  if count:  # else the caller counts (ppermute: its flag is made uniform by a psum first)
-    accounting.count(site, flag)
-  return flag, lambda: lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
 
 
 def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, site: str,
                 raw: Callable, pieces: int = 1):
   """`x` of rank s to rank d for (s, d) in `perm` (zeros where no one sends), coded as one row
-  (`pieces` > 1: its columns in that many chains, `in_pieces`).
+  (`pieces` > 1: its columns in that many chains, `_pieces`).
 
   Padded transport: the overflow flag goes through a 4-byte psum over every manual axis (see the
   docstring); a rank that receives nothing decodes the zeros it got (rejected frames,
@@ -678,8 +660,9 @@ def _permute_padded(x, axis_name, n: int, perm, capacity: int, site: str, raw: C
   if pieces > 1:
     def chain(r, cap):
       over, recv = move(r, cap)
-      return over, decode_any(recv[None], r.shape[1], x.dtype)
-    over, decoded = in_pieces(x.reshape(1, m), pieces, capacity, site, chain, count=False)
+      return over, recv[None], None
+    over, got = decode_pieces(x.reshape(1, m), pieces, capacity, chain)
+    decoded = lambda: got  # noqa: E731
   else:
     over, recv = move(x.reshape(1, m), capacity)
     decoded = ((lambda: decode_guarded(recv[None], any_over, m, x.dtype)) if every
@@ -697,4 +680,6 @@ def _permute_padded(x, axis_name, n: int, perm, capacity: int, site: str, raw: C
     bits = jnp.where(is_recv, lax.bitcast_convert_type(out, u), jnp.zeros((), u))
     return lax.bitcast_convert_type(bits, x.dtype)
 
+  if pieces > 1:
+    return unless_fallback(any_over, raw, coded())
   return cond_bits(any_over, lambda: in_fallback(raw), coded)

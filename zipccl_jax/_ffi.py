@@ -18,6 +18,7 @@ _registered = False
 
 ENCODE_TARGET = "zipccl_encode"
 DECODE_TARGET = "zipccl_decode"
+DECODE_INTO_TARGET = "zipccl_decode_into"  # decode into the columns of a given (aliased) buffer
 COUNT_TARGET = "zipccl_count"  # runtime call/fallback counter (accounting.py), CPU only
 
 
@@ -139,4 +140,4 @@ def export_disabled_checks() -> list:
   and decodes its own frames, so any build of the same format version does).
   """
   return [jax.export.DisabledSafetyCheck.custom_call(t)
-          for t in (ENCODE_TARGET, DECODE_TARGET, COUNT_TARGET)]
+          for t in (ENCODE_TARGET, DECODE_TARGET, DECODE_INTO_TARGET, COUNT_TARGET)]

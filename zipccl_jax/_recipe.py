@@ -37,7 +37,7 @@ class Call:
   backward: tuple         # (compress, capacity) of the transposed collective
   groups: tuple | None = None  # axis_index_groups (raw bits; ranks are positions in a group)
   algorithm: str = ""     # psum: "a2a-sum+gather" or "gather-sum" (strategy.PSUM_ALGORITHMS)
-  pieces: int = 1         # coded chains per chunk (_exchange.in_pieces)
+  pieces: int = 1         # coded chains per chunk (_pieces)
   fixed_order: bool = False  # reductions: raw runs the fixed-order program, not jax.lax's call
 
 

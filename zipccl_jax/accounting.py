@@ -34,10 +34,16 @@ from zipccl_jax import _ffi
 __all__ = ["sent_bytes", "hlo_collectives", "hlo_wire_bytes", "CallSiteStats", "stats",
            "totals", "reset_stats", "set_runtime_stats", "FALLBACK_SCOPE", "SITE_SCOPE"]
 
-# The named scope of every raw-fallback branch (_exchange.in_fallback); hlo_collectives reads it.
+# The named scope of every raw-fallback branch (`in_fallback`); hlo_collectives reads it.
 FALLBACK_SCOPE = "zipccl_raw_fallback"
 # The named scope of the ops one recorded call binds, followed by the record's key (`record`).
 SITE_SCOPE = "zipccl_site_"
+
+
+def in_fallback(fn):
+  """`fn()` inside the raw-fallback named scope (what `hlo_collectives` calls fallback)."""
+  with jax.named_scope(FALLBACK_SCOPE):
+    return fn()
 
 _KIND = {"all_to_all": "all-to-all", "ragged_all_to_all": "ragged-all-to-all",
          "psum_scatter": "reduce-scatter", "all_gather": "all-gather", "psum": "all-reduce",

@@ -17,9 +17,9 @@ import numpy as np
 from zipccl_jax import _ffi
 from zipccl_jax import format as fmt
 
-__all__ = ["encode", "decode", "encode_frames", "decode_frames", "max_encoded_bytes",
-           "frame_bytes_of", "poison_overflow", "any_overflow", "status_messages",
-           "status_message", "STATUS_OK", "REJECTED_FILL_BITS"]
+__all__ = ["encode", "decode", "encode_frames", "decode_frames", "decode_frames_into",
+           "max_encoded_bytes", "frame_bytes_of", "poison_overflow", "any_overflow",
+           "status_messages", "status_message", "STATUS_OK", "REJECTED_FILL_BITS"]
 
 max_encoded_bytes = fmt.max_encoded_bytes
 # The bits of the quiet NaN that fills a rejected frame's output row (format.py holds them).
@@ -68,7 +68,8 @@ def _vary_together(*arrays):
       for a, v in zip(arrays, varying))
 
 
-def _codec_call(target: str, results: tuple, scratch, operands: tuple, **attrs) -> tuple:
+def _codec_call(target: str, results: tuple, scratch, operands: tuple, aliases=None,
+                **attrs) -> tuple:
   """`jax.ffi.ffi_call(target, results)(*operands, **attrs)`, with on CUDA one more result, `scratch`.
 
   The CUDA handlers take their working memory as a last result, `uint8[scratch bytes]`, that XLA
@@ -78,11 +79,13 @@ def _codec_call(target: str, results: tuple, scratch, operands: tuple, **attrs) 
   conditional on a constant that XLA removes). The scratch is dropped: the results are `results`'.
   Both calls batch the same way under `jax.vmap` (`broadcast_all`: a batched call's scratch is the
   batch size times the unbatched one, never less than the batched call needs: each section of the
-  layout grows linearly with the frames and is rounded up per call).
+  layout grows linearly with the frames and is rounded up per call). `aliases`: ffi_call's
+  ``input_output_aliases`` (the scratch comes after every aliased result).
   """
   def branch(result_types):
     def run(*ops):
-      out = jax.ffi.ffi_call(target, result_types, vmap_method="broadcast_all")(*ops, **attrs)
+      out = jax.ffi.ffi_call(target, result_types, vmap_method="broadcast_all",
+                             input_output_aliases=aliases)(*ops, **attrs)
       return tuple(out)[:len(results)]
     return run
 
@@ -239,6 +242,56 @@ def decode_frames(payload, *, shape: Sequence[int], dtype, skip=None, return_sta
   out, status = _codec_call(
       _ffi.DECODE_TARGET, (out_type, _result(payload, (frames,), jnp.int32)), scratch, operands)
   return out, status
+
+
+def decode_frames_into(into, payload, *, col: int, elems: int, skip=None,
+                       return_status: bool = False):
+  """`decode_frames` into columns of an array: `(F, R)` `into` and `(F, C)` frames -> `(F, R)`.
+
+  Row f of the result is row f of `into` with its columns ``[col, col + elems)`` replaced by
+  frame f's `elems` elements of `into.dtype` (zeros where `skip[f]`; NaNs for a rejected frame
+  with `return_status`, as `decode_frames`). The result takes `into`'s buffer (the custom call
+  aliases it): XLA writes the columns in place when `into` is not used afterwards, and copies it
+  first otherwise. A collective in K pieces decodes each piece into its columns of one result
+  this way, where K decoded pieces and their concatenation would each hold a result's bytes.
+
+  Args:
+    into: `(F, R)` array of a supported dtype (`format.SUPPORTED_NAMES`).
+    payload: uint8 `(F, C)`, frame `f` in the prefix of row `f` (`encode_frames`).
+    col, elems: the columns the frames fill, ``0 <= col`` and ``col + elems <= R``.
+    skip, return_status: as in `decode_frames`.
+
+  Example::
+
+    payload, _ = encode_frames(x[:, 4:8], capacity=256)               # x: (2, 8) bfloat16
+    y = decode_frames_into(jnp.zeros_like(x), payload, col=4, elems=4)  # y[:, 4:8] == x[:, 4:8]
+  """
+  into, payload = jnp.asarray(into), jnp.asarray(payload)
+  if payload.dtype != jnp.uint8:
+    raise TypeError(f"zipccl_jax: payload must be uint8, got {payload.dtype}")
+  if payload.ndim != 2:
+    raise ValueError(f"zipccl_jax: payload must have shape (frames, capacity), got {payload.shape}")
+  if into.ndim != 2 or into.shape[0] != payload.shape[0]:
+    raise ValueError(f"zipccl_jax: into must have shape (frames, row) = ({payload.shape[0]}, R), "
+                     f"got {into.shape}")
+  fmt.dtype_code(into.dtype)
+  for name, v in (("col", col), ("elems", elems)):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+      raise ValueError(f"zipccl_jax: decode_frames_into {name} must be an int >= 0, got {v!r}")
+  if col + elems > into.shape[1]:
+    raise ValueError(f"zipccl_jax: decode_frames_into columns [col, col + elems) = [{col}, "
+                     f"{col + elems}) must lie in into's rows of {into.shape[1]} elements")
+  skip = _check_skip(skip, payload.shape[0], "decode_frames_into", "payload.shape[:-1]")
+  _ffi.register()
+  operands = _vary_together(payload, into) if skip is None else _vary_together(payload, into, skip)
+  payload = operands[0]
+  results = [_result(payload, into.shape, into.dtype)]
+  if return_status:
+    results.append(_result(payload, (payload.shape[0],), jnp.int32))
+  out = _codec_call(_ffi.DECODE_INTO_TARGET, tuple(results),
+                    _scratch(payload, "decode", payload.shape[0], int(elems)), operands,
+                    aliases={1: 0}, col=np.int64(col), elems=np.int64(elems))
+  return tuple(out) if return_status else out[0]
 
 
 def _check_shape(shape) -> tuple[int, ...]:

@@ -114,6 +114,17 @@ std::vector<uint8_t> CpuRow(const zipccl_test::Array& x, uint64_t frames, uint64
   return row;
 }
 
+// Every frame of x as the CPU driver writes it, each padded to cap: frames * cap bytes.
+std::vector<uint8_t> CpuPayload(const zipccl_test::Array& x, uint64_t frames, uint64_t cap, bool checksum) {
+  std::vector<uint8_t> payload(frames * cap);
+  for (uint64_t f = 0; f < frames; ++f) {
+    int64_t size = 0;
+    std::vector<uint8_t> row = CpuRow(x, frames, f, cap, checksum, &size);
+    std::memcpy(payload.data() + f * cap, row.data(), cap);
+  }
+  return payload;
+}
+
 // No violation of XLA's FFI contract, and no run-time allocation at all.
 void ExpectClean(const XLA_FFI_ExecutionContext& ctx, const char* what) {
   CHECK(ctx.violations.empty()) << what << ": " << ctx.violations.front();
@@ -214,12 +225,7 @@ TEST(decode_with_status_and_skip_through_xla_ffi) {
     const uint64_t frames = 4, n = 66000;
     zipccl_test::Array x = Frames(dtype, frames, n, 5);
     const uint64_t cap = zipccl::MaxEncodedBytes(n, dtype), w = uint64_t(zipccl::ElemBytes(dtype));
-    std::vector<uint8_t> payload(frames * cap);
-    for (uint64_t f = 0; f < frames; ++f) {
-      int64_t size = 0;
-      std::vector<uint8_t> row = CpuRow(x, frames, f, cap, true, &size);
-      std::memcpy(payload.data() + f * cap, row.data(), cap);
-    }
+    std::vector<uint8_t> payload = CpuPayload(x, frames, cap, true);
     payload[2 * cap + 40] ^= 0x10;  // frame 2: corrupt (the checksum catches it)
     std::vector<uint8_t> skip = {0, 0, 0, 1};
     std::vector<uint8_t> out(frames * n * w, 0xCD);
@@ -246,6 +252,72 @@ TEST(decode_with_status_and_skip_through_xla_ffi) {
     CHECK(nan_row) << DTypeName(dtype) << ": a rejected frame decodes to the fill bits";
     CHECK(zero_row) << DTypeName(dtype) << ": a skipped frame decodes to zeros";
   }
+}
+
+// decode_into (BindDecodeInto): frame f's n elements land in columns [col, col + n) of row f of a
+// frames x row buffer that is both the operand `into` and the result (XLA aliases them: one address);
+// every other element keeps its bytes. With status and skip, as decode.
+Outcome DecodeIntoCuda(XLA_FFI_ExecutionContext& ctx, std::vector<uint8_t>& payload, uint64_t frames,
+                       uint64_t cap, uint8_t dtype, uint64_t row, int64_t col, int64_t n, uint8_t* into,
+                       uint8_t* out, std::vector<int32_t>* status, std::vector<uint8_t>* skip = nullptr) {
+  const uint64_t need = zipccl::cuda::DecodeScratchResultBytes(frames, uint64_t(n));
+  DeviceBuffer scratch(need);
+  std::vector<Array> args = {{XLA_FFI_DataType_U8, {int64_t(frames), int64_t(cap)}, payload.data()},
+                             {FfiType(dtype), {int64_t(frames), int64_t(row)}, into}};
+  if (skip) args.push_back({XLA_FFI_DataType_U8, {int64_t(frames)}, skip->data()});
+  std::vector<Array> rets = {{FfiType(dtype), {int64_t(frames), int64_t(row)}, out}};
+  if (status) rets.push_back({XLA_FFI_DataType_S32, {int64_t(frames)}, status->data()});
+  rets.push_back({XLA_FFI_DataType_U8, {int64_t(scratch.size())}, scratch.data()});
+  return Invoke(ZipcclDecodeIntoCuda, ctx, args, rets, {{"col", col}, {"elems", n}});
+}
+
+TEST(decode_into_writes_only_its_columns) {
+  for (uint8_t dtype : kDTypes) {
+    const uint64_t frames = 3, n = 66000, row = 70000, col = 3001;  // an odd column: any element alignment
+    zipccl_test::Array x = Frames(dtype, frames, n, 9);
+    const uint64_t cap = zipccl::MaxEncodedBytes(n, dtype), w = uint64_t(zipccl::ElemBytes(dtype));
+    std::vector<uint8_t> payload = CpuPayload(x, frames, cap, false);
+    payload[1 * cap + 40] ^= 0x10;  // frame 1: a damaged frame (its row: the fill bits)
+    std::vector<uint8_t> skip = {0, 0, 1}, buf(frames * row * w, 0xCD);
+    std::vector<int32_t> status(frames, -1);
+    XLA_FFI_ExecutionContext ctx;
+    Outcome o = DecodeIntoCuda(ctx, payload, frames, cap, dtype, row, int64_t(col), int64_t(n), buf.data(),
+                               buf.data(), &status, &skip);
+    CHECK(o.ok) << o.message;
+    ExpectClean(ctx, "decode_into");
+    CHECK_EQ(status[0], 0);
+    CHECK(status[1] != 0);
+    CHECK_EQ(status[2], 0);
+    const uint32_t fill = zipccl::RejectedFillBits(dtype);
+    for (uint64_t f = 0; f < frames; ++f) {
+      const uint8_t* r = buf.data() + f * row * w;
+      for (uint64_t e = 0; e < row; ++e) {
+        uint32_t v = 0, want = 0xCDCDCDCDu >> (32 - 8 * w);
+        std::memcpy(&v, r + e * w, w);
+        if (e >= col && e < col + n) {
+          if (f == 0) std::memcpy(&want, x.bytes.data() + (f * n + e - col) * w, w);
+          else want = f == 1 ? fill : 0;
+        }
+        CHECK_EQ(v, want) << DTypeName(dtype) << " frame " << f << " element " << e;
+      }
+    }
+  }
+}
+
+TEST(decode_into_refuses_an_unaliased_result_and_columns_past_the_row) {
+  const uint64_t frames = 2, n = 1000, row = 1500, cap = zipccl::MaxEncodedBytes(n, kBF16);
+  std::vector<uint8_t> payload(frames * cap, 0), into(frames * row * 2), out(frames * row * 2);
+  XLA_FFI_ExecutionContext ctx;
+  const uint64_t launches = emulated::Last().launches;
+  Outcome a = DecodeIntoCuda(ctx, payload, frames, cap, kBF16, row, 0, int64_t(n), into.data(), out.data(),
+                             nullptr);
+  CHECK(!a.ok && a.errc == XLA_FFI_Error_Code_INVALID_ARGUMENT) << a.message;
+  CHECK(a.message.find("alias") != std::string::npos) << a.message;
+  Outcome b = DecodeIntoCuda(ctx, payload, frames, cap, kBF16, row, 501, int64_t(n), into.data(), into.data(),
+                             nullptr);
+  CHECK(!b.ok && b.errc == XLA_FFI_Error_Code_INVALID_ARGUMENT) << b.message;
+  CHECK(b.message.find("[501, 1501)") != std::string::npos) << b.message;
+  CHECK_EQ(emulated::Last().launches, launches);  // refused before any launch
 }
 
 // A command-buffer compatible handler allocates nothing at run time: the mock refuses XLA's allocator and

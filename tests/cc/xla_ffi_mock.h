@@ -19,6 +19,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/c_api.h"
@@ -202,9 +203,19 @@ struct Outcome {
   std::string message;
 };
 
-// Calls `handler` as XLA does. bool_attrs are the handler's scalar bool attributes.
+// A scalar attribute as XLA passes it: bool (PRED) or int64 (S64), by name.
+struct ScalarAttr {
+  ScalarAttr(std::string n, bool v) : name(std::move(n)), dtype(XLA_FFI_DataType_PRED), value(v) {}
+  ScalarAttr(std::string n, int64_t v) : name(std::move(n)), dtype(XLA_FFI_DataType_S64), value(v) {}
+  bool operator<(const ScalarAttr& o) const { return name < o.name; }
+  std::string name;
+  XLA_FFI_DataType dtype;
+  int64_t value;
+};
+
+// Calls `handler` as XLA does, with the handler's scalar attributes.
 inline Outcome Invoke(XLA_FFI_Handler* handler, XLA_FFI_ExecutionContext& ctx, std::vector<Array> args,
-                      std::vector<Array> rets, std::vector<std::pair<std::string, bool>> bool_attrs) {
+                      std::vector<Array> rets, std::vector<ScalarAttr> attrs) {
   std::vector<XLA_FFI_Buffer> arg_bufs(args.size()), ret_bufs(rets.size());
   std::vector<void*> arg_ptrs, ret_ptrs;
   std::vector<XLA_FFI_ArgType> arg_types(args.size(), XLA_FFI_ArgType_BUFFER);
@@ -218,17 +229,20 @@ inline Outcome Invoke(XLA_FFI_Handler* handler, XLA_FFI_ExecutionContext& ctx, s
   };
   fill(args, arg_bufs, arg_ptrs);
   fill(rets, ret_bufs, ret_ptrs);
-  std::sort(bool_attrs.begin(), bool_attrs.end());  // XLA sorts attributes by name
-  std::vector<uint8_t> values(bool_attrs.size());
-  std::vector<XLA_FFI_Scalar> scalars(bool_attrs.size());
-  std::vector<XLA_FFI_ByteSpan> names(bool_attrs.size());
+  std::sort(attrs.begin(), attrs.end());  // XLA sorts attributes by name
+  std::vector<uint8_t> bools(attrs.size());
+  std::vector<int64_t> ints(attrs.size());
+  std::vector<XLA_FFI_Scalar> scalars(attrs.size());
+  std::vector<XLA_FFI_ByteSpan> names(attrs.size());
   std::vector<XLA_FFI_ByteSpan*> name_ptrs;
   std::vector<void*> attr_ptrs;
-  std::vector<XLA_FFI_AttrType> attr_types(bool_attrs.size(), XLA_FFI_AttrType_SCALAR);
-  for (size_t i = 0; i < bool_attrs.size(); ++i) {
-    values[i] = bool_attrs[i].second;
-    scalars[i] = {XLA_FFI_DataType_PRED, &values[i]};
-    names[i] = {bool_attrs[i].first.data(), bool_attrs[i].first.size()};
+  std::vector<XLA_FFI_AttrType> attr_types(attrs.size(), XLA_FFI_AttrType_SCALAR);
+  for (size_t i = 0; i < attrs.size(); ++i) {
+    bools[i] = attrs[i].value != 0;
+    ints[i] = attrs[i].value;
+    void* value = attrs[i].dtype == XLA_FFI_DataType_PRED ? static_cast<void*>(&bools[i]) : &ints[i];
+    scalars[i] = {attrs[i].dtype, value};
+    names[i] = {attrs[i].name.data(), attrs[i].name.size()};
     name_ptrs.push_back(&names[i]);
     attr_ptrs.push_back(&scalars[i]);
   }
@@ -239,7 +253,7 @@ inline Outcome Invoke(XLA_FFI_Handler* handler, XLA_FFI_ExecutionContext& ctx, s
   frame.stage = XLA_FFI_ExecutionStage_EXECUTE;
   frame.args = {XLA_FFI_Args_STRUCT_SIZE, nullptr, int64_t(args.size()), arg_types.data(), arg_ptrs.data()};
   frame.rets = {XLA_FFI_Rets_STRUCT_SIZE, nullptr, int64_t(rets.size()), ret_types.data(), ret_ptrs.data()};
-  frame.attrs = {XLA_FFI_Attrs_STRUCT_SIZE, nullptr, int64_t(bool_attrs.size()), attr_types.data(),
+  frame.attrs = {XLA_FFI_Attrs_STRUCT_SIZE, nullptr, int64_t(attrs.size()), attr_types.data(),
                  name_ptrs.data(), attr_ptrs.data()};
   XLA_FFI_Error* err = handler(&frame);
   Outcome o{err == nullptr, XLA_FFI_Error_Code_OK, ""};

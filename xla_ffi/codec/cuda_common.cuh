@@ -274,7 +274,8 @@ struct DecodeParams {
   const uint8_t* payload;  // frames * cap bytes
   uint64_t frames, cap, n, nb, total;
   uint8_t dtype;
-  uint8_t* out;             // frames * n elements
+  uint8_t* out;             // frame f's n elements from element f * out_row
+  uint64_t out_row;         // elements from one frame's output to the next (>= n; n: contiguous)
   int32_t* status;          // [frames] or null
   const uint8_t* skip;      // [frames] or null: non-zero = not read, output zero, status 0
   uint64_t* sizes;          // [total + 1]: directory entries, then 0
@@ -375,7 +376,7 @@ inline EncodeParams MakeEncodeParams(const EncodeLayout& L, const void* x, uint8
 }
 
 inline DecodeParams MakeDecodeParams(const DecodeLayout& L, const uint8_t* payload, uint64_t cap,
-                                     uint8_t dtype, void* out, int32_t* status,
+                                     uint8_t dtype, void* out, uint64_t out_row, int32_t* status,
                                      const uint8_t* skip, uint8_t* scratch) {
   DecodeParams p{};
   p.payload = payload;
@@ -386,6 +387,7 @@ inline DecodeParams MakeDecodeParams(const DecodeLayout& L, const uint8_t* paylo
   p.total = L.total;
   p.dtype = dtype;
   p.out = static_cast<uint8_t*>(out);
+  p.out_row = out_row;
   p.status = status;
   p.skip = skip;
   p.ferr = reinterpret_cast<unsigned long long*>(scratch + L.ferr_off);

@@ -197,7 +197,7 @@ struct DecodeBlockKernel {
     const uint64_t m = BlockElems(p.n, b);
     const uint64_t bb = p.sizes[g];
     const uint8_t* blk = in + BlockOffsetInFrame(p.offsets, p.nb, g);
-    uint8_t* out = p.out + (f * p.n + (b << kBlockLog2)) * sizeof(T);
+    uint8_t* out = p.out + (f * p.out_row + (b << kBlockLog2)) * sizeof(T);
     const int w = int(sizeof(T));
     if (tid == 0) sm.status = CheckBlock(sm, blk, bb, m, w);
     cta.sync();
@@ -329,7 +329,7 @@ struct PoisonKernel : NoShared {
     if (p.ferr[f] == kNoError && p.berr[f] == kNoError) return;
     const uint32_t fill = p.ferr[f] == kSkippedKey ? 0u : RejectedFillBits(p.dtype);
     const uint64_t m = BlockElems(p.n, b);
-    uint8_t* out = p.out + (f * p.n + (b << kBlockLog2)) * sizeof(T);
+    uint8_t* out = p.out + (f * p.out_row + (b << kBlockLog2)) * sizeof(T);
     for (uint64_t e = cta.tid(); e < m; e += kThreads) StoreElem<T>(out + e * sizeof(T), fill);
   }
 };

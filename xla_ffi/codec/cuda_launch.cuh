@@ -108,13 +108,15 @@ int EncodeAsync(const void* x, uint8_t dtype, bool checksum, uint8_t* payload, u
                 void* nbytes, bool nbytes64, const uint8_t* skip, const EncodeLayout& L,
                 void* scratch, CUstream_st* stream);
 
-// Decodes frames (payload: frames * cap bytes) into out (frames * n elements).
+// Decodes frames (payload: frames * cap bytes) into out: frame f's n elements start at element
+// f * out_row of out (out_row >= n; n: frames * n contiguous elements).
 // A rejected frame's elements are set to NaN; status (nullable, int32 per
 // frame) receives 0 or the Status code of the first error, as the CPU driver
 // would report it. skip (nullable, device memory, one byte per frame): a frame
 // with a non-zero flag is not read, its elements are zero and its status 0.
-int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, int32_t* status,
-                const uint8_t* skip, const DecodeLayout& L, void* scratch, CUstream_st* stream);
+int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, uint64_t out_row,
+                int32_t* status, const uint8_t* skip, const DecodeLayout& L, void* scratch,
+                CUstream_st* stream);
 
 // A CUresult's message (cuGetErrorString), or a generic one without a driver.
 const char* ErrorString(int cuda_error);

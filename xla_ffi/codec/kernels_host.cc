@@ -156,10 +156,11 @@ int EncodeAsync(const void* x, uint8_t dtype, bool checksum, uint8_t* payload, u
   return WithLauncher(stream, [&](DriverLauncher& l) { RunEncode(l, p); });
 }
 
-int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, int32_t* status,
-                const uint8_t* skip, const DecodeLayout& L, void* scratch, CUstream_st* stream) {
+int DecodeAsync(const uint8_t* payload, uint64_t cap, uint8_t dtype, void* out, uint64_t out_row,
+                int32_t* status, const uint8_t* skip, const DecodeLayout& L, void* scratch,
+                CUstream_st* stream) {
   auto* s = static_cast<uint8_t*>(scratch);
-  const DecodeParams p = MakeDecodeParams(L, payload, cap, dtype, out, status, skip, s);
+  const DecodeParams p = MakeDecodeParams(L, payload, cap, dtype, out, out_row, status, skip, s);
   return WithLauncher(stream, [&](DriverLauncher& l) { RunDecode(l, p); });
 }
 

@@ -1,0 +1,86 @@
+"""Collectives in K pieces: each chain its own frames and collective, so that XLA:GPU overlaps
+one piece's codec with another's transfer (`zipccl_jax._exchange`, "Pieces").
+
+`decode_pieces` (the padded transport) decodes every piece into its columns of one result and
+`unless_fallback` keeps that result's buffer where the call falls back to the raw collective;
+`in_pieces` (the ragged transport, which needs no fallback) joins the pieces' results.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+from jax import lax
+
+from zipccl_jax import accounting, codec
+from zipccl_jax._bits import uint_of, zero_after
+from zipccl_jax.accounting import in_fallback
+from zipccl_jax.capacity import piece_capacities
+
+
+def decode_pieces(rows, pieces: int, capacity: int, move: Callable):
+  """The padded transport in pieces: the columns of `rows` (R, m) as `pieces` independent chains,
+  each decoded into its columns of one result; returns (whether any piece overflowed, got (F, m)).
+
+  `move(columns, capacity)` -> (overflowed, frames received (F, C_k), rows not to decode (F,) or
+  None) encodes and moves one piece. Its frames are decoded, outside any conditional (a poisoned
+  frame's row comes out NaN and the caller's `unless_fallback` discards the call), straight into
+  its columns of the result (`codec.decode_frames_into`), so the only buffers beyond the frames
+  are the result's: K decoded pieces joined afterwards each held their share of it until the
+  join, which XLA:GPU runs after its last decode (they were alive together, a result's bytes).
+  No chain reads another's values, so XLA:GPU overlaps codec and transfers
+  (`strategy.programs.SCHEDULED`).
+  """
+  dt = rows.dtype
+  bits = lax.bitcast_convert_type(rows, uint_of(dt))  # the slices move bit patterns
+  got, flags = None, []
+  for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt):
+    flag, recv, skip = move(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
+    if got is None:  # made from the frames: hoisted, XLA would make every such buffer at once
+      u = uint_of(dt)
+      zeros = jnp.full((recv.shape[0], rows.shape[1]), zero_after(recv, u))
+      got = lax.bitcast_convert_type(zeros, dt)
+    got = codec.decode_frames_into(got, recv, col=lo, elems=hi - lo, skip=skip,
+                                   return_status=True)[0]
+    flags.append(flag)
+  return jnp.any(jnp.stack(flags)), got
+
+
+def unless_fallback(fallback, raw: Callable, coded):
+  """`coded`, or `raw()` (in the fallback scope) where `fallback` (uniform over the ranks).
+
+  A loop that runs `raw` once or never, on bit patterns, rather than `lax.cond`: a conditional's
+  result is a buffer of its own, into which XLA copies a value made before it (a result's bytes
+  of temp), where a loop's carry keeps the buffer `coded` was written in. XLA:GPU reads the
+  predicate on the host either way (WhileThunk, as ConditionalThunk). Under `jax.vmap` with a
+  per-example flag the loop runs `raw` for all and keeps, per example, the bits it should.
+  """
+  u = uint_of(coded.dtype)
+
+  def body(c):
+    return c[0] & False, lax.bitcast_convert_type(in_fallback(raw), u)
+
+  _, out = lax.while_loop(lambda c: c[0], body, (fallback, lax.bitcast_convert_type(coded, u)))
+  return lax.bitcast_convert_type(out, coded.dtype)
+
+
+def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
+  """The ragged transport in pieces: the columns of `rows` (R, m) as `pieces` independent chains;
+  returns (whether any piece came raw, a thunk concatenating the results into (R', m)).
+
+  `piece(columns, capacity)` -> (flag, result (R', m_k)) runs one chain (`ragged_rows`,
+  `ragged_gather`, `ragged_permute`), with no conditional. No chain reads another's values. The
+  call is counted once (a row came raw if any piece's did).
+  """
+  dt = rows.dtype
+  u = uint_of(dt)
+  bits = lax.bitcast_convert_type(rows, u)  # slices and the concatenation move bit patterns:
+  outs, flags = [], []                      # XLA:CPU may widen 16-bit float copies (NaN payloads)
+  for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt):
+    fallback, out = piece(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
+    outs.append(lax.bitcast_convert_type(out, u))
+    flags.append(fallback)
+  flag = jnp.any(jnp.stack(flags))
+  accounting.count(site, flag)
+  return flag, lambda: lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
