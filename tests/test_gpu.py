@@ -9,7 +9,8 @@ machine; `pytest -m gpu` selects the CUDA runs only.
   at odd capacities, NaN payloads, +-0, subnormals, +-Inf and random bits, with and without the checksum,
   skipped and overflowing frames, equal the CPU driver's; decoding gives the bits back; damaged and
   truncated frames get the CPU driver's verdict (status code, NaN rows; a raise where the platform can);
-- collectives: all_to_all, all_gather, ppermute, all_gather_invariant (bit-identical to jax.lax on the bits), psum_scatter,
+- collectives: all_to_all, all_gather, ppermute, all_gather_invariant (bit-identical to jax.lax on the bits; also
+  in 3 pieces, each decoded into its columns of one result), psum_scatter,
   psum, pmean (compress=True bit-identical to compress=False with fixed_order=True, psum to the documented
   fixed-order sum),
   with both transports, under jit and grad; ragged_all_to_all against jax.lax's documented semantics
@@ -271,6 +272,45 @@ def _collectives_bit_exact(mesh, transport):
   acc = functools.reduce(lambda a, b: a + b, x.reshape(n, -1, x.shape[1]).astype(np.float32))
   np.testing.assert_array_equal(_u(got[1])[: acc.shape[0]], _u(acc.astype(BF16)),
                                 err_msg="psum: the documented ascending-rank float32 sum")
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
+def test_collectives_in_pieces_bit_exact(backend, mesh):
+  """The padded transport in 3 pieces (`zipccl_jax._pieces`: each piece decoded into its columns of one
+  result by `zipccl_decode_into`, the raw fallback a loop): bit-identical to jax.lax on coded data and on
+  data that overflows."""
+  with _mesh(backend, mesh) as m:
+    n = m.size
+    names = ["all_to_all", "all_gather", "ppermute", "all_gather_invariant"]
+    for kind in ("coded", "fallback"):  # 64 Ki elements per row: pieces large enough to code
+      x = np.tile(_collective_data(n, BF16, seed=6, kind=kind), (1, 128))
+
+      def body(v):
+        with zj.use_algorithm(pieces=3):
+          return tuple(MOVES[k][0](v, n, compress=True, transport="padded", name=k) for k in names)
+
+      got, stats = _with_stats(lambda: _run(m, body, x))
+      want = _run(m, lambda v: tuple(MOVES[k][1](_bitcast(v), n) for k in names), x)
+      for k, g, w in zip(names, got, want):
+        np.testing.assert_array_equal(_u(g), np.asarray(w), err_msg=f"{k} {kind} in 3 pieces")
+        assert (stats[k].fallbacks > 0) == (kind == "fallback"), (k, kind, stats[k])
+
+
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
+def test_decode_into_writes_its_columns_on_the_device(backend):
+  """`codec.decode_frames_into` on the device: frames of every kind of bits land in their columns,
+  every other element keeps its bits."""
+  dev = cuda_devices()[0] if backend == "cuda" else jax.devices("cpu")[0]
+  dtype, frames, n, row, col = BF16, 3, BLOCK + 2049, BLOCK + 5000, 1999
+  bits = np.stack([sprinkled_bits(dtype, n, seed=f) for f in range(frames)])
+  into = np.stack([sprinkled_bits(dtype, row, seed=9 + f) for f in range(frames)])
+  put = lambda a: jax.device_put(a.view(dtype), dev)  # noqa: E731
+  payload, _ = jax.jit(lambda v: codec.encode_frames(v, capacity=max_encoded_bytes(n, dtype)))(put(bits))
+  got = jax.jit(lambda i, p: codec.decode_frames_into(i, p, col=col, elems=n))(put(into), payload)
+  want = into.copy()
+  want[:, col:col + n] = bits
+  np.testing.assert_array_equal(_u(got), want)
 
 
 @pytest.mark.parametrize("mesh", MESHES)

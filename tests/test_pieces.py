@@ -1,4 +1,4 @@
-"""Pipelining: a coded chunk as K independent encode -> collective -> decode chains (_exchange.in_pieces).
+"""Pipelining: a coded chunk as K independent encode -> collective -> decode chains (_pieces).
 
 On 8 virtual CPU devices every K gives the bits of K = 1 (data movement: jax.lax's bits), including
 chunks whose size K does not divide and pieces that overflow into their own raw fallback. The CUDA
@@ -46,6 +46,8 @@ CASES = {
                    lambda v: lax.all_to_all(v, "i", 0, 1, tiled=True), P("i")),
     "all_gather": (lambda v, **kw: zipccl_jax.all_gather(v, "i", axis=1, tiled=True, **kw),
                    lambda v: lax.all_gather(v, "i", axis=1, tiled=True), P("i")),
+    "all_gather_axis0": (lambda v, **kw: zipccl_jax.all_gather(v, "i", tiled=True, **kw),
+                         lambda v: lax.all_gather(v, "i", tiled=True), P("i")),  # x (16, m) as one row
     "psum_scatter": (lambda v, **kw: zipccl_jax.psum_scatter(v, "i", tiled=True, **kw), None,
                      P("i")),
     "psum": (lambda v, **kw: zipccl_jax.psum(v, "i", **kw), None, P()),
@@ -74,15 +76,38 @@ def _data(cols, seed=0, adversarial_rows=()):
   return x
 
 
+@pytest.mark.parametrize("op", ["all_to_all", "all_gather", "ppermute_partial"])
+def test_vmap_over_examples_that_do_and_do_not_fall_back(op):
+  """Padded, in 3 pieces, under `jax.vmap`: example 0 codes, example 1 overflows and takes the raw
+  fallback (`_pieces.unless_fallback`: a loop whose flag is then per example); each gets jax.lax's
+  bits."""
+  mesh = _mesh()
+  fn, twin, _ = CASES[op]
+  x = np.stack([_data(1001, seed=2), _data(1001, seed=3, adversarial_rows=range(N * 16))])
+
+  def run(body):
+    f = jax.jit(jax.shard_map(jax.vmap(body), mesh=mesh, in_specs=P(None, "i"),
+                              out_specs=P(None, "i")))
+    return np.asarray(f(jax.device_put(x, NamedSharding(mesh, P(None, "i")))))
+
+  def coded(v):
+    with zipccl_jax.use_algorithm(pieces=3):
+      return fn(v, compress=True, transport="padded")
+
+  want = run(lambda v: lax.bitcast_convert_type(twin(lax.bitcast_convert_type(v, np.uint16)), BF16))
+  assert np.array_equal(_bits(run(coded)), _bits(want))
+
+
 @pytest.mark.parametrize("transport", ["padded", "ragged"])
 @pytest.mark.parametrize("op", list(CASES))
 def test_every_k_gives_the_same_bits(op, transport):
-  """K = 1, 2, 3 (chunks of 2 x 101 / 16 x 101 elements: K does not divide them), compressed, on both
-  transports; data movement also against jax.lax on the bit patterns, reductions against their raw
-  fixed-order program."""
+  """K = 1, 2, 3 (chunks of 2 x 1001 / 16 x 1001 elements: 3 does not divide them), compressed, on
+  both transports; data movement also against jax.lax on the bit patterns, reductions against their
+  raw fixed-order program. The data movement codes in every piece (no call falls back: pieces of
+  101-element rows overflowed their share of the capacity, and the raw fallback hid the coded path)."""
   mesh = _mesh()
   fn, twin, spec = CASES[op]
-  x = _data(101, adversarial_rows=(5,) if op.startswith("psum") else ())  # a piece of row 5 goes raw
+  x = _data(1001, adversarial_rows=(5,) if op.startswith("psum") else ())  # a piece of row 5 goes raw
   ref = _run(mesh, fn, x, spec, pieces=1, compress=True, transport=transport)
   if twin is not None:
     want = _run(mesh, lambda v: lax.bitcast_convert_type(
@@ -91,8 +116,16 @@ def test_every_k_gives_the_same_bits(op, transport):
   else:
     assert np.array_equal(_bits(ref), _bits(_run(mesh, fn, x, spec, compress=False, fixed_order=True)))
   for k in (2, 3):
-    got = _run(mesh, fn, x, spec, pieces=k, compress=True, transport=transport)
+    zipccl_jax.reset_stats()
+    prev = zipccl_jax.set_runtime_stats(True)
+    try:
+      got = _run(mesh, fn, x, spec, pieces=k, compress=True, transport=transport)
+      jax.effects_barrier()
+    finally:
+      zipccl_jax.set_runtime_stats(prev)
     assert np.array_equal(_bits(got), _bits(ref)), (op, k)
+    if twin is not None:
+      assert [st.fallbacks for st in zipccl_jax.stats().values()] == [0], (op, k)
 
 
 @pytest.mark.parametrize("op", ["all_to_all", "all_gather", "ppermute", "ppermute_partial"])

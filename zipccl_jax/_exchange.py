@@ -222,17 +222,16 @@ def own_row(axis_name, n: int):
 
 
 def put_own_row(got, rows, axis_name):
-  """`got` (n, m) with this rank's row taken from `rows` ((n, m), or m elements: the row), updated
-  in place (no row of `got` is this rank's inside `code_own_row`). Where `got` is a buffer the
-  pieces were decoded into (`_pieces.decode_pieces`), `with_own_row`'s select would write a new
-  one (a result's bytes more) where XLA cannot reuse it."""
+  """`got` (n, m) with this rank's row taken from `rows` ((n, m): row `rank`; (1, m): that row),
+  updated in place (no row of `got` is this rank's inside `code_own_row`). Where `got` is a buffer
+  the pieces were decoded into (`_pieces.decode_pieces`), `with_own_row`'s select would write a
+  new one (a result's bytes more) where XLA cannot reuse it."""
   if coding_own_row():
     return got
   u = uint_of(got.dtype)
   me = rank(axis_name)
   bits = lax.bitcast_convert_type(rows, u)
-  own = (lax.dynamic_slice_in_dim(bits, me, 1, 0) if bits.ndim == 2 and bits.shape[0] > 1
-         else bits.reshape(1, -1))
+  own = bits if bits.shape[0] == 1 else lax.dynamic_slice_in_dim(bits, me, 1, 0)
   out = lax.dynamic_update_slice_in_dim(lax.bitcast_convert_type(got, u), own, me, 0)
   return lax.bitcast_convert_type(out, got.dtype)
 
@@ -581,7 +580,7 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
         return fallback, recv, None if invariant else own_row(axis_name, n)
       fallback, got = decode_pieces(x.reshape(1, x.size), pieces, capacity, move)
       accounting.count(site, fallback)
-      got = got if invariant else put_own_row(got, x, axis_name)
+      got = got if invariant else put_own_row(got, x.reshape(1, x.size), axis_name)
       return unless_fallback(fallback, raw, finish(got))
     fallback, coded = _gather_chain(x, axis_name, n, capacity, invariant)
     accounting.count(site, fallback)
