@@ -249,18 +249,20 @@ def test_cuda_lowering_has_k_independent_chains(op, transport):
       assert sorted(sets, key=len) == want, (what, chains)
     return
   if transport == "padded":
-    # every transfer reads its own encode only; decode k writes into decode k-1's result
-    # (`codec.decode_frames_into`), so it reads the first k+1 encodes; the call's one fallback (a
-    # loop holding only the raw collective, no decode) reads every chain
+    # decode k writes into decode k-1's result (`codec.decode_frames_into`), so it reads the first k+1
+    # encodes. Encodes and transfers are independent for a one-row operand; of several rows
+    # (all_to_all) piece k's columns are sliced once piece k-1's frames exist (a column slice of
+    # several rows is a copy, `_pieces.decode_pieces`), so they read the first k+1 encodes too. No
+    # encode or transfer reads a decode. The call's one fallback (a loop holding only the raw
+    # collective, no decode) reads every chain.
     prefixes = [set(sorted(encodes)[:i + 1]) for i in range(k)]
-    decodes = [enc for lab, enc in chains if lab == ["zipccl_decode_into"]]
-    assert sorted(decodes, key=len) == prefixes, chains
-    shared = [(lab, enc) for lab, enc in chains if len(enc) > 1 and lab != ["zipccl_decode_into"]]
-    assert len(shared) == 1 and shared[0][1] == set(encodes), shared
-    assert not any("zipccl_decode" in c for c in shared[0][0])
-    assert any(c in shared[0][0] for c in COLLECTIVE_OPS)
-    colls = [enc for lab, enc in chains if len(enc) == 1 and any(c in lab for c in COLLECTIVE_OPS)]
-    assert {next(iter(e)) for e in colls} == set(encodes), chains
+    sent = prefixes if op == "all_to_all" else [{e} for e in encodes]
+    canon = lambda sets: sorted(sorted(e) for e in sets)  # noqa: E731
+    assert canon(e for lab, e in chains if lab == ["zipccl_encode"]) == canon(sent), chains
+    assert canon(e for lab, e in chains if lab == ["zipccl_decode_into"]) == canon(prefixes), chains
+    colls = [e for lab, e in chains if any(c in lab for c in COLLECTIVE_OPS)]
+    assert canon(colls) == canon(sent + [set(encodes)]), chains
+    assert all(len(lab) == 1 for lab, _ in chains), chains  # no region holds a decode and a collective
     return
   # ragged: no conditional, nothing reads two chains' values
   shared = [(lab, enc) for lab, enc in chains if len(enc) > 1]
@@ -358,17 +360,19 @@ def test_ordered_sum_pins_the_first_nan():
 
 
 def test_cuda_lowering_of_psum_chains_per_phase():
-  """psum (reduce-scatter + all-gather) in 2 pieces: each phase's transfers are independent of each
-  other (decode k writes into decode k-1's result, so it reads the first k+1 encodes); a gather chain
-  reads the sums, which depend on every reduce-scatter chain (the reduction itself)."""
+  """psum (reduce-scatter + all-gather) in 2 pieces: the reduce-scatter's piece k (its encode, transfer
+  and decode, which writes into decode k-1's result) reads the first k+1 encodes (its rows' columns
+  are sliced in turn, `_pieces.decode_pieces`); a gather chain reads the sums, which depend on every
+  reduce-scatter chain (the reduction itself)."""
   chains, encodes = _chains(_cuda_module("psum", 2, "padded"))
   assert len(encodes) == 4  # 2 reduce-scatter + 2 all-gather encodes
   first = sorted(encodes)[:2]
   decodes = [enc for lab, enc in chains if "zipccl_decode_into" in lab]
   rs = [e for e in decodes if e <= set(first)]
   assert sorted(rs, key=len) == [{first[0]}, set(first)], decodes
-  colls = [enc for lab, enc in chains if any(c in lab for c in COLLECTIVE_OPS) and len(enc) == 1]
-  assert {next(iter(e)) for e in colls} == set(first), chains  # the reduce-scatter's transfers
+  colls = [enc for lab, enc in chains if any(c in lab for c in COLLECTIVE_OPS) and enc <= set(first)]
+  # the reduce-scatter's two transfers, then its fallback (a loop holding the raw collective)
+  assert sorted(colls, key=len) == [{first[0]}, set(first), set(first)], chains
 
 
 def test_k1_lowering_is_one_chain():

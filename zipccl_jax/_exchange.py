@@ -472,17 +472,17 @@ def _ragged_call(rows, chain: Callable, pieces: int, capacity: int, site: str, f
 
 def _send_rows(rows, axis_name, n: int, capacity: int):
   """Encode rows (n, m) (the own row skipped) -> all-to-all -> (fallback flag, frames received
-  (n, C), the own row's flag (n,))."""
+  (n, C), the own row's flag (n,), the frames sent)."""
   skip = own_row(axis_name, n)
   payload, nbytes, _ = encode_rows(rows, capacity, skip)
   recv = lax.all_to_all(payload, axis_name, 0, 0, tiled=True, axis_index_groups=_GROUPS.get())
-  return codec.any_overflow(recv, capacity), recv, skip
+  return codec.any_overflow(recv, capacity), recv, skip, payload
 
 
 def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
   """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s);
   `eager`: the decode runs outside the fallback's conditional (`decode_any`)."""
-  fallback, recv, skip = _send_rows(rows, axis_name, n, capacity)
+  fallback, recv, skip, _ = _send_rows(rows, axis_name, n, capacity)
   m = rows.shape[1]
   dec = (lambda: decode_any(recv, m, rows.dtype, skip)) if eager else \
       (lambda: decode_guarded(recv, fallback, m, rows.dtype, skip))

@@ -20,23 +20,28 @@ from zipccl_jax.capacity import piece_capacities
 
 
 def decode_pieces(rows, pieces: int, capacity: int, move: Callable):
-  """The padded transport in pieces: the columns of `rows` (R, m) as `pieces` independent chains,
-  each decoded into its columns of one result; returns (whether any piece overflowed, got (F, m)).
+  """The padded transport in pieces: the columns of `rows` (R, m) as `pieces` chains, each decoded
+  into its columns of one result; returns (whether any piece overflowed, got (F, m)).
 
   `move(columns, capacity)` -> (overflowed, frames received (F, C_k), rows not to decode (F,) or
-  None) encodes and moves one piece. Its frames are decoded, outside any conditional (a poisoned
-  frame's row comes out NaN and the caller's `unless_fallback` discards the call), straight into
-  its columns of the result (`codec.decode_frames_into`), so the only buffers beyond the frames
-  are the result's: K decoded pieces joined afterwards each held their share of it until the
-  join, which XLA:GPU runs after its last decode (they were alive together, a result's bytes).
-  No chain reads another's values, so XLA:GPU overlaps codec and transfers
-  (`strategy.programs.SCHEDULED`).
+  None[, frames sent]) encodes and moves one piece. Each piece's frames are decoded outside any
+  conditional (a poisoned frame's row comes out NaN and the caller's `unless_fallback` discards the
+  call), straight into its columns of the result (`codec.decode_frames_into`): K decoded pieces
+  joined afterwards were alive together (XLA:GPU runs most decodes after the last transfer), a
+  result's bytes more. No transfer reads a decode, so XLA:GPU overlaps codec and transfers
+  (`strategy.programs.SCHEDULED`). Where `move` gives the frames it sent and `rows` has several
+  rows, the next piece's columns are sliced once those exist (a dynamic slice at `zero_after`
+  them): a column slice of several rows is a copy, and XLA:GPU makes independent ones together, in
+  one fusion before the first encode.
   """
   dt = rows.dtype
   bits = lax.bitcast_convert_type(rows, uint_of(dt))  # the slices move bit patterns
-  got, flags = None, []
+  got, flags, sent = None, [], None
   for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt):
-    flag, recv, skip = move(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
+    cols = bits[:, lo:hi] if sent is None else \
+        lax.dynamic_slice_in_dim(bits, lo + zero_after(sent), hi - lo, axis=1)
+    flag, recv, skip, *more = move(lax.bitcast_convert_type(cols, dt), cap)
+    sent = more[0] if more and rows.shape[0] > 1 else None
     if got is None:  # made from the frames: hoisted, XLA would make every such buffer at once
       u = uint_of(dt)
       zeros = jnp.full((recv.shape[0], rows.shape[1]), zero_after(recv, u))
