@@ -63,7 +63,7 @@ _LINE = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*? (?P<op>[a-z\-]+)\("
 
 def scheduled(hlo: str) -> list[tuple[str, str]]:
     """(kind, name) of the entry computation's encodes, decodes (those outside conditionals), collective
-    starts/dones, synchronous ragged-all-to-alls and conditionals, in the scheduled order (a scheduled module lists instructions in execution order)."""
+    starts/dones, synchronous collectives, conditionals and loops (a fallback), in the scheduled order (a scheduled module lists instructions in execution order)."""
     out = []
     bodies = dict(re.findall(r"^%([\w.\-]+) .*?\{\n(.*?)^\}", hlo, re.M | re.S))  # computation -> its text
     for line in hlo[hlo.index("\nENTRY"):].splitlines()[1:]:

@@ -87,14 +87,15 @@ def test_vmap_decodes_each_example_into_its_own_array():
   assert np.array_equal(_bits(got), want)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(col=-1, elems=10), "col must be an int >= 0"),
-    (dict(col=0, elems=True), "elems must be an int >= 0"),
-    (dict(col=95, elems=10), r"columns \[col, col \+ elems\) = \[95, 105\)"),
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(col=-1, elems=10), ValueError, "col must be >= 0"),
+    (dict(col=0, elems=True), TypeError, "elems must be an int"),
+    (dict(col=2.0, elems=10), TypeError, "col must be an int"),
+    (dict(col=95, elems=10), ValueError, r"columns \[col, col \+ elems\) = \[95, 105\)"),
 ])
-def test_bad_columns_raise_naming_the_argument(kwargs, match):
+def test_bad_columns_raise_naming_the_argument(kwargs, error, match):
   payload, _ = codec.encode_frames(jnp.zeros((2, 10), jnp.bfloat16), capacity=256)
-  with pytest.raises(ValueError, match=match):
+  with pytest.raises(error, match=match):
     codec.decode_frames_into(jnp.zeros((2, 100), jnp.bfloat16), payload, **kwargs)
 
 

@@ -113,11 +113,11 @@ import numpy as np
 from jax import lax
 
 from zipccl_jax import _ragged, accounting, codec
-from zipccl_jax._pieces import decode_pieces, in_pieces, unless_fallback
 from zipccl_jax._bits import uint_of, zero_after
-from zipccl_jax.accounting import in_fallback
+from zipccl_jax._pieces import decode_pieces, in_pieces, unless_fallback
 from zipccl_jax._shard import (lax_ppermute, manual_axes, perm_in_tuple_order, ppermute_index,
                                vary, vary_like)
+from zipccl_jax.accounting import in_fallback
 from zipccl_jax.capacity import piece_capacities
 
 # --------------------------------------------------------------------------- #

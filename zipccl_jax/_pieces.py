@@ -35,7 +35,8 @@ def decode_pieces(rows, pieces: int, capacity: int, move: Callable):
   one fusion before the first encode.
   """
   dt = rows.dtype
-  bits = lax.bitcast_convert_type(rows, uint_of(dt))  # the slices move bit patterns
+  u = uint_of(dt)
+  bits = lax.bitcast_convert_type(rows, u)  # the slices move bit patterns
   got, flags, sent = None, [], None
   for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt):
     cols = bits[:, lo:hi] if sent is None else \
@@ -43,7 +44,6 @@ def decode_pieces(rows, pieces: int, capacity: int, move: Callable):
     flag, recv, skip, *more = move(lax.bitcast_convert_type(cols, dt), cap)
     sent = more[0] if more and rows.shape[0] > 1 else None
     if got is None:  # made from the frames: hoisted, XLA would make every such buffer at once
-      u = uint_of(dt)
       zeros = jnp.full((recv.shape[0], rows.shape[1]), zero_after(recv, u))
       got = lax.bitcast_convert_type(zeros, dt)
     got = codec.decode_frames_into(got, recv, col=lo, elems=hi - lo, skip=skip,

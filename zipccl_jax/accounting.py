@@ -45,6 +45,7 @@ def in_fallback(fn):
   with jax.named_scope(FALLBACK_SCOPE):
     return fn()
 
+
 _KIND = {"all_to_all": "all-to-all", "ragged_all_to_all": "ragged-all-to-all",
          "psum_scatter": "reduce-scatter", "all_gather": "all-gather", "psum": "all-reduce",
          "ppermute": "collective-permute"}

@@ -276,8 +276,10 @@ def decode_frames_into(into, payload, *, col: int, elems: int, skip=None,
                      f"got {into.shape}")
   fmt.dtype_code(into.dtype)
   for name, v in (("col", col), ("elems", elems)):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-      raise ValueError(f"zipccl_jax: decode_frames_into {name} must be an int >= 0, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+      raise TypeError(f"zipccl_jax: decode_frames_into {name} must be an int, got {v!r}")
+    if v < 0:
+      raise ValueError(f"zipccl_jax: decode_frames_into {name} must be >= 0, got {v}")
   if col + elems > into.shape[1]:
     raise ValueError(f"zipccl_jax: decode_frames_into columns [col, col + elems) = [{col}, "
                      f"{col + elems}) must lie in into's rows of {into.shape[1]} elements")
