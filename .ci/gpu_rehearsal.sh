@@ -2,7 +2,8 @@
 # Rehearses the GPU proof kit on this CPU machine as the lent GPU image would run it (issue 27): Python 3.12
 # with the image's jax stack (jax, jaxlib, jax-cuda13-plugin 0.11.2) and the image's packages only, the wheel
 # of .ci/gpu_wheel.sh carried in .gpu_wheels/, and no network (unshare -n). The kit must exit 0, skip its GPU
-# stages for want of a device, and write a report that names jax 0.11.2.
+# stages for want of a device, and write a report that names jax 0.11.2; then tests/test_deviceless_gpu.py runs
+# in that stack (XLA:GPU compiling without a GPU) and must pass.
 #
 #   bash .ci/gpu_rehearsal.sh [OUT]      # OUT default: build/gpu_rehearsal
 set -euo pipefail
@@ -19,6 +20,10 @@ bash .ci/gpu_wheel.sh "$venv" >/dev/null
 rm -rf "$out"
 rc=0
 unshare -n env PYTHON="$venv/bin/python" bash .ci/gpu_check.sh "$out" || rc=$?
+# The deviceless XLA:GPU checks (issue 34): the same stack, with the kit's zipccl_jax installed, compiles for
+# 8 described H100s; the tests read XLA's schedule, command buffers and memory analysis (~1 min).
+JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu ZIPCCL_REQUIRE_DEVICELESS=1 unshare -n \
+  "$venv/bin/pytest" -q -p no:cacheprovider tests/test_deviceless_gpu.py || rc=1
 "$venv/bin/python" - "$out/gpu_report.json" "$rc" <<'PY'
 import json, sys
 rep, rc = json.load(open(sys.argv[1])), int(sys.argv[2])

@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_schedule import H100  # noqa: E402
+from gpu_schedule import H100, h100_mesh  # noqa: E402
 
 import zipccl_jax as zj  # noqa: E402
 from zipccl_jax import _ffi  # noqa: E402
@@ -79,6 +79,20 @@ def gpu_pieces(op: str, elems: int, transport: str) -> int:
   return d.pieces
 
 
+def compressed(smap, spec, op: str, transport: str, pieces: int | None, base: dict) -> dict:
+  """`op` with compress=True on `transport` in `pieces` pieces (None: the K the strategy picks on a GPU),
+  analysed, against `base` (jax.lax's analysis): extra temp, frames, and extra temp over the call's size."""
+  zj.reset_stats()
+  k = pieces or gpu_pieces(op, int(np.prod(spec.shape)) // N, transport)
+  with zj.use_algorithm(pieces=k):
+    rec = analyse(smap(lambda v: OPS[op][1](v, compress=True, transport=transport, name=op)), spec)
+  frames = 2 * zj.stats()[op].wire_bytes  # per device and call: what it sends, and as much received
+  extra = rec["temp_bytes"] - base["temp_bytes"]
+  size = max(rec["argument_bytes"], rec["output_bytes"])
+  return {"op": op, "variant": transport, "pieces": k, **rec, "extra_temp_bytes": extra, "frame_bytes": frames,
+          "within_frames": extra <= frames, "extra_over_size": round(extra / size, 3)}
+
+
 def one_device(mib: float) -> list[dict]:
   """The kit's one-GPU memory probe (benchmarks/codec_gpu.py `memory_probe`: a compressed all_to_all over a
   one-device mesh, its row coded by `_exchange.code_own_row`), compiled for one described H100: why its
@@ -122,9 +136,7 @@ def main(argv=None) -> int:
                                     "topology": "1 x H100 (described, deviceless)", "jax": jax.__version__,
                                     "results": res}, indent=1) + "\n")
     return 0
-  from jax.experimental import topologies
-  topo = topologies.get_topology_desc("h100x8", "cuda", target_config=H100, topology=f"1x1x{N}")
-  mesh = Mesh(np.array(topo.devices), ("i",))
+  mesh = h100_mesh()
   cols = 4096
   rows = int(a.mib * 2**20) // 2 // cols // N * N  # per device, a multiple of N
   spec = jax.ShapeDtypeStruct((N * rows, cols), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
@@ -133,8 +145,7 @@ def main(argv=None) -> int:
   print(f"{'op':13s} {'variant':8s} {'temp MiB':>9s} {'extra':>8s} {'frames':>8s} {'/ size':>6s} {'waits':>5s}  "
         f"(per device, {rows * cols * 2 / 2**20:.0f} MiB; size = the larger of operand and result)")
   for op in a.ops.split(","):
-    theirs, ours = OPS[op]
-    base = analyse(smap(theirs), spec)
+    base = analyse(smap(OPS[op][0]), spec)
     out.append({"op": op, "variant": "jax.lax", **base})
     print(f"{op:13s} {'jax.lax':8s} {base['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {'':6s} "
           f"{base['conditionals'] + base['loops']:5d}")
@@ -144,18 +155,12 @@ def main(argv=None) -> int:
       print(f"{op:13s} {'lax rag':8s} {ref['temp_bytes'] / 2**20:9.1f} {'':8s} {'':8s} {'':6s} "
             f"{ref['conditionals'] + ref['loops']:5d}")
     for transport in ("padded", "ragged"):
-      zj.reset_stats()
-      k = a.pieces or gpu_pieces(op, rows * cols, transport)
-      with zj.use_algorithm(pieces=k):
-        rec = analyse(smap(lambda v: ours(v, compress=True, transport=transport, name=op)), spec)
-      st = zj.stats()[op]
-      frames = 2 * st.wire_bytes  # per device and call: what it sends, and as much received
-      extra = rec["temp_bytes"] - base["temp_bytes"]
-      size = max(rec["argument_bytes"], rec["output_bytes"])
-      out.append({"op": op, "variant": transport, "pieces": k, **rec, "extra_temp_bytes": extra, "frame_bytes": frames,
-                  "within_frames": extra <= frames, "extra_over_size": round(extra / size, 3)})
-      print(f"{op:13s} {transport + f' K={k}':8s} {rec['temp_bytes'] / 2**20:9.1f} {extra / 2**20:8.1f} "
-            f"{frames / 2**20:8.1f} {extra / size:6.2f} {rec['conditionals'] + rec['loops']:5d}")
+      rec = compressed(smap, spec, op, transport, a.pieces, base)
+      out.append(rec)
+      label = f"{transport} K={rec['pieces']}"
+      print(f"{op:13s} {label:8s} {rec['temp_bytes'] / 2**20:9.1f} "
+            f"{rec['extra_temp_bytes'] / 2**20:8.1f} {rec['frame_bytes'] / 2**20:8.1f} "
+            f"{rec['extra_over_size']:6.2f} {rec['conditionals'] + rec['loops']:5d}")
   if a.json:
     a.json.write_text(json.dumps({"command": "python benchmarks/gpu_memory.py " + " ".join(argv or sys.argv[1:]),
                                   "topology": f"{N} x H100 (described, deviceless)", "jax": jax.__version__,

@@ -35,7 +35,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import zipccl_jax
 from zipccl_jax import _ffi
 
-# An H100 SXM as XLA's GpuTargetConfigProto text (hardware facts the compiler's cost models read).
+# An H100 SXM as XLA's GpuTargetConfigProto text (hardware facts the compiler's cost models read). The driver
+# is described because XLA drops custom calls, collectives, loops and conditionals from command buffers (CUDA
+# graphs) when min(runtime, driver) < 12.3 (command_buffer_conversion_pass.cc), and an undescribed driver is 0.
 H100 = """
 gpu_device_info {
   threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
@@ -44,6 +46,7 @@ gpu_device_info {
   memory_bandwidth: 3352320000000 l2_cache_size: 52428800 clock_rate_ghz: 1.98
   device_memory_size: 84929347584 shared_memory_per_block_optin: 232448
   cuda_compute_capability { major: 9 } registers_per_core_limit: 65536 registers_per_block_limit: 65536
+  driver_version: "12.8.0"
 }
 runtime_version { major: 12 minor: 8 }
 platform_name: "CUDA"
@@ -109,6 +112,25 @@ def overlaps(seq):
     return out
 
 
+def h100_mesh() -> Mesh:
+    """The 8 described H100s (`H100`, one host), as a mesh over axis "i"."""
+    from jax.experimental import topologies
+    topo = topologies.get_topology_desc("h100x8", "cuda", target_config=H100, topology="1x1x8")
+    return Mesh(np.array(topo.devices), ("i",))
+
+
+def compiled_hlo(mesh: Mesh, op: str, pieces: int, transport: str, elems: int) -> str:
+    """The compiled (scheduled) HLO of `op` with compress=True in `pieces` pieces on `transport`, for 8 rows
+    of `elems` bfloat16 per device."""
+    def body(v):
+        with zipccl_jax.use_algorithm(pieces=pieces):
+            return _OPS[op](v, compress=True, transport=transport)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    spec = jax.ShapeDtypeStruct((8 * 8, elems), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
+    return f.lower(spec).compile().as_text()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--op", choices=sorted(_OPS), default="all_to_all")
@@ -120,17 +142,7 @@ def main(argv=None):
     _ffi.register()
     if "CUDA" not in _ffi.extension().registrations():
         sys.exit("gpu_schedule: this zipccl_jax has no CUDA handlers (python -m zipccl_jax.info)")
-    from jax.experimental import topologies
-    topo = topologies.get_topology_desc("h100x8", "cuda", target_config=H100, topology="1x1x8")
-    mesh = Mesh(np.array(topo.devices), ("i",))
-
-    def body(v):
-        with zipccl_jax.use_algorithm(pieces=args.pieces):
-            return _OPS[args.op](v, compress=True, transport=args.transport)
-
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-    spec = jax.ShapeDtypeStruct((8 * 8, args.elems), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
-    hlo = f.lower(spec).compile().as_text()
+    hlo = compiled_hlo(h100_mesh(), args.op, args.pieces, args.transport, args.elems)
     seq = scheduled(hlo)
     ov = overlaps(seq)
     for kind, name in seq:
