@@ -119,16 +119,18 @@ def h100_mesh() -> Mesh:
     return Mesh(np.array(topo.devices), ("i",))
 
 
-def compiled_hlo(mesh: Mesh, op: str, pieces: int, transport: str, elems: int) -> str:
+def compiled_hlo(mesh: Mesh, op: str, pieces: int, transport: str, elems: int,
+                 options: dict | None = None) -> str:
     """The compiled (scheduled) HLO of `op` with compress=True in `pieces` pieces on `transport`, for 8 rows
-    of `elems` bfloat16 per device."""
+    of `elems` bfloat16 per device; `options`: XLA debug options for this compile (e.g.
+    ``{"xla_gpu_enable_latency_hiding_scheduler": True}``)."""
     def body(v):
         with zipccl_jax.use_algorithm(pieces=pieces):
             return _OPS[op](v, compress=True, transport=transport)
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
     spec = jax.ShapeDtypeStruct((8 * 8, elems), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
-    return f.lower(spec).compile().as_text()
+    return f.lower(spec).compile(compiler_options=options).as_text()
 
 
 def main(argv=None):

@@ -89,6 +89,22 @@ def test_decode_overlaps_transfer_as_the_model_says(mesh, op):
       assert any(d for _, d in got), (op, got)
 
 
+@pytest.mark.parametrize("op", ["all_to_all", "all_gather", "ppermute"])
+def test_ragged_decodes_overlap_an_exchange(mesh, op):
+  """The ragged transport (the GPU default) in 3 pieces: with XLA's default scheduler only all_to_all runs
+  a decode during a ragged exchange (docs/gpu.md says why all_gather's and ppermute's run in turn); with
+  the latency-hiding scheduler (JAX's GPU performance guide turns it on) all three do."""
+  def decodes_in_flight(options):
+    hlo = gpu_schedule.compiled_hlo(mesh, op, 3, "ragged", SCHEDULE_ELEMS, options)
+    seq = gpu_schedule.scheduled(hlo)
+    assert [kind for kind, _ in seq].count("decode") == 3
+    assert not any(kind in ("conditional", "while") for kind, _ in seq), seq
+    return [w for start, work in gpu_schedule.overlaps(seq).items() if start.startswith("ragged")
+            for w in work if w.startswith("decode")]
+  assert bool(decodes_in_flight(None)) is (op == "all_to_all")
+  assert decodes_in_flight({"xla_gpu_enable_latency_hiding_scheduler": True})
+
+
 @pytest.mark.parametrize("transport", ["padded", "ragged"])
 @pytest.mark.parametrize("op", OPS)
 def test_extra_temp_within_the_bar(mesh, op, transport):
