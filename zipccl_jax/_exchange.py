@@ -474,7 +474,7 @@ def _send_rows(rows, axis_name, n: int, capacity: int):
   """Encode rows (n, m) (the own row skipped) -> all-to-all -> (fallback flag, frames received
   (n, C), the own row's flag (n,), the frames sent)."""
   skip = own_row(axis_name, n)
-  payload, nbytes, _ = encode_rows(rows, capacity, skip)
+  payload, _, _ = encode_rows(rows, capacity, skip)
   recv = lax.all_to_all(payload, axis_name, 0, 0, tiled=True, axis_index_groups=_GROUPS.get())
   return codec.any_overflow(recv, capacity), recv, skip, payload
 
