@@ -17,6 +17,9 @@ the later ones: a first GPU run should bring back everything it can.
              of a compressed all_to_all against jax.lax's, collectives on 2+ GPUs
   profile    each zipccl kernel's GPU time in a 64 MB bfloat16 encode and decode (Nsight Compute), where
              ncu works; informative, never a failure
+  graphs     the collectives' GPU tests again with XLA's command buffers holding custom calls, collectives,
+             loops and conditionals (GRAPH_FLAGS): each compressed collective one CUDA graph, its fallback a
+             graph conditional (docs/gpu.md, "CUDA graphs"); last, so it never takes another stage's time
 
 Without a CUDA device the GPU stages say so and are skipped (a rehearsal on a CPU machine exits 0).
 Files written to OUT (at most 8, the device tool's limit): gpu_report.json, gpu_check.log, pytest_gpu.xml,
@@ -43,9 +46,14 @@ BUDGET_S = float(os.environ.get("ZIPCCL_KIT_BUDGET_S", "480"))
 KEEP_GOING = os.environ.get("ZIPCCL_KIT_KEEP_GOING", "") not in ("", "0")
 # Stage limits (s). On an H100 the whole kit, install included, is meant to end inside 8 minutes.
 LIMITS = {"install": 240, "source_build": 240, "info": 60, "pytest": 240, "memcheck": 120, "racecheck": 120, "benchmark": 240,
-          "profile": 90}
+          "profile": 90, "graphs": 120}
 # The codec's CUDA tests, rerun under the sanitizer: every dtype's bytes, damaged frames, overflow.
 SANITIZED_TESTS = ["test_gpu.py", "-k", "cuda and (codec_bytes or damaged or overflow_header)"]
+# Every compressed collective captured whole (a deviceless compile of 8 x H100 puts each op, both transports, in
+# one command buffer under these: benchmarks/gpu_command_buffers.py), and graphs of any size.
+GRAPH_FLAGS = ("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,COLLECTIVES,WHILE,CONDITIONAL "
+               "--xla_gpu_graph_min_graph_size=1")
+GRAPH_TESTS = ["test_gpu.py", "-k", "collectives or decode_into or ragged_all_to_all"]
 JAX_DISTS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt")
 
 T0 = time.monotonic()
@@ -212,6 +220,23 @@ def pytest_gpu(kit: Kit, have_gpu: bool) -> bool:
   kit.stage("pytest", "passed" if ok else "failed", command=" ".join(cmd[1:]), summary=summary.strip("= "),
             gpu_tests_ran=have_gpu and res["passed"] > 0, **res)
   return ok
+
+
+def graphs(kit: Kit, have_gpu: bool) -> bool:
+  """GRAPH_TESTS under GRAPH_FLAGS: the coded and the fallback paths' bits when XLA runs them as CUDA graphs."""
+  if not have_gpu:
+    kit.stage("graphs", "skipped", reason="no CUDA device")
+    return True
+  flags = f"{os.environ.get('XLA_FLAGS', '')} {GRAPH_FLAGS}".strip()
+  cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider", *GRAPH_TESTS]
+  r = kit.run("graphs", cmd, cwd=ROOT / "tests", env={"XLA_FLAGS": flags})
+  if r is None:
+    kit.stage("graphs", "not run", reason="no time", xla_flags=flags)
+    return False
+  summary = next((ln for ln in reversed(r.stdout.splitlines()) if " in " in ln), "")
+  kit.stage("graphs", "passed" if r.returncode == 0 else "failed", xla_flags=flags,
+            summary=summary.strip("= "), tail=None if r.returncode == 0 else (r.stdout + r.stderr)[-3000:])
+  return r.returncode == 0
 
 
 def _sanitizer() -> str | None:
@@ -395,6 +420,7 @@ def main() -> int:
     results["racecheck"] = sanitize(kit, "racecheck", have_gpu)
     results["benchmark"] = benchmark(kit, have_gpu)
     results["profile"] = profile(kit, have_gpu)
+    results["graphs"] = graphs(kit, have_gpu)
   kit.report["wall_s"] = round(time.monotonic() - T0, 1)
   kit.report["ok"] = all(results.values())
   kit.report["failed_stages"] = [k for k, v in results.items() if not v]

@@ -84,8 +84,8 @@ def test_rehearsal_without_a_gpu(tmp_path):
   import jax
   assert rep["ok"] and rep["versions"]["jax"] == jax.__version__ and rep["have_gpu"] is False
   assert set(rep["stages"]) == {"install", "source_build", "info", "pytest", "memcheck", "racecheck",
-                                "benchmark", "profile"}
-  for stage in ("memcheck", "racecheck", "benchmark", "profile"):
+                                "benchmark", "profile", "graphs"}
+  for stage in ("memcheck", "racecheck", "benchmark", "profile", "graphs"):
     assert rep["stages"][stage] == {"status": "skipped", "reason": "no CUDA device"}, stage
   py = rep["stages"]["pytest"]
   assert py["status"] == "passed" and py["passed"] == 0 and py["skipped"] >= 30 and not py["gpu_tests_ran"]
