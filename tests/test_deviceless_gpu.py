@@ -121,10 +121,13 @@ def test_extra_temp_within_the_bar(mesh, op, transport):
 
 
 def test_recorded_command_buffer_report_is_this_compile(mesh):
-  """benchmarks/results/gpu_command_buffers_h100x8.json (the docs' table) is what this jax compiles."""
-  rec = json.loads((ROOT / "benchmarks" / "results" / "gpu_command_buffers_h100x8.json").read_text())
-  if rec["jax"] != jax.__version__:
-    pytest.skip(f"recorded with jax {rec['jax']}, running {jax.__version__}")
+  """The recorded command-buffer table of this jax (benchmarks/results/gpu_command_buffers_h100x8*.json,
+  the docs' tables: jax 0.11.2 and 0.12.0.1) is what this jax compiles."""
+  recs = [json.loads(p.read_text())
+          for p in sorted((ROOT / "benchmarks" / "results").glob("gpu_command_buffers_h100x8*.json"))]
+  rec = next((r for r in recs if r["jax"] == jax.__version__), None)
+  if rec is None:
+    pytest.skip(f"no table recorded with jax {jax.__version__} (recorded: {[r['jax'] for r in recs]})")
   for row in rec["results"][::7]:  # a sample: every compile takes about a second
     got = cb.measure(mesh, row["op"], row["transport"], row["pieces"], row["command_buffer"])
     assert {k: got[k] for k in got} == {k: row[k] for k in got}, row
