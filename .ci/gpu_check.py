@@ -202,6 +202,12 @@ def junit_counts(path: Path) -> dict:
   return {**counts, "first_failure": first, "skip_reasons": skips}
 
 
+def _summary_line(stdout: str) -> str:
+  """pytest's last summary line ("N passed, M skipped in T s"), or ""."""
+  return next((ln for ln in reversed(stdout.splitlines()) if " in " in ln and ("passed" in ln or
+               "failed" in ln or "skipped" in ln or "error" in ln)), "")
+
+
 def pytest_gpu(kit: Kit, have_gpu: bool) -> bool:
   xml = kit.out / "pytest_gpu.xml"
   cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}"]
@@ -214,8 +220,7 @@ def pytest_gpu(kit: Kit, have_gpu: bool) -> bool:
     kit.stage("pytest", "failed", error=("no time" if r is None else r.stdout[-3000:] + r.stderr[-2000:]))
     return False
   res = junit_counts(xml)
-  summary = next((ln for ln in reversed(r.stdout.splitlines()) if " in " in ln and ("passed" in ln or
-                  "failed" in ln or "skipped" in ln or "error" in ln)), "")
+  summary = _summary_line(r.stdout)
   ok = r.returncode == 0 and not res["failed"] and not res["errors"]
   kit.stage("pytest", "passed" if ok else "failed", command=" ".join(cmd[1:]), summary=summary.strip("= "),
             gpu_tests_ran=have_gpu and res["passed"] > 0, **res)
@@ -233,7 +238,7 @@ def graphs(kit: Kit, have_gpu: bool) -> bool:
   if r is None:
     kit.stage("graphs", "not run", reason="no time", xla_flags=flags)
     return False
-  summary = next((ln for ln in reversed(r.stdout.splitlines()) if " in " in ln), "")
+  summary = _summary_line(r.stdout)
   kit.stage("graphs", "passed" if r.returncode == 0 else "failed", xla_flags=flags,
             summary=summary.strip("= "), tail=None if r.returncode == 0 else (r.stdout + r.stderr)[-3000:])
   return r.returncode == 0

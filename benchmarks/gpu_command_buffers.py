@@ -27,12 +27,10 @@ import tempfile
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_memory import N, OPS  # noqa: E402
+from gpu_memory import N, OPS, setup  # noqa: E402
 from gpu_schedule import h100_mesh  # noqa: E402
 
 import zipccl_jax as zj  # noqa: E402
@@ -86,15 +84,13 @@ def compile_thunks(f, spec, command_buffer: str | None) -> tuple[list[tuple[str,
 
 
 def measure(mesh: Mesh, op: str, transport: str, pieces: int, command_buffer: str | None,
-            rows: int = 64, cols: int = 4096) -> dict:
-  """One compile of `op` with compress=True: summarise()'s counts, and whether every custom call in the
-  compiled HLO is one of zipccl_jax's (the counts are of all custom-call thunks)."""
-  spec = jax.ShapeDtypeStruct((N * rows, cols), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
-  ours = OPS[op][1]
-  body = lambda v: ours(v, compress=True, transport=transport)
+            mib: float = 0.5) -> dict:
+  """One compile of `op` with compress=True, `mib` MiB per device: summarise()'s counts, and whether every
+  custom call in the compiled HLO is one of zipccl_jax's (the counts are of all custom-call thunks)."""
+  smap, spec = setup(mesh, mib)
+  body = lambda v: OPS[op][1](v, compress=True, transport=transport)
   with zj.use_algorithm(pieces=pieces):
-    tree, hlo = compile_thunks(jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))),
-                               spec, command_buffer)
+    tree, hlo = compile_thunks(smap(body), spec, command_buffer)
   targets = re.findall(r'custom_call_target="([^"]+)"', hlo)
   return {**summarise(tree), "all_custom_calls_zipccl": all(t.startswith("zipccl_") for t in targets)}
 

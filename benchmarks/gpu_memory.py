@@ -79,6 +79,14 @@ def gpu_pieces(op: str, elems: int, transport: str) -> int:
   return d.pieces
 
 
+def setup(mesh: Mesh, mib: float, cols: int = 4096):
+  """(smap, spec): `smap(body)` jits `body` in shard_map over `mesh`'s axis "i"; `spec` is a bfloat16 operand of
+  `mib` MiB per device, rows of `cols` elements, a multiple of N rows per device."""
+  rows = int(mib * 2**20) // 2 // cols // N * N
+  spec = jax.ShapeDtypeStruct((N * rows, cols), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
+  return (lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))), spec
+
+
 def compressed(smap, spec, op: str, transport: str, pieces: int | None, base: dict) -> dict:
   """`op` with compress=True on `transport` in `pieces` pieces (None: the K the strategy picks on a GPU),
   analysed, against `base` (jax.lax's analysis): extra temp, frames, and extra temp over the call's size."""
@@ -136,14 +144,10 @@ def main(argv=None) -> int:
                                     "topology": "1 x H100 (described, deviceless)", "jax": jax.__version__,
                                     "results": res}, indent=1) + "\n")
     return 0
-  mesh = h100_mesh()
-  cols = 4096
-  rows = int(a.mib * 2**20) // 2 // cols // N * N  # per device, a multiple of N
-  spec = jax.ShapeDtypeStruct((N * rows, cols), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
-  smap = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+  smap, spec = setup(h100_mesh(), a.mib)
   out = []
   print(f"{'op':13s} {'variant':8s} {'temp MiB':>9s} {'extra':>8s} {'frames':>8s} {'/ size':>6s} {'waits':>5s}  "
-        f"(per device, {rows * cols * 2 / 2**20:.0f} MiB; size = the larger of operand and result)")
+        f"(per device, {np.prod(spec.shape) // N * 2 / 2**20:.0f} MiB; size = the larger of operand and result)")
   for op in a.ops.split(","):
     base = analyse(smap(OPS[op][0]), spec)
     out.append({"op": op, "variant": "jax.lax", **base})

@@ -16,21 +16,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_PLUGIN = any(importlib.util.find_spec(f"jax_plugins.xla_cuda{v}") for v in (12, 13)) \
-    if importlib.util.find_spec("jax_plugins") else False
+_RUNS = (os.environ.get("JAX_PLATFORMS") == "cpu" and importlib.util.find_spec("jax_plugins") is not None
+         and any(importlib.util.find_spec(f"jax_plugins.xla_cuda{v}") for v in (12, 13)))
 _WHY = "needs a JAX CUDA plugin and JAX_PLATFORMS=cpu for a deviceless compile (.ci/gpu_rehearsal.sh)"
-if os.environ.get("ZIPCCL_REQUIRE_DEVICELESS") and not (_PLUGIN and os.environ.get("JAX_PLATFORMS") == "cpu"):
+if os.environ.get("ZIPCCL_REQUIRE_DEVICELESS") and not _RUNS:
   raise RuntimeError(_WHY)  # where CI runs them, they must not skip
-pytestmark = pytest.mark.skipif(not _PLUGIN or os.environ.get("JAX_PLATFORMS") != "cpu", reason=_WHY)
+pytestmark = pytest.mark.skipif(not _RUNS, reason=_WHY)
 
-if _PLUGIN and os.environ.get("JAX_PLATFORMS") == "cpu":
+if _RUNS:
   sys.path.insert(0, str(ROOT / "benchmarks"))
   import gpu_command_buffers as cb  # noqa: E402
   import gpu_memory  # noqa: E402
   import gpu_schedule  # noqa: E402
   import jax  # noqa: E402
-  import jax.numpy as jnp  # noqa: E402
-  from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
   from zipccl_jax import _ffi  # noqa: E402
   from zipccl_jax.strategy import programs  # noqa: E402
@@ -111,10 +109,7 @@ def test_extra_temp_within_the_bar(mesh, op, transport):
   """XLA's memory analysis, 64 MiB of bfloat16 per device, at the K the strategy picks on a GPU: the
   compressed call's temp over jax.lax's is at most 1.3 x the call's size (the larger of operand and
   result), and within the frames it sends and receives."""
-  cols = 4096
-  rows = 64 * 2**20 // 2 // cols
-  spec = jax.ShapeDtypeStruct((gpu_memory.N * rows, cols), jnp.bfloat16, sharding=NamedSharding(mesh, P("i")))
-  smap = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+  smap, spec = gpu_memory.setup(mesh, 64)
   base = gpu_memory.analyse(smap(gpu_memory.OPS[op][0]), spec)
   got = gpu_memory.compressed(smap, spec, op, transport, None, base)
   assert got["extra_over_size"] <= 1.3 and got["within_frames"], got
@@ -130,4 +125,4 @@ def test_recorded_command_buffer_report_is_this_compile(mesh):
     pytest.skip(f"no table recorded with jax {jax.__version__} (recorded: {[r['jax'] for r in recs]})")
   for row in rec["results"][::7]:  # a sample: every compile takes about a second
     got = cb.measure(mesh, row["op"], row["transport"], row["pieces"], row["command_buffer"])
-    assert {k: got[k] for k in got} == {k: row[k] for k in got}, row
+    assert got == {k: row[k] for k in got}, row
