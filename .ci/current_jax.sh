@@ -37,6 +37,7 @@ run_pair() {
   "$venv/bin/pytest" -q -p no:cacheprovider "$@"
   local rc=$?
   echo "=== $label: pytest exit $rc"
+  rm -rf "$venv"  # ~1.5 GB each: CI's clone must not fill the disk (stop 48's run ran out of space)
   return "$rc"
 }
 
@@ -63,6 +64,9 @@ deviceless_newest() {
   ZIPCCL_CUDA=12 "$venv/bin/pip" install -q '.[test]' || return 1
   JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu ZIPCCL_REQUIRE_DEVICELESS=1 \
     "$venv/bin/pytest" -q -p no:cacheprovider tests/test_deviceless_gpu.py
+  local rc=$?
+  rm -rf "$venv"
+  return "$rc"
 }
 deviceless_newest || status=1
 
