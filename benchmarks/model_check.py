@@ -19,8 +19,8 @@ sizes too).
 * **Two levels** (`PROFILE_RUN`, 2 hosts x 4 devices at 1 Gbit/s): every variant, two ways. *Anchored*:
   the run's own profile, whose measured programs the plan costs with (what `auto` decided with in that
   run). *Links only*: a `Topology` of the held-out calibration's per-level links, each level per
-  collective (its all_to_all and its all_gather, as calibrate measured them), and its codec, as at
-  scale, where no program has been measured.
+  collective (its all_to_all and its all_gather, as calibrate measured them, and the host level's
+  lone flow, the flat ring's edge), and its codec, as at scale, where no program has been measured.
 * **Training step** (`train_step_4p.json`, the MoE example on 4 processes): the step's collectives
   (`STEP_WORKLOAD`, captured from the example with `--capture`) plus its compute, taken as the
   uncompressed run's CPU time per step (process 0, median; the codec is then the model's).
