@@ -19,8 +19,8 @@ sizes too).
 * **Two levels** (`PROFILE_RUN`, 2 hosts x 4 devices at 1 Gbit/s): every variant, two ways. *Anchored*:
   the run's own profile, whose measured programs the plan costs with (what `auto` decided with in that
   run). *Links only*: a `Topology` of the held-out calibration's per-level links, each level per
-  collective (its all_to_all and its all_gather, as calibrate measured them, and the host level's
-  lone flow, the flat ring's edge), and its codec, as at scale, where no program has been measured.
+  collective (its all_to_all and its all_gather, as calibrate measured them), and its codec, as at
+  scale, where no program has been measured.
 * **Training step** (`train_step_4p.json`, the MoE example on 4 processes): the step's collectives
   (`STEP_WORKLOAD`, captured from the example with `--capture`) plus its compute, taken as the
   uncompressed run's CPU time per step (process 0, median; the codec is then the model's).
@@ -356,6 +356,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write every row here")
     p.add_argument("--scale", action="store_true", help="the README's table of predictions at scale")
+    p.add_argument("--two-levels", metavar="RUN_JSON", type=Path, default=PROFILE_RUN,
+                   help=f"the 2 x 4 run of the two-level table (its own profiles; default {PROFILE_RUN.name})")
     p.add_argument("--capture", metavar="EXAMPLE_JSON",
                    help=f"write the step's calls of an example run's --json to {STEP_WORKLOAD.name}")
     a = p.parse_args(argv)
@@ -370,7 +372,7 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps({"at_scale": rows, "hierarchical_all_to_all": hier},
                                                indent=1) + "\n")
         return 0
-    mesh = two_levels(testbed_profile())
+    mesh = two_levels(testbed_profile(a.two_levels), run=a.two_levels)
     flat, step = flat_sweep(), training_step(testbed_profile(STEP_PROFILE_RUN))
     print(markdown(flat, mesh, step))
     if a.json:

@@ -224,7 +224,6 @@ def test_collectives_benchmark_mesh_smoke(tmp_path):
             assert x["plan"], x
         if x["variant"] == "auto":  # the links-only prediction's profile, measured at sizes no case has
             assert x["model_profile"]["links"]["host"] and x["model_profile"]["links"]["local"], x
-            assert "link[host]/one_flow" in x["model_profile"]["fits"], x  # the flat ring's edge
     assert any(x["variant"] == "flat_compressed" for x in records)
     for op in _twolevel.ONE_AXIS_OPS:
         mine = {x["variant"]: x for x in records if x["collective"] == op and x["variant"].startswith("one_axis")}

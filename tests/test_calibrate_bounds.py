@@ -10,7 +10,7 @@ import zipccl_jax
 from zipccl_jax.strategy import calibration
 from zipccl_jax.strategy.calibration import fit_bounded
 from zipccl_jax.strategy.codec_cost import CodecModel
-from zipccl_jax.strategy.links import ONE_FLOW, LinkModel
+from zipccl_jax.strategy.links import LinkModel
 
 
 def test_fit_bounded_fits_clean_data_exactly():
@@ -66,28 +66,10 @@ def test_calibrate_measures_each_level_of_a_tuple():
     note = fits[f"link[host,local]/{key}"]
     assert note == "fit" or note.startswith(("throughput bound", "unmeasurable")), note
     assert (key in prof.links["host,local"]) == (not note.startswith("unmeasurable"))
-  note = fits[f"link[host]/{ONE_FLOW}"]  # the slow level's lone flow, no other level's
-  assert (ONE_FLOW in prof.links["host"]) == (not note.startswith("unmeasurable"))
-  assert f"link[local]/{ONE_FLOW}" not in fits and ONE_FLOW not in prof.links.get("local", {})
   tup = prof.links["host,local"]
   assert "*" not in tup or tup["*"] in [tup.get(c) for c in ("all_to_all", "all_gather")]  # "*": a flat link
   assert not any("zipccl.calibrate" in s for s in zipccl_jax.decisions())       # its programs leave no log
   assert calibration.out_of_bounds(prof) == []
-
-
-@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")
-def test_one_flow_is_one_device_and_its_peer_on_the_next_host():
-  """ONE_FLOW's program on the slow level of ("host", "local"): device (0, 0) and (1, 0) swap their
-  bytes; every other device sends nothing (its result zeros)."""
-  mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("host", "local"))
-  h = calibration._Harness(mesh, "host")
-  f, x, sent = calibration._link_job(h, ONE_FLOW, 16)
-  assert sent == 16.0 and x.shape == (8, 16)
-  rows = np.arange(1, 129, dtype=np.uint8).reshape(8, 16)
-  got = np.asarray(f(jax.device_put(rows, h.sharding)))
-  want = np.zeros_like(rows)
-  want[0], want[4] = rows[4], rows[0]
-  assert np.array_equal(got, want)
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")

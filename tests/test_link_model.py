@@ -15,7 +15,7 @@ import zipccl_jax
 from zipccl_jax.strategy import levels as two_level
 from zipccl_jax.strategy.calibration import fit_bounded, monotone_points
 from zipccl_jax.strategy.codec_cost import CodecModel
-from zipccl_jax.strategy.links import ONE_FLOW, LinkModel, flat_links
+from zipccl_jax.strategy.links import LinkModel, flat_links
 from zipccl_jax.strategy.profile import Profile
 
 STEP = LinkModel(1e-3, 1e8, ((1e5, 3e-3), (1e6, 12e-3), (2e6, 30e-3)))
@@ -93,31 +93,6 @@ def test_flat_links_compose_the_measured_curves():
   # two lines stay the line (zipccl_jax.model's table): no points
   lines = flat_links(H, L, LinkModel(1e-5, 5e10), LinkModel(5e-6, 9e11))
   assert lines["all_to_all"].points == () and lines["all_gather"].points == ()
-
-
-def _pts(rate_Bps, sizes=(1e6, 8e6)):
-  return LinkModel(0.0, rate_Bps, tuple((s, s / rate_Bps) for s in sizes))
-
-
-def test_a_flat_ring_crosses_hosts_by_its_faster_route():
-  """With the slow level's lone flow measured (calibrate's ONE_FLOW), the ring's edge out of a host
-  runs by the faster of the L devices' shares at once and that one flow; a lone flow slower than
-  the shares (a NIC per device) leaves the composition as it was; a shared link does not divide a
-  lone flow."""
-  H, L = 2, 4
-  intra, shares = _pts(4e9), _pts(24e6)  # the 2 x 4 testbed's host level: 24 MB/s per device
-  fast = flat_links(H, L, {"*": shares, ONE_FLOW: _pts(119e6)}, intra)["all_gather"]
-  alone = flat_links(H, L, shares, intra)["all_gather"]
-  for s in (1e6, 8e6, 32e6):
-    assert fast.time(s) == pytest.approx(min(alone.time(s), max(s / 119e6, intra.time(s))), rel=1e-12)
-    assert fast.time(s) < 0.85 * alone.time(s)  # 119 MB/s against 4 x 24
-  slow = flat_links(H, L, {"*": shares, ONE_FLOW: _pts(24e6)}, intra)["all_gather"]
-  assert [slow.time(s) for s in (1e6, 8e6, 32e6)] == pytest.approx([alone.time(s) for s in (1e6, 8e6, 32e6)])
-  lines = flat_links(H, L, {"*": LinkModel(1e-5, 1e7), ONE_FLOW: LinkModel(2e-5, 5e7)}, LinkModel(0, 1e10))
-  assert lines["all_gather"] == LinkModel(1e-5, 5e7)  # lines: the larger bandwidth, the lower latency
-  from zipccl_jax.model import Topology
-  p = Topology(H, L, {"*": _pts(96e6), ONE_FLOW: _pts(119e6)}, intra, platform="cpu", shared_link="host")
-  assert p.profile().links["host"][ONE_FLOW] == _pts(119e6)
 
 
 def test_monotone_points_pools_a_dip_and_averages_equal_sizes():

@@ -26,7 +26,7 @@ from zipccl_jax.observation import allgather_json
 from zipccl_jax.strategy import levels as two_level
 from zipccl_jax.strategy.codec_cost import CodecModel
 from zipccl_jax.strategy.levels import hierarchical_key
-from zipccl_jax.strategy.links import ONE_FLOW, LinkModel
+from zipccl_jax.strategy.links import LinkModel
 from zipccl_jax.strategy.profile import (Profile, axis_key, get_profile, np_dtype, platform_key,
                                          set_profile)
 
@@ -249,8 +249,7 @@ class _Harness:
 
 
 def _link_job(h: _Harness, coll: str, size: int):
-  """(program, operand, bytes one device sends) of the jax.lax collective `coll` at `size` bytes
-  (or of ONE_FLOW's lone exchange, on a level's harness)."""
+  """(program, operand, bytes one device sends) of the jax.lax collective `coll` at `size` bytes."""
   n, axis_name = h.n, h.axis_name
   if coll == "all_to_all":
     per = max(1, -(-int(size) // max(1, n - 1)))   # bytes per destination
@@ -263,12 +262,6 @@ def _link_job(h: _Harness, coll: str, size: int):
   if coll == "ppermute":
     ring = [(i, (i + 1) % n) for i in range(n)]
     f = h.smap(lambda c: lax_ppermute(c, axis_name, ring))  # any tuple order, on every jax
-    return f, h.put(np.zeros((1, int(size)), np.uint8)), float(size)
-  if coll == ONE_FLOW:
-    # Over every axis of the mesh, so that only one device and its peer one step along this axis
-    # send (a ring's edge out of a host); every other device is idle.
-    stride = int(math.prod(h.mesh.shape[a] for a in h.all_axes[h.all_axes.index(axis_name) + 1:]))
-    f = h.smap(lambda c: lax_ppermute(c, h.all_axes, [(0, stride), (stride, 0)]))
     return f, h.put(np.zeros((1, int(size)), np.uint8)), float(size)
   if coll == "psum":
     per = max(1, -(-int(size) * n // max(1, 2 * (n - 1)) // 4))
@@ -553,12 +546,9 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
 
   Levels (``levels``, for a tuple of axes such as ``("host", "local")``): each axis's link is
   measured too, by the same collectives over that axis alone (every device at once, so a
-  per-device rate under the load of its peers), interleaved with the rest. The slow (first)
-  level also gets ``ONE_FLOW``: one device and its peer on the next host exchanging while every
-  other device idles, the edge a flat ring sends across hosts (on a host link its devices share,
-  one flow can outrun their shares under load: `links.flat_links`). So the profile has a link
-  model per level, which is what lets :mod:`zipccl_jax.hierarchical` decompose collectives over
-  the tuple. Each op's hierarchical program over the tuple is timed too, with
+  per-device rate under the load of its peers), interleaved with the rest; the profile then has
+  a link model per level, which is what lets :mod:`zipccl_jax.hierarchical` decompose
+  collectives over the tuple. Each op's hierarchical program over the tuple is timed too, with
   both phases raw and with the slow phase coded (``links["slow,fast"]["hierarchical_<op>"]`` and
   ``["hierarchical_<op>_slow_coded"]``, against the flat raw bytes), and so is its flat compressed
   program (``["flat_<op>_coded"]``): the plan costs those variants from what they measured. Where
@@ -601,8 +591,6 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
     _link_jobs(h, collectives, link_bytes, jobs, sizes)
     for lh in level_h:
       _link_jobs(lh, collectives, link_bytes, jobs, sizes, prefix=f"link[{lh.akey}]")
-    if level_h:  # the slow level's lone flow: the edge a flat ring sends across it
-      _link_jobs(level_h[0], [ONE_FLOW], link_bytes, jobs, sizes, prefix=f"link[{level_h[0].akey}]")
     if len(axes) == 2 and level_h:
       _tuple_jobs(h, link_bytes, jobs, sizes)
   ratio_obs = _codec_jobs(h, dtypes, codec_bytes, sample_np, jobs, sizes) if codec else {}
@@ -621,9 +609,6 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
     for lh in level_h:
       _fit_links(prof, lh.akey, collectives, link_bytes, sizes, net, noise, notes,
                  prefix=f"link[{lh.akey}]")
-    if level_h:
-      _fit_links(prof, level_h[0].akey, [ONE_FLOW], link_bytes, sizes, net, noise, notes,
-                 prefix=f"link[{level_h[0].akey}]", star=False)
     if len(axes) == 2 and level_h:
       _fit_links(prof, h.akey, [k for op in two_level.PROGRAM_OPS for k in _tuple_programs(op)],
                  link_bytes, sizes, net, noise, notes, star=False)

@@ -29,10 +29,8 @@ axis             link model (``t = latency + bytes one device sends / bandwidth`
                  rows cross); a flat all_gather (and jax.lax's reductions) is a ring: each of its
                  edges carries ``n - 1`` shards, the edge out of a host through the ``L`` devices'
                  inter links together (one ring per link, a 1/L slice each), so it runs at
-                 ``min(L x inter, intra)`` per device, or, where `inter` has calibrate's
-                 ``"one_flow"`` (one device's flow across, the others idle), by that one flow
-                 if it is faster (one ring, as XLA:CPU's); levels a profile measured
-                 (``points``) compose their curves, not their slopes (`links.flat_links`)
+                 ``min(L x inter, intra)`` per device; levels a profile measured (``points``)
+                 compose their curves, not their slopes (`links.flat_links`)
 ===============  ===========================================================================
 
 A level given per collective (``{"all_to_all": ..., "all_gather": ..., "*": ...}``, what
@@ -70,7 +68,7 @@ from zipccl_jax.strategy import levels as two_level
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.strategy.codec_cost import DEFAULT_CODEC, DEFAULT_CODEC_SOURCE
 from zipccl_jax.strategy.decision import decide
-from zipccl_jax.strategy.links import ONE_FLOW, LinkModel, flat_links
+from zipccl_jax.strategy.links import LinkModel, flat_links
 from zipccl_jax.strategy.profile import Profile, get_profile, np_dtype, platform_key
 
 __all__ = ["Topology", "Call", "WORKLOADS", "workload", "predict_call", "predict_step", "crossover",
@@ -202,9 +200,8 @@ class Topology:
     """(inter, intra) per device as ``{collective: LinkModel}``, the shared link divided."""
     share = {"host": self.per_host, "all": self.devices}.get(self.shared_link, 1)
     inter = dict(self.inter) if isinstance(self.inter, dict) else {"*": self.inter}
-    if share != 1:  # a lone flow has the shared link to itself
-      inter = {op: lk if op == ONE_FLOW else LinkModel(lk.latency_s, lk.bandwidth_Bps / share)
-               for op, lk in inter.items()}
+    if share != 1:
+      inter = {op: LinkModel(lk.latency_s, lk.bandwidth_Bps / share) for op, lk in inter.items()}
     if self.intra is None:
       return inter, None
     return inter, dict(self.intra) if isinstance(self.intra, dict) else {"*": self.intra}

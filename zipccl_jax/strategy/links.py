@@ -69,11 +69,6 @@ DEFAULT_LINKS: dict[str, LinkModel] = {
 }
 
 
-# A level's entry (``Profile.links[level][ONE_FLOW]``, measured by calibrate on the slow level) that
-# is no collective: one device and its peer on the next host exchanging, every other device idle.
-ONE_FLOW = "one_flow"
-
-
 def axis_key(axis_name) -> str:
   if isinstance(axis_name, (tuple, list)):
     return ",".join(str(a) for a in axis_name)
@@ -100,17 +95,10 @@ def flat_links(H: int, L: int, inter, intra) -> dict:
   a2a = _slowest(((x, cross), (y, stay)), max(x.latency_s, y.latency_s),
                  1.0 / max(cross / x.bandwidth_Bps, stay / y.bandwidth_Bps))
   # ring all_gather: every edge of the ring carries n - 1 shards, a host's edge out of it through
-  # its L devices' links together (one ring per device's link, each a 1/L slice: NCCL's channels)
+  # its L devices' links together (one ring per device's link, each a 1/L slice)
   x, y = level_link(inter, "all_gather"), level_link(intra, "all_gather")
   ag = _slowest(((x, 1.0 / L), (y, 1.0)), max(x.latency_s, y.latency_s),
                 min(L * x.bandwidth_Bps, y.bandwidth_Bps))
-  one = inter.get(ONE_FLOW) if isinstance(inter, dict) else None
-  if one is not None:
-    # or all n - 1 shards in one flow (one ring: gloo's on XLA:CPU), which a host link its
-    # devices share can carry faster than their L shares measured at once (2 x 4 CPU testbed at
-    # 1 Gbit/s: 119 MB/s against 4 x 24); the ring runs by the faster of the two routes
-    ag = _fastest(ag, _slowest(((one, 1.0), (y, 1.0)), max(one.latency_s, y.latency_s),
-                               min(one.bandwidth_Bps, y.bandwidth_Bps)))
   return {"all_to_all": a2a, "all_gather": ag, "*": a2a,  # ppermute's rounds and flag psums cross
           "ppermute": level_link(inter, "ppermute"), "psum": level_link(inter, "psum")}
 
@@ -128,14 +116,3 @@ def _slowest(parts, latency_s: float, bandwidth_Bps: float) -> LinkModel:
     return LinkModel(latency_s, bandwidth_Bps)
   points = tuple((s, max(link.time(share * s) for link, share in parts)) for s in sizes)
   return LinkModel(latency_s, bandwidth_Bps, points)
-
-
-def _fastest(a: LinkModel, b: LinkModel) -> LinkModel:
-  """The faster of `a` and `b` at each size: points at every measured size of either (the lower
-  time there), the larger bandwidth past them; two lines give the one of larger bandwidth (the
-  faster for large messages), latency the lower."""
-  sizes = sorted({x for x, _ in a.points + b.points})
-  bw, lat = max(a.bandwidth_Bps, b.bandwidth_Bps), min(a.latency_s, b.latency_s)
-  if not sizes:
-    return LinkModel(lat, bw)
-  return LinkModel(lat, bw, tuple((s, min(a.time(s), b.time(s))) for s in sizes))
