@@ -272,7 +272,8 @@ def _profile_summary(prof) -> dict | None:
         return None
     d = prof.to_dict()
     cal = d.get("meta", {}).get("calibration", {})
-    return {"links": d["links"], "codec": d["codec"], "fits": cal.get("fits"),
+    return {"links": d["links"], "codec": d["codec"], "codec_in_situ": d.get("codec_in_situ", {}),
+            "fits": cal.get("fits"),
             "in_situ": cal.get("in_situ"), "net_s": cal.get("net_s"), "bytes": cal.get("bytes")}
 
 

@@ -73,11 +73,21 @@ def _link(latency_s: float, bandwidth_Bps: float):
     return LinkModel(latency_s, bandwidth_Bps)
 
 
+def run_profile(summary: dict):
+    """The Profile of a 2 x 4 run's profile summary (`_twolevel._profile_summary`). Runs recorded
+    before profiles kept `codec_in_situ` have its factor in their calibration's `in_situ` figures."""
+    from zipccl_jax import Profile
+    prof = Profile.from_dict(summary)
+    ins = summary.get("in_situ") or {}
+    if "codec_in_situ" not in summary and ins.get("applied"):
+        prof.codec_in_situ = {"cpu": float(ins["factor"])}
+    return prof
+
+
 def testbed_profile(run: Path = PROFILE_RUN):
     """The profile calibrate measured in a 2 x 4 run at 1 Gbit/s (its `auto` record's)."""
-    from zipccl_jax import Profile
     auto = next(r for r in json.loads(run.read_text()) if r["variant"] == "auto")
-    return Profile.from_dict(auto["profile"])
+    return run_profile(auto["profile"])
 
 
 def _role(payload: str, op: str) -> str:
@@ -137,11 +147,10 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "
     """Every variant of a 2 x 4 run (`run`, of `ops`): the anchored and the links-only prediction against the
     median. Links only reads the run's held-out profile where it has one (calibrated at sizes no case has)."""
     zm = _zs()
-    from zipccl_jax import Profile
     from zipccl_jax.strategy import levels as two_level
     recs = json.loads(run.read_text())
     held = next((r["model_profile"] for r in recs if r["variant"] == "auto" and r.get("model_profile")), None)
-    lp_ = Profile.from_dict(held) if held else prof
+    lp_ = run_profile(held) if held else prof
     top = zm.Topology(2, 4, dict(lp_.links["host"]), dict(lp_.links["local"]), platform="cpu",
                       base=_without_programs(lp_))  # each level per collective, as calibrated
     rows = []

@@ -96,8 +96,10 @@ def test_in_situ_scales_the_codec_only_when_measured(monkeypatch, times, applied
   got = prof.codec["cpu"]["bfloat16"]
   if applied:
     assert info["factor"] > 1 and got.encode_Bps == iso.encode_Bps / info["factor"]
+    assert prof.codec_in_situ == {"cpu": info["factor"]}  # kept, for the fast level's isolated codec
+    assert prof.isolated_codec().codec["cpu"]["bfloat16"].encode_Bps == pytest.approx(iso.encode_Bps)
   else:
-    assert info["factor"] == 1.0 and got == iso, info
+    assert info["factor"] == 1.0 and got == iso and prof.codec_in_situ == {}, info
 
 
 def test_time_all_times_each_group_side_by_side():

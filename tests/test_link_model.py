@@ -95,6 +95,53 @@ def test_flat_links_compose_the_measured_curves():
   assert lines["all_to_all"].points == () and lines["all_gather"].points == ()
 
 
+def _in_situ_profile(factor: float) -> Profile:
+  """A 2 x 4 profile whose cpu codec calibrate scaled by `factor` (in situ)."""
+  p = Profile()
+  iso = CodecModel(1.0e9, 1.5e9, 30e-6, 30e-6)
+  p.codec["cpu"] = {"bfloat16": CodecModel(iso.encode_Bps / factor, iso.decode_Bps / factor,
+                                           iso.encode_overhead_s * factor, iso.decode_overhead_s * factor)}
+  p.codec_in_situ = {"cpu": factor}
+  p.links = {"host": {"*": LinkModel(1e-4, 2.5e7)}, "local": {"*": LinkModel(1e-5, 5e8)}}
+  return p
+
+
+def test_codec_in_situ_round_trips_and_isolated_codec_divides_it_back_out():
+  p = _in_situ_profile(0.5)
+  q = Profile.from_json(p.to_json())
+  assert q.codec_in_situ == {"cpu": 0.5} and q.fingerprint() == p.fingerprint()
+  iso = p.isolated_codec()
+  assert iso.codec["cpu"]["bfloat16"] == CodecModel(1.0e9, 1.5e9, 30e-6, 30e-6) and iso.codec_in_situ == {}
+  assert p.codec_in_situ == {"cpu": 0.5}                   # a copy: the profile keeps its factor
+  plain = Profile()
+  assert plain.isolated_codec() is plain and "codec_in_situ" not in plain.to_dict()  # JSON unchanged
+  r = p.copy()
+  r.codec_in_situ = {}
+  assert r.fingerprint() != p.fingerprint()                # the factor decides, so it is in the fingerprint
+  bad = p.to_dict()
+  bad["codec_in_situ"] = {"cpu": 0.0}
+  with pytest.raises(ValueError, match=r"codec_in_situ\[cpu\] must be finite and > 0"):
+    Profile.from_dict(bad)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "psum_scatter", "all_to_all"])
+def test_the_fast_level_costs_the_codec_as_measured_alone(op):
+  """A hierarchical variant's fast-level phase costs the isolated codec; its slow level and the flat
+  program keep calibrate's in-situ models (the codec hides behind the slow link only)."""
+  dt, m, sizes = np.dtype(ml_dtypes.bfloat16), 1 << 20, (2, 4)
+  args = (op, dt, m, ("host", "local"), "host", "local", sizes, "activation")
+  scaled = _in_situ_profile(0.5)
+  model, flat, _ = two_level._models(*args, scaled, "cpu")
+  alone, _, _ = two_level._models(*args, scaled.isolated_codec(), "cpu")
+  unscaled = scaled.copy()
+  unscaled.codec_in_situ = {}  # the same models, read as isolated everywhere
+  same, flat_same, _ = two_level._models(*args, unscaled, "cpu")
+  assert model[(False, True)] == pytest.approx(alone[(False, True)], rel=1e-12)   # fast: alone
+  assert model[(False, True)] > same[(False, True)]                                # dearer than in situ
+  assert model[(True, False)] == pytest.approx(same[(True, False)], rel=1e-12)     # slow: in situ
+  assert model[(False, False)] == pytest.approx(same[(False, False)], rel=1e-12) and flat == flat_same
+
+
 def test_monotone_points_pools_a_dip_and_averages_equal_sizes():
   assert monotone_points([4, 1, 2, 3], [5, 1, 3, 2]) == ((1, 1), (2, 2.5), (3, 2.5), (4, 5))
   assert monotone_points([1, 1, 2], [1, 3, 2.5]) == ((1, 2), (2, 2.5))

@@ -329,7 +329,7 @@ def test_two_levels_anchored_within_30_percent_and_auto_agrees(check):
   _, _, mesh, _ = check
   timed = [r for r in mesh if r["variant"] != "auto"]
   assert {r["collective"] for r in timed} == {"all_to_all", "all_gather", "psum_scatter", "psum"}
-  assert max(abs(r["anchored_err"]) for r in timed) < 0.30
+  assert max(abs(r["anchored_err"]) for r in timed) < 0.15  # 10.6%; 21% with the in-situ codec on the fast level
   for r in (r for r in mesh if r["variant"] == "auto"):
     if r["meas_choice"] == "flat":
       assert r["anchored_choice"].startswith("flat")
@@ -341,7 +341,7 @@ def test_two_levels_links_only_is_held_out_and_within_20_percent(check):
   """Links only, as at scale (each level's links and the codec of a calibration at sizes no case sends,
   no program measured): no calibrated size is within 10% of the bytes a case's flat collective sends, and
   every variant of the 2 x 4 run is within 20% of its median. The issue's bar is 15%: 18 of 20 are, and
-  benchmarks/README.md names the two that are not (and a repeat of the run, with five)."""
+  benchmarks/README.md names the two that are not (and a repeat of the run, with six)."""
   mod, _, mesh, _ = check
   recs = json.loads(mod.PROFILE_RUN.read_text())
   held = next(r["model_profile"] for r in recs if r["variant"] == "auto")

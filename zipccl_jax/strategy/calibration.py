@@ -485,8 +485,9 @@ def _in_situ(prof: Profile, h: _Harness, dname: str, raw_sent: int, role: str, s
                           c.encode_overhead_s * factor, c.decode_overhead_s * factor)
             for d, c in prof.codec.get(plat, {}).items()}
   applied = resolved and all(_in_bounds(c) for c in scaled.values())  # else isolated models stay
-  if applied:
+  if applied:  # the factor is kept, for the phases no slow link binds (Profile.isolated_codec)
     prof.codec[plat] = scaled
+    prof.codec_in_situ = {**prof.codec_in_situ, plat: factor}
   return {"dtype": dt.name, "chunk_elems": m, "capacity": cap, "compressed_a2a_s": t_c,
           "spread_s": max(v["q"] for v in allv), "median_se_s": noise,
           "codec_measured_s": k_meas, "codec_isolated_s": k_iso,
@@ -531,7 +532,9 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   its wire bytes is the codec's real cost inside a collective step, where all
   devices code at once and compete with the transport for cores; every
   codec model of the platform is scaled by (that cost / the isolated
-  estimate), clamped to [1/4, 16], unless that cost is within twice the
+  estimate), clamped to [1/4, 16] (and the factor kept as
+  ``profile.codec_in_situ``: a phase on a fast level costs the isolated
+  models, `Profile.isolated_codec`), unless that cost is within twice the
   standard error of its median (from the repetitions' interquartile range) or
   the scaled models leave the bounds: then the isolated models stay.
   ``meta["calibration"]["in_situ"]`` keeps the figures (``applied``, ``note``).
@@ -615,6 +618,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   if codec:
     _fit_codec(prof, h.plat, dtypes, codec_bytes, sizes, net, noise, notes, role,
                allv if sample_np is not None else None)
+    prof.codec_in_situ = {k: v for k, v in prof.codec_in_situ.items() if k != h.plat}  # refitted
   in_situ_info = None
   if codec and link and in_situ and h.n > 1 and "all_to_all" in collectives:
     in_situ_info = _in_situ(prof, h, dtypes[0], max(link_bytes), role, sample_np, reps, warmup,

@@ -221,8 +221,9 @@ class Topology:
     if H > 1 and L > 1:
       p.links[f"{SLOW},{FAST}"] = flat_links(H, L, inter, intra)
     plat = platform_key(self.platform)
-    if self.codec:
+    if self.codec:  # given rates are no in-situ scaling of calibrate's
       p.codec = {**p.codec, plat: {**p.codec.get(plat, {}), **self.codec}}
+      p.codec_in_situ = {k: v for k, v in p.codec_in_situ.items() if k != plat}
     p.platform = plat
     p.meta = {"topology": self.describe()}
     return p

@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import threading
 
@@ -165,6 +166,11 @@ class Profile:
     min_gain: compress only if the estimate beats raw by this fraction.
     fallback_risk: expected fraction of calls taking the raw fallback; adds
       ``fallback_risk * t_raw`` to the compressed estimate.
+    codec_in_situ: ``{platform: factor}``, what :func:`zipccl_jax.calibrate` scaled that
+      platform's codec models by (the codec's cost inside a collective over a slow link, where
+      it runs while peers wait on the wire, over its cost measured alone). A phase on a level no
+      slow link binds (a hierarchical program's fast level) costs the models as measured alone:
+      :meth:`isolated_codec`.
     platform: the platform the measurements were taken on (informative).
     meta: free-form notes (mesh, sizes, raw timings); not part of
       :meth:`fingerprint`.
@@ -180,6 +186,7 @@ class Profile:
   fallback_risk: float = 0.0
   platform: str | None = None
   meta: dict = dataclasses.field(default_factory=dict)
+  codec_in_situ: dict = dataclasses.field(default_factory=dict)
 
   # ---- lookups ----------------------------------------------------------- #
   def link(self, axis_name, collective: str, platform: str | None = None) -> tuple[LinkModel, str]:
@@ -206,6 +213,18 @@ class Profile:
     dflt = DEFAULT_CODEC.get(plat, DEFAULT_CODEC["cpu"])
     return dflt[name], f"default[{plat}]"
 
+  def isolated_codec(self) -> "Profile":
+    """This profile with the codec models as measured alone (`codec_in_situ` divided back out);
+    itself where no platform's models were scaled."""
+    if not self.codec_in_situ:
+      return self
+    p = self.copy()
+    for plat, f in self.codec_in_situ.items():
+      p.codec[plat] = {d: CodecModel(c.encode_Bps * f, c.decode_Bps * f, c.encode_overhead_s / f,
+                                     c.decode_overhead_s / f) for d, c in p.codec.get(plat, {}).items()}
+    p.codec_in_situ = {}
+    return p
+
   def ratio(self, table: str, role: str, dtype) -> float:
     name = np.dtype(dtype).name
     tab = getattr(self, table)
@@ -230,6 +249,8 @@ class Profile:
         "margin": self.margin,
         "min_gain": self.min_gain,
         "fallback_risk": self.fallback_risk,
+        # only where set, so that the JSON and fingerprint of a profile without it are unchanged
+        **({"codec_in_situ": dict(self.codec_in_situ)} if self.codec_in_situ else {}),
     }
 
   def to_dict(self) -> dict:
@@ -261,6 +282,7 @@ class Profile:
     p.min_gain = float(d.get("min_gain", p.min_gain))
     p.fallback_risk = float(d.get("fallback_risk", p.fallback_risk))
     p.meta = dict(d.get("meta", {}))
+    p.codec_in_situ = {str(k): float(v) for k, v in d.get("codec_in_situ", {}).items()}
     p.validate()
     return p
 
@@ -293,6 +315,9 @@ class Profile:
     return Profile.from_dict(self.to_dict())
 
   def validate(self) -> None:
+    for plat, f in self.codec_in_situ.items():
+      if not (math.isfinite(f) and f > 0):
+        raise ValueError(f"zipccl_jax: profile codec_in_situ[{plat}] must be finite and > 0, got {f}")
     for ak, tab in self.links.items():
       for ck, m in tab.items():
         why = m.check()
