@@ -87,20 +87,39 @@ def test_decode_overlaps_transfer_as_the_model_says(mesh, op):
       assert any(d for _, d in got), (op, got)
 
 
-@pytest.mark.parametrize("op", ["all_to_all", "all_gather", "ppermute"])
-def test_ragged_decodes_overlap_an_exchange(mesh, op):
-  """The ragged transport (the GPU default) in 3 pieces: with XLA's default scheduler only all_to_all runs
-  a decode during a ragged exchange (docs/gpu.md says why all_gather's and ppermute's run in turn); with
-  the latency-hiding scheduler (JAX's GPU performance guide turns it on) all three do."""
-  def decodes_in_flight(options):
-    hlo = gpu_schedule.compiled_hlo(mesh, op, 3, "ragged", SCHEDULE_ELEMS, options)
-    seq = gpu_schedule.scheduled(hlo)
-    assert [kind for kind, _ in seq].count("decode") == 3
-    assert not any(kind in ("conditional", "while") for kind, _ in seq), seq
-    return [w for start, work in gpu_schedule.overlaps(seq).items() if start.startswith("ragged")
-            for w in work if w.startswith("decode")]
-  assert bool(decodes_in_flight(None)) is (op == "all_to_all")
-  assert decodes_in_flight({"xla_gpu_enable_latency_hiding_scheduler": True})
+def _decodes_in_flight(mesh, op, k, options):
+  """{ragged exchange: [decodes scheduled while it is in flight]} of the ragged transport in k pieces."""
+  hlo = gpu_schedule.compiled_hlo(mesh, op, k, "ragged", SCHEDULE_ELEMS, options)
+  seq = gpu_schedule.scheduled(hlo)
+  assert [kind for kind, _ in seq].count("decode") == k
+  assert not any(kind in ("conditional", "while") for kind, _ in seq), seq
+  return {start: [w for w in work if w.startswith("decode")]
+          for start, work in gpu_schedule.overlaps(seq).items() if start.startswith("ragged")}
+
+
+_SCHEDULERS = {"default": None, "lhs": {"xla_gpu_enable_latency_hiding_scheduler": True}}
+
+
+@pytest.mark.parametrize("scheduler", sorted(_SCHEDULERS))
+@pytest.mark.parametrize("op,k", [("all_gather", 3), ("all_gather", 4), ("ppermute", 3),
+                                  ("ppermute", 4)])
+def test_ragged_pieces_decode_behind_the_next_exchange(mesh, op, k, scheduler):
+  """all_gather's and ppermute's pieces on the ragged transport (the GPU default) are pipelined
+  (`_pieces.pipelined_pieces`): with XLA's default scheduler and with the latency-hiding one
+  (JAX's GPU performance guide turns it on), decode j runs while a later exchange is in flight, and
+  each of the first k - 1 decodes inside exactly one. (Independent chains ran every exchange
+  synchronously and every decode after the last; ppermute in 2 pieces, and in 3 at 256 Ki elements
+  a row, still do: docs/gpu.md.)"""
+  inflight = _decodes_in_flight(mesh, op, k, _SCHEDULERS[scheduler])
+  decodes = [d for work in inflight.values() for d in work]
+  assert len(decodes) == len(set(decodes)) == k - 1, inflight
+
+
+def test_ragged_all_to_all_decodes_overlap_an_exchange(mesh):
+  """all_to_all's independent chains in 3 pieces: XLA runs a decode during a ragged exchange under
+  either scheduler."""
+  for options in _SCHEDULERS.values():
+    assert any(_decodes_in_flight(mesh, "all_to_all", 3, options).values())
 
 
 @pytest.mark.parametrize("transport", ["padded", "ragged"])

@@ -7,7 +7,8 @@ on the ragged transport the first three have no conditional: a row that does not
 * `exchange_rows`: row j of each sender's `(n, m)` rows goes to rank j (all_to_all,
   psum_scatter and psum's first phase);
 * `gather_row`: each sender's row goes to every rank (all_gather, psum's second phase);
-* `permute_row`: each sender's row goes to its destination in `perm` (ppermute);
+* `permute_row` (`zipccl_jax._permute`): each sender's row goes to its destination in `perm`
+  (ppermute);
 * `exchange_rounds` (`zipccl_jax._by_rounds`): rows in rounds of collective-permutes, one row per
   round (`zipccl_jax.hierarchical`'s all_to_all: the rows that cross the slow level, when the fast
   level is coded too or the slow one raw);
@@ -84,7 +85,8 @@ pieces (`capacity.piece_bounds`), each coded in its own frames with its share of
 (`capacity.piece_capacities`), moved by its own collective and decoded outside any conditional
 (`zipccl_jax._pieces`). Padded, each piece is decoded into its columns of one result and one loop
 per call takes the raw collective if any piece overflowed; ragged, the pieces are joined (no
-fallback: each piece sends its own raw rows). The K transfers share no value, so XLA:GPU overlaps
+fallback: each piece sends its own raw rows), and `gather_row`'s and `permute_row`'s are pipelined:
+decode k is ordered to run while exchange k+1 is in flight (`_pieces.pipelined_pieces`). The K transfers share no value, so XLA:GPU overlaps
 encoding piece k+1 with the transfer of piece k and decodes with the last transfers
 (`strategy.programs.SCHEDULED`). The bits do not depend on K. The strategy picks
 K (`strategy.decide`): 1 on CPU, whose collectives are blocking thunks on devices that share the
@@ -114,11 +116,9 @@ from jax import lax
 
 from zipccl_jax import _ragged, accounting, codec
 from zipccl_jax._bits import uint_of, zero_after
-from zipccl_jax._pieces import decode_pieces, in_pieces, unless_fallback
-from zipccl_jax._shard import (lax_ppermute, manual_axes, perm_in_tuple_order, ppermute_index,
-                               vary, vary_like)
+from zipccl_jax._pieces import decode_pieces, in_pieces, pipelined_pieces, unless_fallback
+from zipccl_jax._shard import vary_like
 from zipccl_jax.accounting import in_fallback
-from zipccl_jax.capacity import piece_capacities
 
 # --------------------------------------------------------------------------- #
 # Bits, branches and the own row
@@ -349,13 +349,17 @@ def _in_units(nbytes, unit: int):
 
 
 def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
-                   slot: int | None = None, one_slot: bool = False):
+                   slot: int | None = None, one_slot: bool = False, out=None, tie=None):
   """The ragged transport of frames: payload (n, C), frame j to rank j (`ragged_rows`), or (C,),
   the one frame to every rank with ``send[j] > 0`` (`ragged_gather`, `ragged_permute`). Only
   ``send[j]`` bytes go to rank j; returns (n, slot), row s holding the ``recv_sizes[s]`` bytes from
   rank s, zeros after (``slot`` bytes per received row, default C: room for a raw row too), or,
   `one_slot` (one sender at most: ppermute), (1, slot). The bytes move in rows of `_unit` bytes,
-  a frame's last row padded by its zero tail."""
+  a frame's last row padded by its zero tail. `out`: the receive buffer ((slots, slot) uint8,
+  e.g. `_raw_into`'s, whose raw rows the frames leave in place), instead of zeros. `tie`: a zero
+  (int32 scalar, `zero_after` what must come first) added to the offsets, so that the exchange
+  waits for it; then returns (received, in the exchange's own (rows, unit) shape for `_after`,
+  and a zero made from every operand: what reads it comes after all of them, `pipelined_pieces`)."""
   slot = capacity if slot is None else slot
   u = _unit(capacity, slot)
   slots = 1 if one_slot else n
@@ -366,14 +370,32 @@ def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
     in_off = vary_like(start, payload) + z
     at = jnp.zeros((), dt) if one_slot else rank(axis_name, dt)
     out_off = vary_like(jnp.full((n,), slot // u, dt) * at, payload) + z
+    if tie is not None:
+      out_off = out_off + tie.astype(dt)
     send, recv_sizes = _in_units(send.astype(dt), u), _in_units(recv_sizes.astype(dt), u)
   # the receive buffer, zeros made from the payload: created once the frames exist, not hoisted (alive
   # through everything before them; in pieces, every piece's buffer at once)
-  out = vary_like(jnp.full((slots * slot // u, u), zero_after(payload, jnp.uint8)), payload)
-  r = _ragged.exchange(payload.reshape(-1, u), out, in_off, send, out_off, recv_sizes,
-                       axis_name=axis_name, axis_index_groups=_GROUPS.get(),
+  out = (vary_like(jnp.full((slots * slot // u, u), zero_after(payload, jnp.uint8)), payload)
+         if out is None else out.reshape(-1, u))
+  ops = (payload.reshape(-1, u), out, in_off, send, out_off, recv_sizes)
+  r = _ragged.exchange(*ops, axis_name=axis_name, axis_index_groups=_GROUPS.get(),
                        max_send_rows=capacity // u)
+  if tie is not None:
+    with _ragged.index_scope(dt):
+      return r, sum(zero_after(v) for v in ops)
   return r.reshape(slots, slot)
+
+
+def _after(received, tie, shape):
+  """`received` (an exchange's result) reshaped to `shape`, read only once `tie` (a zero) exists:
+  a one-byte in-place update comes first (tie None: `received`, already of `shape`). A reshape
+  of an exchange's result is a bitcast, which XLA places right after the exchange, and an
+  exchange ends (its done) before its first user: the update is that user, so the exchange can
+  stay in flight until `tie`."""
+  if tie is None:
+    return received
+  first = lax.slice(received, (0, 0), (1, 1))
+  return lax.dynamic_update_slice(received, first ^ tie.astype(received.dtype), (0, 0)).reshape(shape)
 
 
 def _raw_into(recv, rows, send_row, sending, receiving, axis_name, slot: int,
@@ -460,11 +482,14 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
   return by_transport(transport, padded, ragged, rows)
 
 
-def _ragged_call(rows, chain: Callable, pieces: int, capacity: int, site: str, finish: Callable):
+def _ragged_call(rows, chain: Callable, pieces: int, capacity: int, site: str, finish: Callable,
+                 stages: Callable | None = None):
   """One call on the ragged transport: `chain(rows, capacity)` -> (a row came raw, got), once or in
-  `pieces` (`in_pieces`), counted once; returns `finish(got)`."""
+  `pieces` (`in_pieces`; `pipelined_pieces` where the chain is also given as `stages`), counted
+  once; returns `finish(got)`."""
   if pieces > 1:
-    return finish(in_pieces(rows, pieces, capacity, site, chain)[1]())
+    split = in_pieces if stages is None else pipelined_pieces
+    return finish(split(rows, pieces, capacity, site, chain if stages is None else stages)[1]())
   any_raw, got = chain(rows, capacity)
   accounting.count(site, any_raw)
   return finish(got)
@@ -525,42 +550,33 @@ def ragged_gather(rows, axis_name, n: int, capacity: int):
   it did not fit, its raw bits by a second one into the same receive buffer (n slots: the
   result's size). The own row goes to itself raw (a local copy) and is not decoded.
   """
+  flag, buf, transfer, decode = gather_stages(rows, axis_name, n, capacity)
+  return flag, decode(transfer(buf, None), None)
+
+
+def gather_stages(rows, axis_name, n: int, capacity: int):
+  """`ragged_gather` as `pipelined_pieces`' stages: (a row came raw, the receive buffer with the raw
+  rows already in it, transfer: (buffer, tie) -> (frames received into it, a zero after its
+  start), decode: (received, tie) -> got (n, m), once tie exists; tie None: untied, transfer
+  gives the received slots alone). The raw rows go first, so that the frames exchange's users
+  are the decode's and the next piece's ties alone."""
   own = own_row(axis_name, n)
   payload, frame_cap, slot, size = _encode_sized(rows, capacity)
   got = lax.all_gather(size, axis_name, tiled=True, axis_index_groups=_GROUPS.get())  # (n,)
   as_raw = (got < 0) & ~own
-  recv = _ragged_frames(payload[0], jnp.where(own, 0, jnp.maximum(size, 0)),
-                        jnp.where(own, 0, jnp.maximum(got, 0)), axis_name, n, frame_cap, slot)
-  recv = _raw_into(recv, rows, jnp.zeros((n,), jnp.int32), (size < 0) | own, as_raw | own,
-                   axis_name, slot)
-  return jnp.any(as_raw), _decode_slots(recv, rows.shape[1], rows.dtype, as_raw | own)
+  zeros = vary_like(jnp.full((n, slot), zero_after(payload, jnp.uint8)), payload)
+  buf = _raw_into(zeros, rows, jnp.zeros((n,), jnp.int32), (size < 0) | own, as_raw | own,
+                  axis_name, slot)
 
+  def transfer(buf, tie):
+    return _ragged_frames(payload[0], jnp.where(own, 0, jnp.maximum(size, 0)),
+                          jnp.where(own, 0, jnp.maximum(got, 0)), axis_name, n, frame_cap, slot,
+                          out=buf, tie=tie)
 
-def ragged_permute(rows, axis_name, n: int, perm, capacity: int):
-  """`permute_row` on the ragged transport, with no conditional and no flag: rows (1, m) -> (a row
-  came raw, got (1, m): the row from this rank's source in `perm`, zeros if it has none).
+  def decode(received, tie):
+    return _decode_slots(_after(received, tie, (n, slot)), rows.shape[1], rows.dtype, as_raw | own)
 
-  The size goes to the destination by an int32 ppermute (0 arrives where no one sends: a frame is
-  never empty), the frame by a ragged exchange into one slot, and, where it did not fit, the raw
-  bits by a second one into that slot. The receiver alone decides how to read its slot, so no
-  rank waits on another's overflow.
-  """
-  # the ragged exchange numbers ranks as all_to_all does (a tuple's order), `perm` as ppermute
-  dest, src = np.full((n,), -1, np.int32), np.full((n,), -1, np.int32)
-  for s, d in perm_in_tuple_order(axis_name, perm):
-    dest[s], src[d] = d, s
-  me = lax.axis_index(axis_name)
-  to = jnp.arange(n, dtype=jnp.int32) == jnp.asarray(dest)[me]
-  frm = jnp.arange(n, dtype=jnp.int32) == jnp.asarray(src)[me]
-  payload, frame_cap, slot, size = _encode_sized(rows, capacity)
-  got = lax_ppermute(size[0], axis_name, perm)  # what my source sends: > 0 frame, -1 raw, 0 none
-  recv = _ragged_frames(payload[0], jnp.where(to, jnp.maximum(size[0], 0), 0),
-                        jnp.where(frm, jnp.maximum(got, 0), 0), axis_name, n, frame_cap, slot,
-                        one_slot=True)
-  recv = _raw_into(recv, rows, jnp.zeros((n,), jnp.int32), to & (size[0] < 0), frm & (got < 0),
-                   axis_name, slot, one_slot=True)
-  as_raw = (got < 0)[None]
-  return as_raw[0], _decode_slots(recv, rows.shape[1], rows.dtype, as_raw, (got == 0)[None])
+  return jnp.any(as_raw), buf, transfer, decode
 
 
 def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str,
@@ -588,7 +604,8 @@ def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str
 
   def ragged(x):
     return _ragged_call(x.reshape(1, x.size), lambda r, cap: ragged_gather(r, axis_name, n, cap),
-                        pieces, capacity, site, finish)
+                        pieces, capacity, site, finish,
+                        stages=lambda r, cap: gather_stages(r, axis_name, n, cap))
 
   if invariant:
     return padded(x)
@@ -616,69 +633,3 @@ def _gather_chain(x, axis_name, n: int, capacity: int, invariant: bool):
     return with_own_row(decode_guarded(recv, fallback, m, x.dtype, skip), x.reshape(m), skip)
 
   return fallback, coded
-
-
-def permute_row(x, *, axis_name, n: int, perm, capacity: int, transport: str, site: str,
-                raw: Callable, pieces: int = 1):
-  """`x` of rank s to rank d for (s, d) in `perm` (zeros where no one sends), coded as one row
-  (`pieces` > 1: its columns in that many chains, `_pieces`).
-
-  Padded transport: the overflow flag goes through a 4-byte psum over every manual axis (see the
-  docstring); a rank that receives nothing decodes the zeros it got (rejected frames,
-  `decode_any`) and a select zeroes them, so the only conditional is the call's fallback. Ragged
-  transport: no flag and no conditional (`ragged_permute`).
-  """
-  def ragged(x):
-    chain = lambda r, cap: ragged_permute(r, axis_name, n, perm, cap)  # noqa: E731
-    return _ragged_call(x.reshape(1, x.size), chain, pieces, capacity, site,
-                        lambda got: got.reshape(x.shape))
-
-  return by_transport(transport, lambda x: _permute_padded(x, axis_name, n, perm, capacity, site,
-                                                           raw, pieces), ragged, x)
-
-
-def _permute_padded(x, axis_name, n: int, perm, capacity: int, site: str, raw: Callable,
-                    pieces: int):
-  """`permute_row` on the padded transport."""
-  m = x.size
-  receivers = np.zeros((n,), bool)
-  for _, d in perm:
-    receivers[d] = True
-  every = receivers.all()
-
-  last = None  # pieces: the previous piece's received frame
-
-  def move(r, cap):  # r (1, m_k) -> (overflowed here, the frame received (C_k,))
-    nonlocal last
-    payload, _, over = encode_rows(r, cap)
-    if last is not None:  # after the previous piece's transfer: XLA would combine independent
-      payload, _ = lax.optimization_barrier((payload, last))  # permutes (no overlap left)
-    last = lax_ppermute(payload[0], axis_name, perm)
-    return over, last
-
-  if pieces > 1:
-    def chain(r, cap):
-      over, recv = move(r, cap)
-      return over, recv[None], None
-    over, got = decode_pieces(x.reshape(1, m), pieces, capacity, chain)
-    decoded = lambda: got  # noqa: E731
-  else:
-    over, recv = move(x.reshape(1, m), capacity)
-    decoded = ((lambda: decode_guarded(recv[None], any_over, m, x.dtype)) if every
-               else (lambda: decode_any(recv[None], m, x.dtype)))
-  flag_axes = manual_axes(axis_name)
-  any_over = lax.psum(vary(over.astype(jnp.int32), flag_axes), flag_axes) > 0
-  accounting.count(site, any_over)
-
-  def coded():
-    out = decoded().reshape(x.shape)
-    if every:
-      return out
-    is_recv = jnp.asarray(receivers)[ppermute_index(axis_name)]
-    u = uint_of(x.dtype)
-    bits = jnp.where(is_recv, lax.bitcast_convert_type(out, u), jnp.zeros((), u))
-    return lax.bitcast_convert_type(bits, x.dtype)
-
-  if pieces > 1:
-    return unless_fallback(any_over, raw, coded())
-  return cond_bits(any_over, lambda: in_fallback(raw), coded)

@@ -89,3 +89,38 @@ def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
   flag = jnp.any(jnp.stack(flags))
   accounting.count(site, flag)
   return flag, lambda: lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
+
+
+def pipelined_pieces(rows, pieces: int, capacity: int, site: str, stages: Callable):
+  """`in_pieces` for a chain given as stages, each piece's decode ordered to run while the next
+  piece's frames exchange is in flight; returns what `in_pieces` returns.
+
+  `stages(columns, capacity)` -> (flag, buffer, transfer, decode): the piece's receive buffer with
+  its raw rows already in it, ``transfer(buffer, tie)`` -> (the frames received into it, a zero
+  made from its operands), ``decode(received, tie)`` -> its result (`gather_stages`,
+  `permute_stages`). Independent chains left the order to XLA:GPU's default scheduler, which ran
+  every exchange synchronously and every decode after the last (docs/gpu.md). Here data orders
+  it, through zeros XLA cannot fold (`zero_after`): transfer k waits for transfer k-1's bytes and
+  decode k-2's result; decode k-1 reads transfer k's operands' zero, so it comes after them; and
+  transfer k's first reader needs decode k-1, so the exchange is still in flight while decode k-1
+  runs. The bits are the chains'.
+  """
+  dt = rows.dtype
+  u = uint_of(dt)
+  bits = lax.bitcast_convert_type(rows, u)
+  preps = [stages(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
+           for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt)]
+  outs = [None] * len(preps)
+  recv, _ = preps[0][2](preps[0][1], jnp.zeros((), jnp.int32))
+  for k in range(1, len(preps)):
+    # transfer k starts once transfer k-1 is done and decode k-2 has run; decode k-1 reads a zero
+    # made from transfer k's offsets, so it runs after transfer k's start
+    tie = zero_after(recv) + (zero_after(outs[k - 2]) if k >= 2 else 0)
+    prev, (recv, after) = recv, preps[k][2](preps[k][1], tie)
+    outs[k - 1] = preps[k - 1][3](prev, after)
+  # the last transfer ends after the decode before it (its result is read once that exists)
+  outs[-1] = preps[-1][3](recv, zero_after(outs[-2]) if len(preps) > 1 else jnp.zeros((), jnp.int32))
+  flag = jnp.any(jnp.stack([p[0] for p in preps]))
+  accounting.count(site, flag)
+  return flag, lambda: lax.bitcast_convert_type(
+      jnp.concatenate([lax.bitcast_convert_type(o, u) for o in outs], axis=1), dt)

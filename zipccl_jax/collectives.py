@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from zipccl_jax import _exchange, _recipe, _reduce, accounting
+from zipccl_jax import _exchange, _permute, _recipe, _reduce, accounting
 from zipccl_jax._recipe import (Call, Recipe, check_positional, lax_raw, raw_path, run, size_of,
                                 transposed)
 from zipccl_jax._shard import (axes_of, axis_size, canonical_axis, check_perm, check_split,
@@ -646,7 +646,7 @@ def _ppermute_impl(call: Call, x):
   move = lambda u: lax_ppermute(u, axis_name, pairs)
   if not call.capacity:
     return raw_path(call, x, move)
-  return _exchange.permute_row(
+  return _permute.permute_row(
       x, axis_name=axis_name, n=n, perm=pairs, capacity=call.capacity, transport=call.transport,
       site=call.site, pieces=call.pieces, raw=lambda: _exchange.raw_bits(move, x))
 
