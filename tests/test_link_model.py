@@ -98,9 +98,7 @@ def test_flat_links_compose_the_measured_curves():
 def _in_situ_profile(factor: float) -> Profile:
   """A 2 x 4 profile whose cpu codec calibrate scaled by `factor` (in situ)."""
   p = Profile()
-  iso = CodecModel(1.0e9, 1.5e9, 30e-6, 30e-6)
-  p.codec["cpu"] = {"bfloat16": CodecModel(iso.encode_Bps / factor, iso.decode_Bps / factor,
-                                           iso.encode_overhead_s * factor, iso.decode_overhead_s * factor)}
+  p.codec["cpu"] = {"bfloat16": CodecModel(1.0e9, 1.5e9, 30e-6, 30e-6).scaled(factor)}
   p.codec_in_situ = {"cpu": factor}
   p.links = {"host": {"*": LinkModel(1e-4, 2.5e7)}, "local": {"*": LinkModel(1e-5, 5e8)}}
   return p

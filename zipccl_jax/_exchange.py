@@ -85,15 +85,15 @@ pieces (`capacity.piece_bounds`), each coded in its own frames with its share of
 (`capacity.piece_capacities`), moved by its own collective and decoded outside any conditional
 (`zipccl_jax._pieces`). Padded, each piece is decoded into its columns of one result and one loop
 per call takes the raw collective if any piece overflowed; ragged, the pieces are joined (no
-fallback: each piece sends its own raw rows), and `gather_row`'s and `permute_row`'s are pipelined:
-decode k is ordered to run while exchange k+1 is in flight (`_pieces.pipelined_pieces`). The K transfers share no value, so XLA:GPU overlaps
-encoding piece k+1 with the transfer of piece k and decodes with the last transfers
-(`strategy.programs.SCHEDULED`). The bits do not depend on K. The strategy picks
-K (`strategy.decide`): 1 on CPU, whose collectives are blocking thunks on devices that share the
-host's cores (K > 1 only adds per-piece overheads). `permute_row`'s padded transfers are chained
-(piece k+1's frame waits for piece k's transfer behind an optimization barrier), since XLA:GPU
-combines independent collective-permutes into one. psum_scatter's pieces are not independent:
-`zipccl_jax._reduce` runs them one after another, for memory.
+fallback: each piece sends its own raw rows). The padded transfers share no value, so XLA:GPU
+overlaps encoding piece k+1 with the transfer of piece k and decodes with the last transfers
+(`strategy.programs.SCHEDULED`); the ragged `gather_row`'s and `permute_row`'s pieces are ordered by
+data so that decode k runs while exchange k+1 is in flight (`_pieces.pipelined_pieces`). The bits do
+not depend on K. The strategy picks K (`strategy.decide`): 1 on CPU, whose collectives are blocking
+thunks on devices that share the host's cores (K > 1 only adds per-piece overheads). `permute_row`'s
+padded transfers are chained (piece k+1's frame waits for piece k's transfer behind an optimization
+barrier), since XLA:GPU combines independent collective-permutes into one. psum_scatter's pieces are
+not independent: `zipccl_jax._reduce` runs them one after another, for memory.
 
 Reductions
 ----------
@@ -395,7 +395,8 @@ def _after(received, tie, shape):
   if tie is None:
     return received
   first = lax.slice(received, (0, 0), (1, 1))
-  return lax.dynamic_update_slice(received, first ^ tie.astype(received.dtype), (0, 0)).reshape(shape)
+  tied = lax.dynamic_update_slice(received, first ^ tie.astype(received.dtype), (0, 0))
+  return tied.reshape(shape)
 
 
 def _raw_into(recv, rows, send_row, sending, receiving, axis_name, slot: int,
@@ -556,8 +557,8 @@ def ragged_gather(rows, axis_name, n: int, capacity: int):
 
 def gather_stages(rows, axis_name, n: int, capacity: int):
   """`ragged_gather` as `pipelined_pieces`' stages: (a row came raw, the receive buffer with the raw
-  rows already in it, transfer: (buffer, tie) -> (frames received into it, a zero after its
-  start), decode: (received, tie) -> got (n, m), once tie exists; tie None: untied, transfer
+  rows already in it, transfer: (buffer, tie) -> (frames received into it, a zero made from its
+  operands), decode: (received, tie) -> got (n, m), once tie exists; tie None: untied, transfer
   gives the received slots alone). The raw rows go first, so that the frames exchange's users
   are the decode's and the next piece's ties alone."""
   own = own_row(axis_name, n)

@@ -17,9 +17,9 @@ from jax import lax
 
 from zipccl_jax import accounting
 from zipccl_jax._bits import uint_of, zero_after
-from zipccl_jax._exchange import (_after, _decode_slots, _encode_sized, _ragged_call, _ragged_frames,
-                                  _raw_into, by_transport, cond_bits, decode_any, decode_guarded,
-                                  encode_rows)
+from zipccl_jax._exchange import (_after, _decode_slots, _encode_sized, _ragged_call,
+                                  _ragged_frames, _raw_into, by_transport, cond_bits, decode_any,
+                                  decode_guarded, encode_rows)
 from zipccl_jax._pieces import decode_pieces, unless_fallback
 from zipccl_jax._shard import (lax_ppermute, manual_axes, perm_in_tuple_order, ppermute_index, vary,
                                vary_like)

@@ -113,13 +113,14 @@ def pipelined_pieces(rows, pieces: int, capacity: int, site: str, stages: Callab
   outs = [None] * len(preps)
   recv, _ = preps[0][2](preps[0][1], jnp.zeros((), jnp.int32))
   for k in range(1, len(preps)):
-    # transfer k starts once transfer k-1 is done and decode k-2 has run; decode k-1 reads a zero
-    # made from transfer k's offsets, so it runs after transfer k's start
+    # transfer k waits for transfer k-1's bytes and decode k-2's result; decode k-1 reads a zero
+    # made from transfer k's operands, so it comes after all of them
     tie = zero_after(recv) + (zero_after(outs[k - 2]) if k >= 2 else 0)
     prev, (recv, after) = recv, preps[k][2](preps[k][1], tie)
     outs[k - 1] = preps[k - 1][3](prev, after)
   # the last transfer ends after the decode before it (its result is read once that exists)
-  outs[-1] = preps[-1][3](recv, zero_after(outs[-2]) if len(preps) > 1 else jnp.zeros((), jnp.int32))
+  last_tie = zero_after(outs[-2]) if len(preps) > 1 else jnp.zeros((), jnp.int32)
+  outs[-1] = preps[-1][3](recv, last_tie)
   flag = jnp.any(jnp.stack([p[0] for p in preps]))
   accounting.count(site, flag)
   return flag, lambda: lax.bitcast_convert_type(

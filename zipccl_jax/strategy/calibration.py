@@ -481,9 +481,7 @@ def _in_situ(prof: Profile, h: _Harness, dname: str, raw_sent: int, role: str, s
   # made the links-only model of every coded variant 10-20% slow, benchmarks/README.md.)
   resolved = k_iso > 0 and k_meas > 2 * noise + _MIN_FIT_TIME_S
   factor = float(min(16.0, max(0.25, k_meas / k_iso))) if resolved else 1.0
-  scaled = {d: CodecModel(c.encode_Bps / factor, c.decode_Bps / factor,
-                          c.encode_overhead_s * factor, c.decode_overhead_s * factor)
-            for d, c in prof.codec.get(plat, {}).items()}
+  scaled = {d: c.scaled(factor) for d, c in prof.codec.get(plat, {}).items()}
   applied = resolved and all(_in_bounds(c) for c in scaled.values())  # else isolated models stay
   if applied:  # the factor is kept, for the phases no slow link binds (Profile.isolated_codec)
     prof.codec[plat] = scaled

@@ -35,6 +35,11 @@ class CodecModel:
   def decode_time(self, nbytes: float) -> float:
     return self.decode_overhead_s + float(nbytes) / self.decode_Bps
 
+  def scaled(self, factor: float) -> "CodecModel":
+    """This model with every cost `factor` times as large (throughputs divided, overheads times)."""
+    return CodecModel(self.encode_Bps / factor, self.decode_Bps / factor,
+                      self.encode_overhead_s * factor, self.decode_overhead_s * factor)
+
 
 DEFAULT_CODEC: dict[str, dict[str, CodecModel]] = {
     "cpu": {

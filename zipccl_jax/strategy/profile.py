@@ -220,8 +220,7 @@ class Profile:
       return self
     p = self.copy()
     for plat, f in self.codec_in_situ.items():
-      p.codec[plat] = {d: CodecModel(c.encode_Bps * f, c.decode_Bps * f, c.encode_overhead_s / f,
-                                     c.decode_overhead_s / f) for d, c in p.codec.get(plat, {}).items()}
+      p.codec[plat] = {d: c.scaled(1.0 / f) for d, c in p.codec.get(plat, {}).items()}
     p.codec_in_situ = {}
     return p
 
@@ -317,7 +316,8 @@ class Profile:
   def validate(self) -> None:
     for plat, f in self.codec_in_situ.items():
       if not (math.isfinite(f) and f > 0):
-        raise ValueError(f"zipccl_jax: profile codec_in_situ[{plat}] must be finite and > 0, got {f}")
+        raise ValueError(f"zipccl_jax: profile codec_in_situ[{plat}] must be finite and > 0, "
+                         f"got {f}")
     for ak, tab in self.links.items():
       for ck, m in tab.items():
         why = m.check()
