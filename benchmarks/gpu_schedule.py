@@ -112,6 +112,16 @@ def overlaps(seq):
     return out
 
 
+def ragged_pipelined(ov, pieces: int) -> bool:
+    """Whether `overlaps` of a ragged call in `pieces` shows the pipeline `strategy.programs.overlap_pattern`
+    costs for it: no encode while a ragged exchange is in flight, and each of the first pieces - 1 decodes
+    while exactly one is (a decode beside two concurrent exchanges hides behind neither's whole time)."""
+    work = [w for start, ws in ov.items() if start.startswith("ragged") for w in ws]
+    decodes = [w for w in work if w.startswith("decode")]
+    return (not any(w.startswith("encode") for w in work)
+            and len(decodes) == len(set(decodes)) == pieces - 1)
+
+
 def h100_mesh() -> Mesh:
     """The 8 described H100s (`H100`, one host), as a mesh over axis "i"."""
     from jax.experimental import topologies
@@ -152,6 +162,8 @@ def main(argv=None):
     print("overlapping each transfer:")
     for start, work in ov.items():
         print(f"  {start}: {', '.join(work) or '-'}")
+    if args.transport == "ragged":
+        print(f"pipelined (decode k-1 during exchange k): {ragged_pipelined(ov, args.pieces)}")
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
                                          "xla_flags": os.environ.get("XLA_FLAGS", ""),

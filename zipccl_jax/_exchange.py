@@ -87,8 +87,8 @@ pieces (`capacity.piece_bounds`), each coded in its own frames with its share of
 per call takes the raw collective if any piece overflowed; ragged, the pieces are joined (no
 fallback: each piece sends its own raw rows). The padded transfers share no value, so XLA:GPU
 overlaps encoding piece k+1 with the transfer of piece k and decodes with the last transfers
-(`strategy.programs.SCHEDULED`); the ragged `gather_row`'s and `permute_row`'s pieces are ordered by
-data so that decode k runs while exchange k+1 is in flight (`_pieces.pipelined_pieces`). The bits do
+(`strategy.programs.SCHEDULED`); on the ragged transport the pieces are ordered by data so that
+decode k runs while exchange k+1 is in flight (`_pieces.pipelined_pieces`). The bits do
 not depend on K. The strategy picks K (`strategy.decide`): 1 on CPU, whose collectives are blocking
 thunks on devices that share the host's cores (K > 1 only adds per-piece overheads). `permute_row`'s
 padded transfers are chained (piece k+1's frame waits for piece k's transfer behind an optimization
@@ -116,7 +116,7 @@ from jax import lax
 
 from zipccl_jax import _ragged, accounting, codec
 from zipccl_jax._bits import uint_of, zero_after
-from zipccl_jax._pieces import decode_pieces, in_pieces, pipelined_pieces, unless_fallback
+from zipccl_jax._pieces import decode_pieces, pipelined_pieces, unless_fallback
 from zipccl_jax._shard import vary_like
 from zipccl_jax.accounting import in_fallback
 
@@ -478,19 +478,17 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
 
   def ragged(rows):
     return _ragged_call(rows, lambda r, cap: ragged_rows(r, axis_name, n, cap), pieces, capacity,
-                        site, finish)
+                        site, finish, stages=lambda r, cap: rows_stages(r, axis_name, n, cap))
 
   return by_transport(transport, padded, ragged, rows)
 
 
 def _ragged_call(rows, chain: Callable, pieces: int, capacity: int, site: str, finish: Callable,
-                 stages: Callable | None = None):
-  """One call on the ragged transport: `chain(rows, capacity)` -> (a row came raw, got), once or in
-  `pieces` (`in_pieces`; `pipelined_pieces` where the chain is also given as `stages`), counted
-  once; returns `finish(got)`."""
+                 stages: Callable):
+  """One call on the ragged transport: `chain(rows, capacity)` -> (a row came raw, got), or in
+  `pieces` its `stages` pipelined (`pipelined_pieces`), counted once; returns `finish(got)`."""
   if pieces > 1:
-    split = in_pieces if stages is None else pipelined_pieces
-    return finish(split(rows, pieces, capacity, site, chain if stages is None else stages)[1]())
+    return finish(pipelined_pieces(rows, pieces, capacity, site, stages)[1]())
   any_raw, got = chain(rows, capacity)
   accounting.count(site, any_raw)
   return finish(got)
@@ -521,25 +519,39 @@ def ragged_rows(rows, axis_name, n: int, capacity: int):
   Each sender sends one int32 per row: the frame's size, or -1 where the frame did not fit in
   `capacity` (the own row: 0, it is not coded). The receiver holds one buffer of n slots, each
   wide enough for a frame or a raw row (``max(C, m * itemsize)`` bytes), filled by two
-  `ragged_all_to_all`s: the frames that fit (their bytes only), then, written into that same
-  buffer in place (ragged_all_to_all updates its `output` operand), the raw bit patterns of the
-  rows that did not fit and of the own row (a local copy), sent straight from the operand's
-  bits. The frames are decoded with those rows skipped, and one select takes the raw slots'
+  `ragged_all_to_all`s: the raw bit patterns of the rows that did not fit and of the own row (a
+  local copy), sent straight from the operand's bits, then, written into that same buffer in
+  place (ragged_all_to_all updates its `output` operand), the frames that fit (their bytes
+  only). The frames are decoded with the raw slots skipped, and one select takes the raw slots'
   bits instead. A row that does not compress costs its raw bytes and nothing else; when every
-  row fits, the second exchange moves no data. The only buffer beyond the frames sent is the
+  row fits, the raw exchange moves no data. The only buffer beyond the frames sent is the
   receive buffer, the size of the operand (XLA:GPU keeps a ragged exchange's output in its
   collective memory space, so a decode written there would be copied out once more). Returns
   the flag for `accounting.count` and (n, m), row s from rank s, the bits of a raw exchange.
   """
+  flag, buf, transfer, decode = rows_stages(rows, axis_name, n, capacity)
+  return flag, decode(transfer(buf, None), None)
+
+
+def rows_stages(rows, axis_name, n: int, capacity: int):
+  """`ragged_rows` as `pipelined_pieces`' stages (`gather_stages`' contract)."""
   skip = own_row(axis_name, n)
   payload, frame_cap, slot, size = _encode_sized(rows, capacity, skip)
   got = lax.all_to_all(size, axis_name, 0, 0, tiled=True,       # (n,): row s's from rank s
                        axis_index_groups=_GROUPS.get())
   as_raw = got < 0
-  recv = _ragged_frames(payload, jnp.maximum(size, 0), jnp.maximum(got, 0), axis_name, n,
-                        frame_cap, slot)
-  recv = _raw_into(recv, rows, jnp.arange(n), (size < 0) | skip, as_raw | skip, axis_name, slot)
-  return jnp.any(as_raw), _decode_slots(recv, rows.shape[1], rows.dtype, as_raw | skip)
+  zeros = vary_like(jnp.full((n, slot), zero_after(payload, jnp.uint8)), payload)
+  buf = _raw_into(zeros, rows, jnp.arange(n), (size < 0) | skip, as_raw | skip, axis_name, slot)
+
+  def transfer(buf, tie):
+    return _ragged_frames(payload, jnp.maximum(size, 0), jnp.maximum(got, 0), axis_name, n,
+                          frame_cap, slot, out=buf, tie=tie)
+
+  def decode(received, tie):
+    return _decode_slots(_after(received, tie, (n, slot)), rows.shape[1], rows.dtype,
+                         as_raw | skip)
+
+  return jnp.any(as_raw), buf, transfer, decode
 
 
 def ragged_gather(rows, axis_name, n: int, capacity: int):

@@ -3,7 +3,8 @@ one piece's codec with another's transfer (`zipccl_jax._exchange`, "Pieces").
 
 `decode_pieces` (the padded transport) decodes every piece into its columns of one result and
 `unless_fallback` keeps that result's buffer where the call falls back to the raw collective;
-`in_pieces` (the ragged transport, which needs no fallback) joins the pieces' results.
+`pipelined_pieces` (the ragged transport, which needs no fallback) orders the pieces so that each
+decode runs behind the next piece's exchange, and joins their results.
 """
 
 from __future__ import annotations
@@ -70,37 +71,20 @@ def unless_fallback(fallback, raw: Callable, coded):
   return lax.bitcast_convert_type(out, coded.dtype)
 
 
-def in_pieces(rows, pieces: int, capacity: int, site: str, piece: Callable):
-  """The ragged transport in pieces: the columns of `rows` (R, m) as `pieces` independent chains;
-  returns (whether any piece came raw, a thunk concatenating the results into (R', m)).
-
-  `piece(columns, capacity)` -> (flag, result (R', m_k)) runs one chain (`ragged_rows`,
-  `ragged_gather`, `ragged_permute`), with no conditional. No chain reads another's values. The
-  call is counted once (a row came raw if any piece's did).
-  """
-  dt = rows.dtype
-  u = uint_of(dt)
-  bits = lax.bitcast_convert_type(rows, u)  # slices and the concatenation move bit patterns:
-  outs, flags = [], []                      # XLA:CPU may widen 16-bit float copies (NaN payloads)
-  for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt):
-    fallback, out = piece(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
-    outs.append(lax.bitcast_convert_type(out, u))
-    flags.append(fallback)
-  flag = jnp.any(jnp.stack(flags))
-  accounting.count(site, flag)
-  return flag, lambda: lax.bitcast_convert_type(jnp.concatenate(outs, axis=1), dt)
-
-
 def pipelined_pieces(rows, pieces: int, capacity: int, site: str, stages: Callable):
-  """`in_pieces` for a chain given as stages, each piece's decode ordered to run while the next
-  piece's frames exchange is in flight; returns what `in_pieces` returns.
+  """The ragged transport in pieces: the columns of `rows` (R, m) as `pieces` chains, each piece's
+  decode ordered to run while the next piece's frames exchange is in flight; returns (whether any
+  piece came raw, a thunk concatenating the results into (R', m)). The call is counted once.
+  Every piece's receive buffer and decoded columns are alive together, about twice the call's
+  size of temp where one shot holds one receive buffer (`strategy.programs.choose_pieces` keeps
+  K = 1 on this transport unless pinned).
 
   `stages(columns, capacity)` -> (flag, buffer, transfer, decode): the piece's receive buffer with
   its raw rows already in it, ``transfer(buffer, tie)`` -> (the frames received into it, a zero
-  made from its operands), ``decode(received, tie)`` -> its result (`gather_stages`,
-  `permute_stages`). Independent chains left the order to XLA:GPU's default scheduler, which ran
-  every exchange synchronously and every decode after the last (docs/gpu.md). Here data orders
-  it, through zeros XLA cannot fold (`zero_after`): transfer k waits for transfer k-1's bytes and
+  made from its operands), ``decode(received, tie)`` -> its result (`rows_stages`,
+  `gather_stages`, `permute_stages`). Independent chains left the order to XLA:GPU's default
+  scheduler, which ran every exchange synchronously and every decode after the last
+  (docs/gpu.md). Here data orders it, through zeros XLA cannot fold (`zero_after`): transfer k waits for transfer k-1's bytes and
   decode k-2's result; decode k-1 reads transfer k's operands' zero, so it comes after them; and
   transfer k's first reader needs decode k-1, so the exchange is still in flight while decode k-1
   runs. The bits are the chains'.

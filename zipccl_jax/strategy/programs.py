@@ -6,17 +6,19 @@ raw program is jax.lax's ring (`lax_reduction_time`), a coded program adds the c
 transport's extras (`coded_time`).
 
 A compressed all_to_all, all_gather, psum_scatter, psum or ppermute can code each chunk as ``K``
-independent chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has three stages, encode
+chains (``zipccl_jax._exchange``, "Pieces"). Per coded phase the model has three stages, encode
 (``e = T_e / K + o_e``: the phase's encode bytes / encode_Bps, the encode overhead per piece),
 transfer (``w = T_w / K + latency``) and decode (``d = T_d / K + o_d``), laid out as XLA:GPU
-schedules the padded transport's chains: per transfer, the encodes and decodes that run during it
-(`overlap_pattern`, a table per op and K read from the compiled schedules of
-benchmarks/gpu_schedule.py), and every other encode and decode in turn. For an all_to_all in
-K <= 4 pieces: encode k+1 runs during transfer k, the first K - 1 decodes during the last
-transfer, the last decode after it::
+schedules the chains: per transfer, the encodes and decodes that run during it (`overlap_pattern`,
+a table per transport, op and K read from the compiled schedules of benchmarks/gpu_schedule.py),
+and every other encode and decode in turn. For a padded all_to_all in K <= 4 pieces: encode k+1
+runs during transfer k, the first K - 1 decodes during the last transfer, the last decode after
+it; on the ragged transport (`_pieces.pipelined_pieces`) every encode first, then decode k-1
+during transfer k, and each piece's raw-row exchange (one latency) in turn::
 
-  t(K) = e + (K - 1) max(w, e) + max(w, (K - 1) d) + d      where transfers overlap codec
-  t(K) = sum_s (T_s + K o_s)                                 otherwise (CPU, ragged)
+  t(K) = e + (K - 1) max(w, e) + max(w, (K - 1) d) + d      padded
+  t(K) = K e + w + (K - 1) max(w, d) + d + K latency         ragged, K >= RAGGED_PIPELINED_FROM
+  t(K) = sum_s (T_s + K o_s)                                 otherwise (CPU; ragged, fewer pieces)
 
 (`pipeline_time`; ``t(1) = e + w + d`` is the unpipelined time either way). The codec bytes of
 each phase are the rows it codes (`strategy`'s structure table: the own row is never coded), so
@@ -86,17 +88,19 @@ def coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_l
 
 
 def with_pieces(coded_time, stages, m: int, plat: str, pinned, piece: list, op: str = ""):
-  """`coded_time` plus each transport's best K (:func:`choose_pieces`); `piece[2]` collects, per
-  transport, [K, reason suffix]."""
+  """`coded_time` plus each transport's best K (:func:`choose_pieces` of ``stages(transport)``);
+  `piece[2]` collects, per transport, [K, reason suffix]."""
   piece.append({})
 
   def timed(tr: str):
     t, wire = coded_time(tr)
-    k, t_k, cands = choose_pieces(stages, m, plat, pinned, transport=tr, op=op)
+    k, t_k, cands = choose_pieces(stages(tr), m, plat, pinned, transport=tr, op=op)
     if pinned:
       who = "use_algorithm"
     elif sequential_pieces(op, m, plat) > 1:
       who = "sequential, for memory"
+    elif tr == "ragged":
+      who = RAGGED_MEMORY
     else:
       who = "model"
     why = "" if len(cands) == 1 else f"; K={k} ({who}: " + \
@@ -175,25 +179,54 @@ SCHEDULED = {
 }
 
 
-def overlap_pattern(pieces: int, op: str = "all_to_all") -> tuple[tuple[int, int], ...]:
-  """(encodes, decodes) XLA:GPU runs during each transfer of a padded coded call of `op` in
-  `pieces`, in order (`SCHEDULED`). An op or K not compiled there (psum's phases) takes the
-  pipeline all_to_all compiles to at K <= 4: the next piece's encode during each transfer but
-  the last, the K - 1 earlier decodes during the last."""
+# The ragged transport's pieces (`_pieces.pipelined_pieces`): per op, the fewest pieces from which
+# XLA:GPU schedules every encode first, then decode k-1 while transfer k is in flight (each of the
+# first K - 1 decodes inside exactly one exchange), at every size compiled: the deviceless 8 x H100
+# compiles of jax 0.11.2 and 0.12, XLA's default scheduler, 64 Ki to 16 Mi bfloat16 elements per row
+# (`python benchmarks/gpu_schedule.py --op OP --pieces K --transport ragged`, recorded at 1 Mi as
+# benchmarks/results/gpu_schedule_{a2a,ag,pp}_k{K}_ragged.json; tests/test_deviceless_gpu.py
+# compiles every K). Fewer pieces run in turn: all_to_all and ppermute in 2, and ppermute in 3 below
+# 1 Mi elements per row (jax 0.12's XLA pipelines all_to_all and ppermute in 2 too; not claimed).
+# psum's and psum_scatter's ragged pieces are costed in turn.
+RAGGED_PIPELINED_FROM = {"all_to_all": 3, "all_gather": 2, "ppermute": 4}
+
+
+# Why the ragged transport keeps K = 1 unless pinned: its pieces (`_pieces.pipelined_pieces`) hold
+# every piece's receive buffer and decoded columns at once, about twice the call's size of temp
+# over jax.lax where one shot holds one receive buffer (XLA's memory analysis, 8 x H100 deviceless,
+# 64 MiB per device: all_to_all, all_gather and ppermute 2.0-2.6x at K = 2..8, 1.0x at K = 1;
+# `python benchmarks/gpu_memory.py --pieces K`). `explain()` shows what each K would save.
+RAGGED_MEMORY = "ragged pieces hold 2x the call's size in temp; use_algorithm(pieces=K) trades it"
+
+
+def overlap_pattern(pieces: int, op: str = "all_to_all",
+                    transport: str = "padded") -> tuple[tuple[int, int], ...]:
+  """(encodes, decodes) XLA:GPU runs during each transfer of a coded call of `op` in `pieces` on
+  `transport`, in order. Padded: `SCHEDULED`; an op or K not compiled there (psum's phases) takes
+  the pipeline all_to_all compiles to at K <= 4: the next piece's encode during each transfer but
+  the last, the K - 1 earlier decodes during the last. Ragged: from `RAGGED_PIPELINED_FROM` pieces
+  no encode and one decode (the previous piece's) during each transfer but the first; fewer, or
+  another op, nothing during any (the pieces in turn)."""
   if pieces == 1:
     return ((0, 0),)
+  if transport == "ragged":
+    if pieces < RAGGED_PIPELINED_FROM.get(op, MAX_PIECES + 1):
+      return ((0, 0),) * pieces
+    return ((0, 0),) + ((0, 1),) * (pieces - 1)
   got = SCHEDULED.get(op, {}).get(pieces)
   return got if got is not None else ((1, 0),) * (pieces - 1) + ((0, pieces - 1),)
 
 
-def pipeline_time(stages, pieces: int, overlap: bool, op: str = "all_to_all") -> float:
+def pipeline_time(stages, pieces: int, overlap: bool, op: str = "all_to_all",
+                  transport: str = "padded") -> float:
   """Seconds for a message in `pieces` chains, summed over phases. With `overlap`: each transfer
   beside what `overlap_pattern` runs during it, and every encode and decode that runs beside no
   transfer, in turn (a transfer carries pieces / transfers of the message: XLA may combine
-  pieces' collectives); without, every stage of every piece one after another (``K = 1`` is the
-  unpipelined time either way)."""
+  pieces' collectives); on the ragged transport each piece's raw-row exchange too (a latency, in
+  turn); without, every stage of every piece one after another (``K = 1`` is the unpipelined
+  time either way)."""
   t = 0.0
-  pattern = overlap_pattern(pieces, op)
+  pattern = overlap_pattern(pieces, op, transport)
   for (te, oe), (tw, lat), (td, od) in stages:
     e, d = te / pieces + oe, td / pieces + od
     if not overlap:
@@ -202,6 +235,7 @@ def pipeline_time(stages, pieces: int, overlap: bool, op: str = "all_to_all") ->
     w = tw / len(pattern) + lat
     t += sum(max(w, ne * e + nd * d) for ne, nd in pattern)
     t += (pieces - sum(ne for ne, _ in pattern)) * e + (pieces - sum(nd for _, nd in pattern)) * d
+    t += pieces * lat if transport == "ragged" else 0.0
   return t
 
 
@@ -220,16 +254,16 @@ def choose_pieces(stages, chunk_elems: int, platform: str, pinned: int | None = 
 
   Pinned: that K (at most one piece per element). Otherwise K = 1 on CPU (XLA:CPU's
   collectives are blocking thunks and the virtual devices share the host's cores: no overlap to
-  win, only per-piece overheads) and on the ragged transport (XLA:GPU schedules its chains one
-  after another, every collective sync: benchmarks/gpu_schedule.py); on GPU/TPU with the padded
-  transport the fastest K of 1..MAX_PIECES (each piece at least one codec block of 65536
-  elements; a tie keeps the fewer pieces). psum_scatter off CPU: `sequential_pieces`, its pieces
+  win, only per-piece overheads) and on the ragged transport (its pieces are priced as
+  `overlap_pattern` lays them out, but kept to one for memory: `RAGGED_MEMORY`); on GPU/TPU with
+  the padded transport the fastest K of 1..MAX_PIECES (each piece at least one codec block of
+  65536 elements; a tie keeps the fewer pieces). psum_scatter off CPU: `sequential_pieces`, its pieces
   one after another (no overlap: the time of each piece's stages, summed). No margin here: the
   profile's ``min_gain`` is applied once, to compressed against raw (`strategy.decide`), so the
   decision is monotone in the capacity and the rates.
   """
   sequential = op in SEQUENTIAL_OPS
-  overlap = platform in _OVERLAP_PLATFORMS and transport != "ragged" and not sequential
+  overlap = platform in _OVERLAP_PLATFORMS and not sequential
   least = sequential_pieces(op, chunk_elems, platform)
   if pinned is not None:
     ks = sorted({1, max(1, min(int(pinned), int(chunk_elems)))})
@@ -237,8 +271,10 @@ def choose_pieces(stages, chunk_elems: int, platform: str, pinned: int | None = 
     ks = list(range(1, max(1, min(MAX_PIECES, int(chunk_elems) // fmt.BLOCK_ELEMS)) + 1))
   else:
     ks = sorted({1, least})
-  cands = [(k, pipeline_time(stages, k, overlap, op)) for k in ks]
+  cands = [(k, pipeline_time(stages, k, overlap, op, transport)) for k in ks]
   if pinned is not None or least > 1:
     return cands[-1][0], cands[-1][1], cands
+  if transport == "ragged":  # priced, not picked: for memory (`RAGGED_MEMORY`)
+    return 1, cands[0][1], cands
   best = min(cands, key=lambda c: (c[1], c[0]))
   return best[0], best[1], cands
