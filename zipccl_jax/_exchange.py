@@ -37,9 +37,9 @@ Ragged transport (``transport="ragged"``, or ``"auto"`` off CPU)
 The same frames go through ``jax.lax.ragged_all_to_all``, so only each frame's ``nbytes`` move,
 after a tiny int32 exchange of the sizes (-1: the row did not fit and travels raw)::
 
-  exchange_rows:   int32[n] all_to_all,  then the frames, then the raw rows (bytes that move only)
-  gather_row:      int32[1] all_gather,  then the frame to every other rank, then the raw row
-  permute_row:     int32 collective-permute,  then the frame, then the raw row (one slot)
+  exchange_rows:   int32[n] all_to_all,  then the raw rows, then the frames (bytes that move only)
+  gather_row:      int32[1] all_gather,  then the raw row, then the frame to every other rank
+  permute_row:     int32 collective-permute,  then the raw row, then the frame (one slot)
 
 XLA:CPU does not implement ragged-all-to-all: there
 `zipccl_jax._ragged.exchange` runs an exact emulation (the frames move padded to ``C`` bytes), so
@@ -50,7 +50,7 @@ stays padded.
 On the ragged transport (XLA:GPU's default) `exchange_rows` (all_to_all, ragged_all_to_all,
 psum_scatter, psum's first phase), `gather_row` (all_gather, psum's gather when its result may
 vary) and `permute_row` (ppermute) have no fallback and no ``lax.cond``: a row whose frame does
-not fit travels raw, alone, in a second ragged exchange into the same receive buffer
+not fit travels raw, alone, in a ragged exchange of its own, into the same receive buffer
 (`ragged_rows`, `ragged_gather`, `ragged_permute`; `_raw_into`). XLA:GPU runs a conditional by
 copying its predicate to the host and waiting for the stream, so a padded call stops the host
 once; these never do (on XLA's one-shot ragged kernel, intra-node; its NCCL path reads the sizes
@@ -401,7 +401,7 @@ def _after(received, tie, shape):
 
 def _raw_into(recv, rows, send_row, sending, receiving, axis_name, slot: int,
               one_slot: bool = False):
-  """The ragged transport's second exchange: the raw bit patterns of `rows` (F, m), written in place
+  """The ragged transport's raw-row exchange: the raw bit patterns of `rows` (F, m), written in place
   into `recv` ((S, slot) uint8, the frames' receive buffer; ragged_all_to_all updates its
   `output`). Row ``send_row[j]`` goes to rank j where ``sending[j]``, into this rank's slot there
   (slot 0 if `one_slot`); slot s here takes rank s's raw row where ``receiving[s]`` (slot 0 if
@@ -559,9 +559,9 @@ def ragged_gather(rows, axis_name, n: int, capacity: int):
   got (n, m), row s from rank s).
 
   `ragged_rows`' design with one row sent to every rank: its size goes out by an int32
-  all_gather (-1: did not fit), its frame by a ragged exchange to every other rank, and, where
-  it did not fit, its raw bits by a second one into the same receive buffer (n slots: the
-  result's size). The own row goes to itself raw (a local copy) and is not decoded.
+  all_gather (-1: did not fit), where it did not fit its raw bits by a ragged exchange into the
+  receive buffer (n slots: the result's size), and its frame by another, into that buffer, to
+  every other rank. The own row goes to itself raw (a local copy) and is not decoded.
   """
   flag, buf, transfer, decode = gather_stages(rows, axis_name, n, capacity)
   return flag, decode(transfer(buf, None), None)

@@ -84,10 +84,10 @@ def pipelined_pieces(rows, pieces: int, capacity: int, site: str, stages: Callab
   made from its operands), ``decode(received, tie)`` -> its result (`rows_stages`,
   `gather_stages`, `permute_stages`). Independent chains left the order to XLA:GPU's default
   scheduler, which ran every exchange synchronously and every decode after the last
-  (docs/gpu.md). Here data orders it, through zeros XLA cannot fold (`zero_after`): transfer k waits for transfer k-1's bytes and
-  decode k-2's result; decode k-1 reads transfer k's operands' zero, so it comes after them; and
-  transfer k's first reader needs decode k-1, so the exchange is still in flight while decode k-1
-  runs. The bits are the chains'.
+  (docs/gpu.md). Here data orders it, through zeros XLA cannot fold (`zero_after`): transfer k
+  waits for transfer k-1's bytes and decode k-2's result; decode k-1 reads transfer k's
+  operands' zero, so it comes after them; and transfer k's first reader needs decode k-1, so the
+  exchange is still in flight while decode k-1 runs. The bits are the chains'.
   """
   dt = rows.dtype
   u = uint_of(dt)

@@ -82,7 +82,7 @@ def coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_l
     s = sent_bytes(coll, k * chunk, n)
     wire += s
     t += lk.time(s)
-    if ragged:  # the int32 size exchange, and the second exchange that moves the rows that do
+    if ragged:  # the int32 size exchange, and the raw-row exchange that moves the rows that do
       t += 2 * lk.latency_s  # not fit raw (`_exchange`: no conditional, nothing when all fit)
   return t, wire
 
@@ -257,10 +257,10 @@ def choose_pieces(stages, chunk_elems: int, platform: str, pinned: int | None = 
   win, only per-piece overheads) and on the ragged transport (its pieces are priced as
   `overlap_pattern` lays them out, but kept to one for memory: `RAGGED_MEMORY`); on GPU/TPU with
   the padded transport the fastest K of 1..MAX_PIECES (each piece at least one codec block of
-  65536 elements; a tie keeps the fewer pieces). psum_scatter off CPU: `sequential_pieces`, its pieces
-  one after another (no overlap: the time of each piece's stages, summed). No margin here: the
-  profile's ``min_gain`` is applied once, to compressed against raw (`strategy.decide`), so the
-  decision is monotone in the capacity and the rates.
+  65536 elements; a tie keeps the fewer pieces). psum_scatter off CPU: `sequential_pieces`, its
+  pieces one after another (no overlap: the time of each piece's stages, summed). No margin
+  here: the profile's ``min_gain`` is applied once, to compressed against raw (`strategy.decide`),
+  so the decision is monotone in the capacity and the rates.
   """
   sequential = op in SEQUENTIAL_OPS
   overlap = platform in _OVERLAP_PLATFORMS and not sequential
