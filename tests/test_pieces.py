@@ -584,6 +584,8 @@ def test_ragged_pipeline_time_is_the_pattern_laid_out():
   e3, w3, d3 = 3.0 / 3 + 0.1, 8.0 / 3 + 0.2, 6.0 / 3 + 0.1
   assert programs.pipeline_time(stages, 3, True, "ppermute", "ragged") == pytest.approx(
       3 * (e3 + w3 + d3 + lat))
+  assert programs.pipeline_time(stages, 3, False, "ppermute", "ragged") == pytest.approx(
+      3 * (e3 + w3 + d3 + lat))  # no overlap (CPU): the raw-row exchanges all the same
   assert programs.pipeline_time(stages, 1, True, "ppermute", "ragged") == pytest.approx(
       3.1 + 8.2 + 6.1 + lat)
 

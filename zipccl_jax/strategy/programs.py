@@ -222,20 +222,20 @@ def pipeline_time(stages, pieces: int, overlap: bool, op: str = "all_to_all",
   """Seconds for a message in `pieces` chains, summed over phases. With `overlap`: each transfer
   beside what `overlap_pattern` runs during it, and every encode and decode that runs beside no
   transfer, in turn (a transfer carries pieces / transfers of the message: XLA may combine
-  pieces' collectives); on the ragged transport each piece's raw-row exchange too (a latency, in
-  turn); without, every stage of every piece one after another (``K = 1`` is the unpipelined
-  time either way)."""
+  pieces' collectives); without, every stage of every piece one after another (``K = 1`` is the
+  unpipelined time either way). On the ragged transport, either way, each piece's raw-row
+  exchange too (a latency, in turn)."""
   t = 0.0
   pattern = overlap_pattern(pieces, op, transport)
   for (te, oe), (tw, lat), (td, od) in stages:
     e, d = te / pieces + oe, td / pieces + od
+    t += pieces * lat if transport == "ragged" else 0.0  # each piece's raw-row exchange
     if not overlap:
       t += pieces * (e + tw / pieces + lat + d)
       continue
     w = tw / len(pattern) + lat
     t += sum(max(w, ne * e + nd * d) for ne, nd in pattern)
     t += (pieces - sum(ne for ne, _ in pattern)) * e + (pieces - sum(nd for _, nd in pattern)) * d
-    t += pieces * lat if transport == "ragged" else 0.0
   return t
 
 
