@@ -461,13 +461,13 @@ def test_psum_scatter_runs_in_sequential_pieces_off_cpu():
                          log=False).pieces == 2
   assert strategy.decide("psum_scatter", BF16, m, axis_size=N, compress=True, platform="gpu", pieces=2,
                          log=False).pieces == 2
-  stages = [((4.0, 0.1), (6.0, 0.2), (2.0, 0.1))]
+  stages = [((4.0, 0.1), (6.0, 0.2), (2.0, 0.1), 0.0)]
   k, t, _ = programs.choose_pieces(stages, 1 << 20, "gpu", op="psum_scatter")
   assert k == programs.MEMORY_PIECES and t == pytest.approx(programs.pipeline_time(stages, k, False))
 
 
 def test_pipeline_time_model():
-  stages = [((4.0, 0.1), (6.0, 0.2), (2.0, 0.1))]  # encode, transfer, decode (total, per piece)
+  stages = [((4.0, 0.1), (6.0, 0.2), (2.0, 0.1), 0.0)]  # encode, transfer, decode; raw rows
   assert programs.pipeline_time(stages, 1, True) == pytest.approx(12.4)
   assert programs.pipeline_time(stages, 1, False) == pytest.approx(12.4)
   # K = 2: one piece through all stages (6.4), then the slowest stage once more (3.2)
@@ -479,7 +479,7 @@ def test_pipeline_time_model():
   assert all(c[1] > fastest for c in cands if c[0] < k)  # a tie keeps the fewer pieces
   # ragged: K = 1 kept (memory), every K priced: below the first pipelined K in turn (slower than
   # K = 1), from it pipelined (faster where the codec is as slow as the wire)
-  heavy = [((8.0, 0.01), (8.0, 0.01), (8.0, 0.01))]
+  heavy = [((8.0, 0.01), (8.0, 0.01), (8.0, 0.01), 0.01)]  # ragged: a raw-row latency a piece
   for op, first in programs.RAGGED_PIPELINED_FROM.items():
     k, t, cands = programs.choose_pieces(heavy, 1 << 20, "gpu", transport="ragged", op=op)
     assert k == 1 and t == cands[0][1] and len(cands) == programs.MAX_PIECES, (op, cands)
@@ -575,7 +575,7 @@ def test_every_ragged_k_the_model_may_pick_has_its_compiled_schedule():
 def test_ragged_pipeline_time_is_the_pattern_laid_out():
   """Ragged, pipelined: t(K) = K e + w + (K-1) max(w, d) + d + K latency per phase (each piece's
   raw-row exchange in turn); below the first pipelined K, every stage in turn."""
-  stages = [((3.0, 0.1), (8.0, 0.2), (6.0, 0.1))]
+  stages = [((3.0, 0.1), (8.0, 0.2), (6.0, 0.1), 0.2)]  # a ragged phase: its raw rows' latency
   e, w, d, lat = 3.0 / 4 + 0.1, 8.0 / 4 + 0.2, 6.0 / 4 + 0.1, 0.2
   assert programs.pipeline_time(stages, 4, True, "ppermute", "ragged") == pytest.approx(
       4 * e + w + 3 * max(w, d) + d + 4 * lat)
@@ -590,10 +590,31 @@ def test_ragged_pipeline_time_is_the_pattern_laid_out():
       3.1 + 8.2 + 6.1 + lat)
 
 
+def test_psums_second_phase_is_priced_padded_on_the_ragged_transport():
+  """psum's coded program on the ragged transport: its first phase sends ragged frames (expected
+  size, a raw-row exchange a piece), its second, the all_gather of the reduced chunks, stays padded
+  (capacity, no raw-row exchange), as `coded_time` prices the call."""
+  from zipccl_jax.strategy.codec_cost import CodecModel
+  from zipccl_jax.strategy.links import LinkModel
+  codec, link, n = CodecModel(1e9, 2e9, 0.0, 0.0), LinkModel(1e-3, 1e9), 8
+  phases = programs.structure("psum", n)
+  cap, frame = 3000, 2000
+  ragged = programs.pipeline_stages([link] * 2, phases, codec, cap, 4000, n, transport="ragged",
+                                    op="psum", exp_frame=frame)
+  padded = programs.pipeline_stages([link] * 2, phases, codec, cap, 4000, n)
+  assert [st[3] for st in ragged] == [1e-3, 0.0] and [st[3] for st in padded] == [0.0, 0.0]
+  assert ragged[1] == padded[1]  # phase 2: the padded stages, capacity and all
+  assert ragged[0][1][0] == pytest.approx(padded[0][1][0] * frame / cap)
+  # K pieces add K raw-row latencies for phase 1 only (psum's pieces run in turn on ragged)
+  for k in (2, 4):
+    assert programs.pipeline_time(ragged, k, True, "psum", "ragged") - programs.pipeline_time(
+        [ragged[0][:3] + (0.0,), ragged[1]], k, True, "psum", "ragged") == pytest.approx(k * 1e-3)
+
+
 def test_pipeline_time_is_the_pattern_laid_out():
   """t(K) = e + (K-1) max(w, e) + max(w, (K-1) d) + d per phase; t(1) = e + w + d; without overlap
   K (e + w + d)."""
-  stages = [((3.0, 0.1), (8.0, 0.2), (6.0, 0.1))]
+  stages = [((3.0, 0.1), (8.0, 0.2), (6.0, 0.1), 0.0)]
   e, w, d = 3.0 / 4 + 0.1, 8.0 / 4 + 0.2, 6.0 / 4 + 0.1
   assert programs.pipeline_time(stages, 4, True) == pytest.approx(
       e + 3 * max(w, e) + max(w, 3 * d) + d)

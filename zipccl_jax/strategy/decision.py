@@ -260,9 +260,9 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
       t_fixed=t_codec + prof.fallback_risk * t_raw,
       flag_latency=prof.link(axis_name, "psum", plat)[0].latency_s if op == "ppermute" else 0.0)
   if op in PIPELINED_OPS:  # each transport's time with its best K
-    def stages(tr):  # the ragged transport sends the expected frames, the padded its capacity
-      return pipeline_stages(links, phases, codec, exp_frame if tr == "ragged" else cap,
-                             raw_chunk, n)
+    def stages(tr):  # a ragged phase sends the expected frames, a padded one its capacity
+      return pipeline_stages(links, phases, codec, cap, raw_chunk, n, transport=tr, op=op,
+                             exp_frame=exp_frame)
     timed = with_pieces(timed, stages, m, plat, pieces, piece, op)
   tr_best, (t_c, wire) = _best_transport(transport, plat, timed)
   if op in PIPELINED_OPS:

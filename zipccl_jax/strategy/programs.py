@@ -72,12 +72,18 @@ def lax_reduction_time(prof: Profile, op: str, axis_name, n: int, message_bytes:
   return (lk.time(rs), rs) if op == "psum_scatter" else (2 * lk.time(rs), 2 * rs)
 
 
+def rides_ragged(tr: str, op: str, phase: int) -> bool:
+  """Whether `op`'s coded phase `phase` (0-based) sends ragged frames on transport `tr`: every
+  phase does but psum's second, whose all_gather of the reduced chunks stays padded."""
+  return tr == "ragged" and not (op == "psum" and phase == 1)
+
+
 def coded_time(tr: str, *, op, links, phases, n, cap, exp_frame, t_fixed, flag_latency):
   """(seconds, bytes sent) of the coded call on transport `tr` (`t_fixed`: codec and fallback)."""
   # flag: padded ppermute's 4-byte overflow psum (the ragged one reads its sender's size instead)
   t, wire = t_fixed + (flag_latency if tr == "padded" else 0.0), 0.0
   for i, (lk, (coll, k, *_)) in enumerate(zip(links, phases)):
-    ragged = tr == "ragged" and not (op == "psum" and i == 1)  # psum phase 2 stays padded
+    ragged = rides_ragged(tr, op, i)
     chunk = exp_frame if ragged else cap
     s = sent_bytes(coll, k * chunk, n)
     wire += s
@@ -129,15 +135,21 @@ SEQUENTIAL_OPS = ("psum_scatter",)
 MEMORY_PIECES = 4
 
 
-def pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int):
+def pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int, *,
+                    transport: str = "padded", op: str = "", exp_frame: int = 0):
   """Per coded phase (``(collective, chunks sent, chunks encoded, chunks decoded)``), its three
   stages as (seconds for the whole message, seconds per piece): encode (codec throughput,
-  overhead), transfer (bytes / bandwidth, latency), decode."""
+  overhead), transfer (bytes / bandwidth, latency), decode; then the seconds of each piece's
+  raw-row exchange (one latency where the phase rides the ragged transport: `rides_ragged`, which
+  sends `exp_frame` bytes a chunk where a padded phase sends `cap`; else 0)."""
   out = []
-  for lk, (coll, k, enc, dec) in zip(links, phases):
+  for i, (lk, (coll, k, enc, dec)) in enumerate(zip(links, phases)):
+    ragged = rides_ragged(transport, op, i)
     out.append(((enc * raw_chunk / codec.encode_Bps, codec.encode_overhead_s),
-                (sent_bytes(coll, k * cap, n) / lk.bandwidth_Bps, lk.latency_s),
-                (dec * raw_chunk / codec.decode_Bps, codec.decode_overhead_s)))
+                (sent_bytes(coll, k * (exp_frame if ragged else cap), n) / lk.bandwidth_Bps,
+                 lk.latency_s),
+                (dec * raw_chunk / codec.decode_Bps, codec.decode_overhead_s),
+                lk.latency_s if ragged else 0.0))
   return out
 
 
@@ -223,13 +235,13 @@ def pipeline_time(stages, pieces: int, overlap: bool, op: str = "all_to_all",
   beside what `overlap_pattern` runs during it, and every encode and decode that runs beside no
   transfer, in turn (a transfer carries pieces / transfers of the message: XLA may combine
   pieces' collectives); without, every stage of every piece one after another (``K = 1`` is the
-  unpipelined time either way). On the ragged transport, either way, each piece's raw-row
-  exchange too (a latency, in turn)."""
+  unpipelined time either way). Either way, each piece's raw-row exchange too (a stage's last
+  entry: a latency in turn where the phase rides the ragged transport)."""
   t = 0.0
   pattern = overlap_pattern(pieces, op, transport)
-  for (te, oe), (tw, lat), (td, od) in stages:
+  for (te, oe), (tw, lat), (td, od), raw_rows in stages:
     e, d = te / pieces + oe, td / pieces + od
-    t += pieces * lat if transport == "ragged" else 0.0  # each piece's raw-row exchange
+    t += pieces * raw_rows
     if not overlap:
       t += pieces * (e + tw / pieces + lat + d)
       continue
