@@ -9,7 +9,9 @@ the entry computation's scheduled order of what matters for pipelining: the zipc
 custom calls, the collectives' start (marked sync where XLA found nothing to overlap) and done, the
 ragged-all-to-alls XLA runs synchronously, and the conditionals (a padded chain's decode or raw fallback;
 the ragged all_to_all has none), and for each collective which of them XLA placed between its start and
-its done (work overlapping that transfer). Nothing runs; no timing is measured.
+its done (work overlapping that transfer; a done is listed by the start it completes, and a ragged
+exchange of raw rows, the rows whose frames did not fit, is marked "raw rows"). Nothing runs; no timing
+is measured.
 
 Needs, in a venv of its own (the plugin makes every jax import on a machine without a GPU look for one):
 `pip install ".[gpuaot]"` next to a zipccl_jax built with its CUDA handlers (the default build where a CUDA
@@ -66,14 +68,21 @@ _LINE = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*? (?P<op>[a-z\-]+)\("
 
 def scheduled(hlo: str) -> list[tuple[str, str]]:
     """(kind, name) of the entry computation's encodes, decodes (those outside conditionals), collective
-    starts/dones, synchronous collectives, conditionals and loops (a fallback), in the scheduled order (a scheduled module lists instructions in execution order)."""
+    starts/dones, synchronous collectives, conditionals and loops (a fallback), in the scheduled order (a
+    scheduled module lists instructions in execution order). A done's name is the start it completes (several
+    may be in flight). A ragged exchange of raw rows (its output operand a fresh buffer, where a frames
+    exchange writes into the buffer a raw-row exchange filled) is marked "raw rows"."""
     out = []
     bodies = dict(re.findall(r"^%([\w.\-]+) .*?\{\n(.*?)^\}", hlo, re.M | re.S))  # computation -> its text
-    for line in hlo[hlo.index("\nENTRY"):].splitlines()[1:]:
+    entry = hlo[hlo.index("\nENTRY"):].splitlines()[1:]
+    defs = {m.group("name"): line for line in entry if (m := _LINE.match(line))}
+    for line in entry:
         m = _LINE.match(line)
         if not m:
             continue
         op = m.group("op")
+        if op.startswith("ragged-all-to-all") and not op.endswith("-done") and not _fills(line, defs):
+            op += " (raw rows)"
         called = re.search(r"calls=%([\w.\-]+)", line) if op == "fusion" else None
         if called:  # XLA:GPU wraps a custom call reading a slice of its operand in a fusion (no copy)
             line = bodies.get(called.group(1), "")
@@ -82,15 +91,39 @@ def scheduled(hlo: str) -> list[tuple[str, str]]:
             out.append(("encode", m.group("name")))
         elif op == "custom-call" and "zipccl_decode" in line:
             out.append(("decode", m.group("name")))
-        elif op == "ragged-all-to-all":  # XLA:GPU runs it synchronously (no start/done pair)
-            out.append((op + " (sync)", m.group("name")))
+        elif op.endswith("-done"):
+            out.append((op, _operands(line)[0]))
+        elif op.startswith("ragged-all-to-all") and "-start" not in op:  # run synchronously
+            out.append((op.replace("ragged-all-to-all", "ragged-all-to-all (sync)"), m.group("name")))
         elif op in _SYNC:  # XLA turns an async pair with nothing between start and done into this
             out.append((op + " (sync)", m.group("name")))
-        elif op.endswith("-start"):  # XLA marks a collective it found nothing to overlap with sync
-            out.append((op + (" (sync)" if '"is_sync":true' in line else " (async)"), m.group("name")))
-        elif op.endswith("-done") or op in ("conditional", "while"):
+        elif "-start" in op:  # XLA marks a collective it found nothing to overlap with sync
+            out.append((op.replace("-start", "-start" + (" (sync)" if '"is_sync":true' in line
+                                                         else " (async)")), m.group("name")))
+        elif op in ("conditional", "while"):
             out.append((op, m.group("name")))
     return out
+
+
+def _operands(line: str) -> list[str]:
+    """The instruction names among a HLO line's operands."""
+    m = _LINE.match(line)
+    args = line[m.end():]
+    return re.findall(r"%([\w.\-]+)", args[:args.index(")")])
+
+
+def _fills(line: str, defs: dict) -> bool:
+    """Whether a ragged exchange writes into another ragged exchange's result (its output operand, through
+    bitcasts and copies): a frames exchange into the raw rows' buffer."""
+    name = _operands(line)[1]
+    while name in defs:
+        op = _LINE.match(defs[name]).group("op")
+        if op.startswith("ragged-all-to-all"):
+            return True
+        if op not in ("bitcast", "copy", "get-tuple-element") and not op.startswith("copy-"):
+            return False
+        name = _operands(defs[name])[0]
+    return False
 
 
 def overlaps(seq):
@@ -99,11 +132,11 @@ def overlaps(seq):
     open_, out = {}, {}
     for kind, name in seq:
         if "-start" in kind:
-            open_[name] = []
+            open_[("raw rows " if "raw rows" in kind else "") + name] = []
         elif kind.split(" ")[0] in _SYNC:  # a transfer with nothing beside it
             out[f"{kind.split(' ')[0]} {name}"] = []
-        elif kind.endswith("-done"):
-            start = next(iter(open_), None)
+        elif kind.endswith("-done"):  # the start it completes (recordings before: the oldest open one)
+            start = next((s for s in open_ if s.split(" ")[-1] == name), next(iter(open_), None))
             if start is not None:
                 out[start] = open_.pop(start)
         else:
@@ -115,10 +148,13 @@ def overlaps(seq):
 def ragged_pipelined(ov, pieces: int) -> bool:
     """Whether `overlaps` of a ragged call in `pieces` shows the pipeline `strategy.programs.overlap_pattern`
     costs for it: no encode while a ragged exchange is in flight, and each of the first pieces - 1 decodes
-    while exactly one is (a decode beside two concurrent exchanges hides behind neither's whole time)."""
-    work = [w for start, ws in ov.items() if start.startswith("ragged") for w in ws]
-    decodes = [w for w in work if w.startswith("decode")]
-    return (not any(w.startswith("encode") for w in work)
+    while exactly one frames exchange is (a decode beside two concurrent exchanges hides behind neither's
+    whole time). An exchange of raw rows in flight beside them is allowed: it moves only the rows that did
+    not fit (none, where all fit), and the model charges its latency apart."""
+    frames = [w for start, ws in ov.items() if start.startswith("ragged") for w in ws]
+    anywhere = [w for start, ws in ov.items() if "ragged" in start for w in ws]
+    decodes = [w for w in frames if w.startswith("decode")]
+    return (not any(w.startswith("encode") for w in anywhere)
             and len(decodes) == len(set(decodes)) == pieces - 1)
 
 

@@ -363,7 +363,11 @@ def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
   slot = capacity if slot is None else slot
   u = _unit(capacity, slot)
   slots = 1 if one_slot else n
-  dt = _ragged.offsets_dtype(max(n * capacity, slots * slot) // u)
+  # tied: 64-bit offsets, the type XLA:GPU's ragged exchange runs on; 32-bit ones it converts in
+  # fusions of their own, past the barrier below, which its scheduler may place after the decode
+  # that should run during this exchange
+  dt = (np.dtype(np.int64) if tie is not None
+        else _ragged.offsets_dtype(max(n * capacity, slots * slot) // u))
   with _ragged.index_scope(dt):
     z = _zero_like_batch(payload).astype(dt)
     start = jnp.arange(n, dtype=dt) * (capacity // u) if payload.ndim == 2 else jnp.zeros((n,), dt)
@@ -377,13 +381,24 @@ def _ragged_frames(payload, send, recv_sizes, axis_name, n: int, capacity: int,
   # through everything before them; in pieces, every piece's buffer at once)
   out = (vary_like(jnp.full((slots * slot // u, u), zero_after(payload, jnp.uint8)), payload)
          if out is None else out.reshape(-1, u))
-  ops = (payload.reshape(-1, u), out, in_off, send, out_off, recv_sizes)
-  r = _ragged.exchange(*ops, axis_name=axis_name, axis_index_groups=_GROUPS.get(),
-                       max_send_rows=capacity // u)
-  if tie is not None:
-    with _ragged.index_scope(dt):
-      return r, sum(zero_after(v) for v in ops)
-  return r.reshape(slots, slot)
+  if tie is None:
+    r = _ragged.exchange(payload.reshape(-1, u), out, in_off, send, out_off, recv_sizes,
+                         axis_name=axis_name, axis_index_groups=_GROUPS.get(),
+                         max_send_rows=capacity // u)
+    return r.reshape(slots, slot)
+  # Tied (`pipelined_pieces`): the operands pass one optimization barrier, and the zero returned
+  # is read from its outputs, so what reads the zero (the previous piece's decode) comes after every
+  # operand (XLA would otherwise fuse a copy of an operand's arithmetic into the zero and leave the
+  # operand itself to be scheduled after that decode), and XLA:GPU starts the exchange before that
+  # decode. `out` is read before the barrier (the offsets wait for it), not after: the exchange
+  # updates it in place, and a read left beside that update would cost a copy of the buffer.
+  with _ragged.index_scope(dt):
+    out_off = out_off + zero_after(out, dt)
+    ops = lax.optimization_barrier((payload.reshape(-1, u), in_off, send, out_off, recv_sizes))
+    zero = sum(zero_after(v) for v in ops)
+  r = _ragged.exchange(ops[0], out, *ops[1:], axis_name=axis_name,
+                       axis_index_groups=_GROUPS.get(), max_send_rows=capacity // u)
+  return r, zero
 
 
 def _after(received, tie, shape):
@@ -400,12 +415,13 @@ def _after(received, tie, shape):
 
 
 def _raw_into(recv, rows, send_row, sending, receiving, axis_name, slot: int,
-              one_slot: bool = False):
+              one_slot: bool = False, tie=None):
   """The ragged transport's raw-row exchange: the raw bit patterns of `rows` (F, m), written in place
   into `recv` ((S, slot) uint8, the frames' receive buffer; ragged_all_to_all updates its
   `output`). Row ``send_row[j]`` goes to rank j where ``sending[j]``, into this rank's slot there
   (slot 0 if `one_slot`); slot s here takes rank s's raw row where ``receiving[s]`` (slot 0 if
-  `one_slot`). (n,) each; it moves no data when nothing is flagged. Returns recv (S, slot)."""
+  `one_slot`). (n,) each; it moves no data when nothing is flagged. `tie`: a zero (int32) added
+  to the offsets, so that the exchange waits for what made it. Returns recv (S, slot)."""
   m = rows.shape[1]
   row_bytes = m * rows.dtype.itemsize
   u = _unit(row_bytes, slot)
@@ -416,6 +432,8 @@ def _raw_into(recv, rows, send_row, sending, receiving, axis_name, slot: int,
     in_off = vary_like(send_row.astype(dt) * (row_bytes // u), recv) + z
     at = jnp.zeros((), dt) if one_slot else rank(axis_name, dt)
     out_off = vary_like(jnp.full((n,), slot // u, dt) * at, recv) + z
+    if tie is not None:
+      out_off = out_off + tie.astype(dt)
     send = jnp.where(sending, row_bytes // u, 0).astype(dt) + z
     take = jnp.where(receiving, row_bytes // u, 0).astype(dt) + z
   bits = lax.bitcast_convert_type(lax.bitcast_convert_type(rows, uint_of(rows.dtype)), jnp.uint8)
@@ -529,8 +547,8 @@ def ragged_rows(rows, axis_name, n: int, capacity: int):
   collective memory space, so a decode written there would be copied out once more). Returns
   the flag for `accounting.count` and (n, m), row s from rank s, the bits of a raw exchange.
   """
-  flag, buf, transfer, decode = rows_stages(rows, axis_name, n, capacity)
-  return flag, decode(transfer(buf, None), None)
+  flag, fill, transfer, decode = rows_stages(rows, axis_name, n, capacity)
+  return flag, decode(transfer(fill(), None), None)
 
 
 def rows_stages(rows, axis_name, n: int, capacity: int):
@@ -541,7 +559,9 @@ def rows_stages(rows, axis_name, n: int, capacity: int):
                        axis_index_groups=_GROUPS.get())
   as_raw = got < 0
   zeros = vary_like(jnp.full((n, slot), zero_after(payload, jnp.uint8)), payload)
-  buf = _raw_into(zeros, rows, jnp.arange(n), (size < 0) | skip, as_raw | skip, axis_name, slot)
+  def fill(tie=None):
+    return _raw_into(zeros, rows, jnp.arange(n), (size < 0) | skip, as_raw | skip, axis_name, slot,
+                     tie=tie)
 
   def transfer(buf, tie):
     return _ragged_frames(payload, jnp.maximum(size, 0), jnp.maximum(got, 0), axis_name, n,
@@ -551,7 +571,7 @@ def rows_stages(rows, axis_name, n: int, capacity: int):
     return _decode_slots(_after(received, tie, (n, slot)), rows.shape[1], rows.dtype,
                          as_raw | skip)
 
-  return jnp.any(as_raw), buf, transfer, decode
+  return jnp.any(as_raw), fill, transfer, decode
 
 
 def ragged_gather(rows, axis_name, n: int, capacity: int):
@@ -563,23 +583,24 @@ def ragged_gather(rows, axis_name, n: int, capacity: int):
   receive buffer (n slots: the result's size), and its frame by another, into that buffer, to
   every other rank. The own row goes to itself raw (a local copy) and is not decoded.
   """
-  flag, buf, transfer, decode = gather_stages(rows, axis_name, n, capacity)
-  return flag, decode(transfer(buf, None), None)
+  flag, fill, transfer, decode = gather_stages(rows, axis_name, n, capacity)
+  return flag, decode(transfer(fill(), None), None)
 
 
 def gather_stages(rows, axis_name, n: int, capacity: int):
-  """`ragged_gather` as `pipelined_pieces`' stages: (a row came raw, the receive buffer with the raw
-  rows already in it, transfer: (buffer, tie) -> (frames received into it, a zero made from its
-  operands), decode: (received, tie) -> got (n, m), once tie exists; tie None: untied, transfer
-  gives the received slots alone). The raw rows go first, so that the frames exchange's users
-  are the decode's and the next piece's ties alone."""
+  """`ragged_gather` as `pipelined_pieces`' stages: (a row came raw, fill: tie -> the receive buffer
+  with the raw rows in it (their exchange waits for tie), transfer: (buffer, tie) -> (frames
+  received into it, a zero made from its operands), decode: (received, tie) -> got (n, m), once tie
+  exists; tie None: untied, transfer gives the received slots alone). The raw rows go first, so
+  that the frames exchange's users are the decode's and the next piece's ties alone."""
   own = own_row(axis_name, n)
   payload, frame_cap, slot, size = _encode_sized(rows, capacity)
   got = lax.all_gather(size, axis_name, tiled=True, axis_index_groups=_GROUPS.get())  # (n,)
   as_raw = (got < 0) & ~own
   zeros = vary_like(jnp.full((n, slot), zero_after(payload, jnp.uint8)), payload)
-  buf = _raw_into(zeros, rows, jnp.zeros((n,), jnp.int32), (size < 0) | own, as_raw | own,
-                  axis_name, slot)
+  def fill(tie=None):
+    return _raw_into(zeros, rows, jnp.zeros((n,), jnp.int32), (size < 0) | own, as_raw | own,
+                     axis_name, slot, tie=tie)
 
   def transfer(buf, tie):
     return _ragged_frames(payload[0], jnp.where(own, 0, jnp.maximum(size, 0)),
@@ -589,7 +610,7 @@ def gather_stages(rows, axis_name, n: int, capacity: int):
   def decode(received, tie):
     return _decode_slots(_after(received, tie, (n, slot)), rows.shape[1], rows.dtype, as_raw | own)
 
-  return jnp.any(as_raw), buf, transfer, decode
+  return jnp.any(as_raw), fill, transfer, decode
 
 
 def gather_row(x, *, axis_name, n: int, capacity: int, transport: str, site: str,

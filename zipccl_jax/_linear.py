@@ -27,6 +27,7 @@ What JAX evaluates of a linear_call's callee again (impl, lowering, batching) ru
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import jax
@@ -90,18 +91,32 @@ def wire_of(transpose_thunk):
   return getattr(transpose_thunk, "zipccl_wire", None)
 
 
+def _wide(closed_jaxpr) -> bool:
+  """Whether `closed_jaxpr` holds 64-bit values (the ragged exchanges' offsets, traced inside
+  `jax.enable_x64`)."""
+  return any(getattr(v.aval, "dtype", None) is not None and v.aval.dtype.itemsize == 8
+             and v.aval.dtype.kind in "iu"
+             for eqn in closed_jaxpr.jaxpr.eqns for v in eqn.outvars)
+
+
+def _batch(closed_jaxpr, axis_data, batched):
+  """`batching.batch_jaxpr`, inside `jax.enable_x64` where the jaxpr holds 64-bit values: the
+  batching rules (ragged_all_to_all's among them) make new values of their operands' dtypes,
+  which without x64 jax truncates to 32 bits with a warning, beside the 64-bit ones."""
+  with jax.enable_x64(True) if _wide(closed_jaxpr) else contextlib.nullcontext():
+    return batching.batch_jaxpr(closed_jaxpr, axis_data, batched, instantiate=True)[0]
+
+
 def _linear_call_batch(axis_data, args, dims, *, callee, transpose_thunk, num_callee_consts,
                        num_res):
   size, mesh_axis = axis_data.size, axis_data.explicit_mesh_axis
   args = [batching.bdim_at_front(a, d, size, mesh_axis) for a, d in zip(args, dims)]
-  b_callee, _ = batching.batch_jaxpr(callee, axis_data, [True] * len(args), instantiate=True)
+  b_callee = _batch(callee, axis_data, [True] * len(args))
 
   def b_transpose_thunk():
     t_jaxpr, t_consts = transpose_thunk()
     n_in = len(t_jaxpr.in_avals) - len(t_consts)
-    b_t, _ = batching.batch_jaxpr(t_jaxpr, axis_data, [False] * len(t_consts) + [True] * n_in,
-                                  instantiate=True)
-    return b_t, t_consts
+    return _batch(t_jaxpr, axis_data, [False] * len(t_consts) + [True] * n_in), t_consts
 
   if (wire := wire_of(transpose_thunk)) is not None:
     b_transpose_thunk.zipccl_wire = wire.batched(size)

@@ -102,8 +102,8 @@ def ragged_permute(rows, axis_name, n: int, perm, capacity: int):
   the frame by a second one into that slot (`permute_stages`). The receiver alone decides how to
   read its slot, so no rank waits on another's overflow.
   """
-  flag, buf, transfer, decode = permute_stages(rows, axis_name, n, perm, capacity)
-  return flag, decode(transfer(buf, None), None)
+  flag, fill, transfer, decode = permute_stages(rows, axis_name, n, perm, capacity)
+  return flag, decode(transfer(fill(), None), None)
 
 
 def permute_stages(rows, axis_name, n: int, perm, capacity: int):
@@ -118,8 +118,10 @@ def permute_stages(rows, axis_name, n: int, perm, capacity: int):
   payload, frame_cap, slot, size = _encode_sized(rows, capacity)
   got = lax_ppermute(size[0], axis_name, perm)  # what my source sends: > 0 frame, -1 raw, 0 none
   zeros = vary_like(jnp.full((1, slot), zero_after(payload, jnp.uint8)), payload)
-  buf = _raw_into(zeros, rows, jnp.zeros((n,), jnp.int32), to & (size[0] < 0), frm & (got < 0),
-                  axis_name, slot, one_slot=True)
+  def fill(tie=None):
+    return _raw_into(zeros, rows, jnp.zeros((n,), jnp.int32), to & (size[0] < 0), frm & (got < 0),
+                     axis_name, slot, one_slot=True, tie=tie)
+
   as_raw = (got < 0)[None]
 
   def transfer(buf, tie):
@@ -131,4 +133,4 @@ def permute_stages(rows, axis_name, n: int, perm, capacity: int):
     return _decode_slots(_after(received, tie, (1, slot)), rows.shape[1], rows.dtype, as_raw,
                          (got == 0)[None])
 
-  return as_raw[0], buf, transfer, decode
+  return as_raw[0], fill, transfer, decode

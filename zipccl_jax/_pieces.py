@@ -79,14 +79,15 @@ def pipelined_pieces(rows, pieces: int, capacity: int, site: str, stages: Callab
   size of temp where one shot holds one receive buffer (`strategy.programs.choose_pieces` keeps
   K = 1 on this transport unless pinned).
 
-  `stages(columns, capacity)` -> (flag, buffer, transfer, decode): the piece's receive buffer with
-  its raw rows already in it, ``transfer(buffer, tie)`` -> (the frames received into it, a zero
-  made from its operands), ``decode(received, tie)`` -> its result (`rows_stages`,
+  `stages(columns, capacity)` -> (flag, fill, transfer, decode): ``fill(tie)`` -> the piece's
+  receive buffer with its raw rows in it, ``transfer(buffer, tie)`` -> (the frames received into
+  it, a zero made from its operands), ``decode(received, tie)`` -> its result (`rows_stages`,
   `gather_stages`, `permute_stages`). Independent chains left the order to XLA:GPU's default
   scheduler, which ran every exchange synchronously and every decode after the last
-  (docs/gpu.md). Here data orders it, through zeros XLA cannot fold (`zero_after`): transfer k
-  waits for transfer k-1's bytes and decode k-2's result; decode k-1 reads transfer k's
-  operands' zero, so it comes after them; and transfer k's first reader needs decode k-1, so the
+  (docs/gpu.md). Here data orders it, through zeros XLA cannot fold (`zero_after`): piece k's
+  raw rows and frames wait for transfer k-1's bytes and decode k-2's result; decode k-1 reads a
+  zero of transfer k's operands (`_ragged_frames`: through one barrier), so it comes after them
+  and XLA starts transfer k before it; and transfer k's first reader needs decode k-1, so the
   exchange is still in flight while decode k-1 runs. The bits are the chains'.
   """
   dt = rows.dtype
@@ -95,12 +96,13 @@ def pipelined_pieces(rows, pieces: int, capacity: int, site: str, stages: Callab
   preps = [stages(lax.bitcast_convert_type(bits[:, lo:hi], dt), cap)
            for lo, hi, cap in piece_capacities(capacity, rows.shape[1], pieces, dt)]
   outs = [None] * len(preps)
-  recv, _ = preps[0][2](preps[0][1], jnp.zeros((), jnp.int32))
+  recv, _ = preps[0][2](preps[0][1](), jnp.zeros((), jnp.int32))
   for k in range(1, len(preps)):
-    # transfer k waits for transfer k-1's bytes and decode k-2's result; decode k-1 reads a zero
-    # made from transfer k's operands, so it comes after all of them
+    # piece k's raw rows and frames wait for transfer k-1's bytes and decode k-2's result (raw
+    # rows left free, XLA:GPU's latency-hiding scheduler ran decodes beside them instead); decode
+    # k-1 reads a zero made from transfer k's operands, so it comes after all of them
     tie = zero_after(recv) + (zero_after(outs[k - 2]) if k >= 2 else 0)
-    prev, (recv, after) = recv, preps[k][2](preps[k][1], tie)
+    prev, (recv, after) = recv, preps[k][2](preps[k][1](tie), tie)
     outs[k - 1] = preps[k - 1][3](prev, after)
   # the last transfer ends after the decode before it (its result is read once that exists)
   last_tie = zero_after(outs[-2]) if len(preps) > 1 else jnp.zeros((), jnp.int32)

@@ -192,15 +192,15 @@ SCHEDULED = {
 
 
 # The ragged transport's pieces (`_pieces.pipelined_pieces`): per op, the fewest pieces from which
-# XLA:GPU schedules every encode first, then decode k-1 while transfer k is in flight (each of the
-# first K - 1 decodes inside exactly one exchange), at every size compiled: the deviceless 8 x H100
-# compiles of jax 0.11.2 and 0.12, XLA's default scheduler, 64 Ki to 16 Mi bfloat16 elements per row
-# (`python benchmarks/gpu_schedule.py --op OP --pieces K --transport ragged`, recorded at 1 Mi as
-# benchmarks/results/gpu_schedule_{a2a,ag,pp}_k{K}_ragged.json; tests/test_deviceless_gpu.py
-# compiles every K). Fewer pieces run in turn: all_to_all and ppermute in 2, and ppermute in 3 below
-# 1 Mi elements per row (jax 0.12's XLA pipelines all_to_all and ppermute in 2 too; not claimed).
-# psum's and psum_scatter's ragged pieces are costed in turn.
-RAGGED_PIPELINED_FROM = {"all_to_all": 3, "all_gather": 2, "ppermute": 4}
+# XLA:GPU schedules every encode first, then decode k-1 while frames transfer k is in flight (each
+# of the first K - 1 decodes inside exactly one), at every size compiled: the deviceless 8 x H100
+# compiles of jax 0.11.2, K = 2..8, XLA's default scheduler at 64 Ki to 16 Mi bfloat16 elements per
+# row, its latency-hiding one at 64 Ki to 4 Mi (`python benchmarks/gpu_schedule.py --op OP --pieces K
+# --transport ragged`, recorded at 1 Mi as benchmarks/results/gpu_schedule_{a2a,ag,pp}_k{K}_ragged
+# .json; tests/test_deviceless_gpu.py compiles every K). Before each frames transfer's operands
+# passed one barrier (`_exchange._ragged_frames`), all_to_all pipelined from 3 pieces and ppermute
+# from 4 (3 from 1 Mi elements a row). psum's and psum_scatter's ragged pieces are costed in turn.
+RAGGED_PIPELINED_FROM = {"all_to_all": 2, "all_gather": 2, "ppermute": 2}
 
 
 # Why the ragged transport keeps K = 1 unless pinned: its pieces (`_pieces.pipelined_pieces`) hold
