@@ -106,13 +106,15 @@ def test_ragged_pieces_pipeline_where_the_model_says(mesh, op, elems):
   `programs.RAGGED_PIPELINED_FROM[op]` pieces on (2 for every op), the pipeline
   `programs.overlap_pattern` costs (decode k-1 while frames exchange k is in flight, each of the
   first K-1 decodes inside exactly one, no encode inside any exchange), under XLA's default
-  scheduler and under the latency-hiding one (JAX's GPU performance guide turns it on), on every
-  JAX this runs on (jax 0.11.2 and 0.12 in CI)."""
+  scheduler, and under the latency-hiding one (JAX's GPU performance guide turns it on) at the
+  fewest pieces, 4 and 8 (where its decodes once ran beside raw-row exchanges instead; every K was
+  compiled so for docs/gpu.md), on every JAX this runs on (jax 0.11.2 and 0.12 in CI)."""
   first = programs.RAGGED_PIPELINED_FROM[op]
-  for options in (None, _LHS):
-    got = {k: _ragged_pipelined(mesh, op, k, elems, options)
-           for k in range(2, programs.MAX_PIECES + 1)}
-    assert all(got[k] for k in got if k >= first), (op, elems, options, got)
+  got = {k: _ragged_pipelined(mesh, op, k, elems) for k in range(2, programs.MAX_PIECES + 1)}
+  assert all(got[k] for k in got if k >= first), (op, elems, got)
+  if elems == 1 << 16:  # the latency-hiding compiles are the slow ones: one size
+    for k in sorted({first, 4, programs.MAX_PIECES}):
+      assert _ragged_pipelined(mesh, op, k, elems, _LHS), (op, k, elems)
 
 
 @pytest.mark.parametrize("transport", ["padded", "ragged"])
