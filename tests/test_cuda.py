@@ -404,8 +404,14 @@ def _huff_structure(frame: np.ndarray, n: int):
   return spans
 
 
+# How many damaged copies _damaged_frames makes: 8 of the header, directory, block headers and code tables,
+# the rest of segment directories and units. tests/test_emulator_sanitized.py runs the emulator tests with 16
+# (ASan, UBSan and the race detector make each emulated decode ~10x slower; 40 there took ~400 s of CI).
+DAMAGED_FRAMES = 40
+
+
 def _damaged_frames():
-  """(x, n, code, cases): 40 damaged copies of a two-block bfloat16 frame (header, directory,
+  """(x, n, code, cases): DAMAGED_FRAMES damaged copies of a two-block bfloat16 frame (header, directory,
   block headers, code tables, segment directories and units)."""
   n, code = BLOCK + 2 * SEGMENT + 17, BF16
   x = np.concatenate([_data("gauss", BLOCK, code), _data("sparse", n - BLOCK, code)])
@@ -415,7 +421,7 @@ def _damaged_frames():
   assert len(spans) == 2
   cases = []
   rng = np.random.default_rng(5)
-  for i in range(40):
+  for i in range(DAMAGED_FRAMES):
     bad = frame.copy()
     if i == 0:
       bad[16:24] = np.frombuffer(np.uint64(need + 1).tobytes(), np.uint8)  # frame_bytes
