@@ -6,7 +6,6 @@
 #   arithmetic or the benchmarks' scripts, which no JAX version changes (the README command runs them).
 #   Python 3.12.1 + jax 0.11.2 (the GPU image's pair): the collectives, drop-in, ragged, FP8 collectives,
 #   transformations, tracer leaks, model and roofline, ppermute's arguments (the rehearsal runs the kit there).
-#   Python 3.12.1 + jax 0.12.0.1 + jax-cuda12-plugin: XLA:GPU's deviceless compile (tests/test_deviceless_gpu.py).
 # (Python 3.11 + jax 0.10.2 is the README's command, which .ci/run runs beside this, in its other lane.)
 # Both interpreters come from pyenv ($(pyenv root)/versions/), present on every machine of this kind.
 # Exits non-zero if any install, JAX check or test fails; prints pytest's summary line of each run.
@@ -60,23 +59,5 @@ run_pair "$PYENV_ROOT/versions/3.12.1/bin/python" .venv-py312 0.11.2 \
   tests/test_collectives.py tests/test_dropin.py tests/test_ragged.py tests/test_fp8_collectives.py \
   tests/test_transform.py tests/test_tracer_leaks.py tests/test_model.py tests/test_roofline.py \
   tests/test_ppermute_arguments.py || status=1
-
-# XLA:GPU's compile without a GPU in the newest JAX (tests/test_deviceless_gpu.py; the GPU image's jax 0.11.2
-# runs them in .ci/gpu_rehearsal.sh): Python 3.12 + jax 0.12.0.1 + jax-cuda12-plugin, where they must run.
-deviceless_newest() {
-  local venv=.venv-deviceless
-  echo "=== python 3.12 + jax 0.12.0.1 + jax-cuda12-plugin: pytest tests/test_deviceless_gpu.py"
-  rm -rf "$venv"
-  "$PYENV_ROOT/versions/3.12.1/bin/python" -m venv "$venv" || return 1
-  "$venv/bin/pip" install -q "jax==0.12.0.1" "jaxlib==0.12.0.1" "jax-cuda12-plugin==0.12.0.1" || return 1
-  # the kernels of the plugin's CUDA major (NVRTC 12 fetched for the build), as a user's install gets them
-  ZIPCCL_CUDA=12 "$venv/bin/pip" install -q '.[test]' || return 1
-  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu ZIPCCL_REQUIRE_DEVICELESS=1 \
-    "$venv/bin/pytest" -q -p no:cacheprovider tests/test_deviceless_gpu.py
-  local rc=$?
-  rm -rf "$venv"
-  return "$rc"
-}
-deviceless_newest || status=1
 
 exit $status
