@@ -2,8 +2,9 @@
 # The current JAX releases, installed the way a user has them (issue 26): a venv that already holds its JAX,
 # then `pip install '.[test]'`, which must keep that JAX (no downgrade, no upgrade), then the tests.
 #   Python 3.13.0 + jax 0.12.0.1 (the newest): every suite that calls JAX's API (collectives, transformations,
-#   lowering, the codec's FFI calls, the examples, multi-process, the strategy); not those of the C++ codec, the emulator, the build, the model's
-#   arithmetic or the benchmarks' scripts, which no JAX version changes (the README command runs them).
+#   lowering, the codec's FFI calls, the examples, multi-process, the strategy and model); not those of the C++
+#   codec, the emulator, the build or the benchmarks' scripts, which no JAX version changes (the README
+#   command runs them).
 #   Python 3.12.1 + jax 0.11.2 (the GPU image's pair): the collectives, drop-in, ragged, FP8 collectives,
 #   transformations, tracer leaks, model and roofline, ppermute's arguments (the rehearsal runs the kit there).
 # (Python 3.11 + jax 0.10.2 is the README's command, which .ci/run runs beside this, in its other lane.)
