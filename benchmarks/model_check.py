@@ -19,8 +19,9 @@ sizes too).
 * **Two levels** (`PROFILE_RUN`, 2 hosts x 4 devices at 1 Gbit/s): every variant, two ways. *Anchored*:
   the run's own profile, whose measured programs the plan costs with (what `auto` decided with in that
   run). *Links only*: a `Topology` of the held-out calibration's per-level links, each level per
-  collective (its all_to_all and its all_gather, as calibrate measured them), and its codec, as at
-  scale, where no program has been measured.
+  collective (its all_to_all and its all_gather, as calibrate measured them), the host level's ring (the
+  run's link probe: one TCP stream between the hosts, what a flat ring's edge between them is), and its
+  codec, as at scale, where no program has been measured.
 * **Training step** (`train_step_4p.json`, the MoE example on 4 processes): the step's collectives
   (`STEP_WORKLOAD`, captured from the example with `--capture`) plus its compute, taken as the
   uncompressed run's CPU time per step (process 0, median; the codec is then the model's).
@@ -151,7 +152,7 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "
     recs = json.loads(run.read_text())
     held = next((r["model_profile"] for r in recs if r["variant"] == "auto" and r.get("model_profile")), None)
     lp_ = run_profile(held) if held else prof
-    top = zm.Topology(2, 4, dict(lp_.links["host"]), dict(lp_.links["local"]), platform="cpu",
+    top = zm.Topology(2, 4, _host_level(lp_, recs), dict(lp_.links["local"]), platform="cpu",
                       base=_without_programs(lp_))  # each level per collective, as calibrated
     rows = []
     for op in ops:
@@ -177,6 +178,18 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "
                      "anchored_choice": lp.candidates[0][0],
                      "links_choice": links["auto_choice"]})
     return rows
+
+
+def _host_level(prof, recs: list[dict], per_host: int = 4) -> dict:
+    """The host level's links per collective, as calibrated, and its ring (`links.ring_link`): the run's
+    link probe, one TCP stream from host to host, which a host's `per_host` devices share. A flat ring's
+    edge between hosts is such a stream (gloo's allgather pipelines two half-chunks on one connection), where
+    the host level's calibrated collectives exchange one message per device pair, four pairs at once."""
+    host = dict(prof.links["host"])
+    probe = next((r.get("link_MBps") for r in recs if r["variant"] == "auto"), None)
+    if probe:
+        host["ring"] = _link(host["all_gather"].latency_s, probe * 1e6 / per_host)
+    return host
 
 
 def _without_programs(prof):

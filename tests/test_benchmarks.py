@@ -361,3 +361,22 @@ def test_the_bound_patch_still_applies_to_the_code():
         text = (REPO / path).read_text()
         assert text.count(old) == 1, (path, old[:200])
         assert new not in text, (path, new[:200])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fabric's network namespaces need root")
+def test_link_patterns_smoke(tmp_path):
+    """benchmarks/link_patterns.py on a real two-host fabric, tiny: every pattern and TCP line recorded; a bad
+    --mib is refused before any namespace is made."""
+    out = tmp_path / "patterns.json"
+    cmd = [sys.executable, str(BENCH / "link_patterns.py"), "--mib", "1", "--reps", "2", "--allocator", "glibc",
+           "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert {x["pattern"] for x in res["records"]} == {"host all_gather, 4 pairs", "host ppermute, 4 pairs",
+                                                      "one pair ppermute", "flat ring all_gather"}
+    assert all(x["n"] == 2 and x["MBps_per_direction"] > 0 for x in res["records"])
+    assert [t["connections"] for t in res["tcp_both_ways"]] == [1, 4, 16] and res["probe_MBps_before"] > 0
+    bad = subprocess.run([sys.executable, str(BENCH / "link_patterns.py"), "--mib", "1,x"], capture_output=True,
+                         text=True, timeout=60, cwd=REPO)
+    assert bad.returncode == 2 and "--mib takes whole MiB" in bad.stderr

@@ -282,3 +282,28 @@ def test_levels_per_collective_cost_each_collective_with_its_own_link():
   assert Topology(H, L, inter, intra).level_links() == (a2a_h, a2a_l)
   with pytest.raises(ValueError, match="inter per collective needs a '\\*' LinkModel"):
     Topology(H, L, {"all_gather": ag_h}, intra)
+
+
+def test_a_levels_ring_entry_costs_the_flat_rings_edge_and_nothing_else():
+  """A level's "ring" (the rate a ring's stream crosses it at, per device) is what the flat ring's edge
+  runs at, in place of the level's all_gather link; the level's own collectives, the flat all_to_all and
+  the levels' programs keep theirs. A shared link divides it like every entry (one stream through a
+  host's link, which its L devices share)."""
+  from zipccl_jax.model import Topology
+  from zipccl_jax.strategy.links import ring_link
+  H, L = 2, 4
+  a2a_h, ag_h, ring_h = LinkModel(1e-4, 2e7), LinkModel(1e-4, 2.4e7), LinkModel(1e-4, 3e7)
+  intra = {"all_to_all": LinkModel(1e-5, 3e8), "all_gather": LinkModel(1e-5, 5e8), "*": LinkModel(1e-5, 3e8)}
+  with_ring = {"all_to_all": a2a_h, "all_gather": ag_h, "ring": ring_h, "*": a2a_h}
+  without = {k: v for k, v in with_ring.items() if k != "ring"}
+  assert ring_link(with_ring) == ring_h and ring_link(without) == ag_h and ring_link(ag_h) == ag_h
+  p, q = (Topology(H, L, t, intra, platform="cpu").profile() for t in (with_ring, without))
+  flat_p, flat_q = p.links["host,local"], q.links["host,local"]
+  assert flat_p["all_gather"] == flat_links(H, L, ring_h, intra["all_gather"])["all_gather"]
+  s = 3.5e6  # a stream 1.25x faster crosses in 1/1.25 of the time, where the host edge binds
+  assert flat_q["all_gather"].time(s) / flat_p["all_gather"].time(s) == pytest.approx(1.25, rel=0.01)
+  assert flat_p["all_to_all"] == flat_q["all_to_all"]
+  assert p.link("host", "all_gather", "cpu")[0] == ag_h  # the level's all_gather is still its own
+  shared = Topology(H, L, with_ring, intra, platform="cpu", shared_link="host").profile()
+  assert shared.links["host"]["ring"].bandwidth_Bps == pytest.approx(3e7 / L)
+  assert Profile.from_json(p.to_json()).links == p.links

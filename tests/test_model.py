@@ -340,8 +340,8 @@ def test_two_levels_anchored_within_30_percent_and_auto_agrees(check):
 def test_two_levels_links_only_is_held_out_and_within_20_percent(check):
   """Links only, as at scale (each level's links and the codec of a calibration at sizes no case sends,
   no program measured): no calibrated size is within 10% of the bytes a case's flat collective sends, and
-  every variant of the 2 x 4 run is within 20% of its median. The issue's bar is 15%: 18 of 20 are, and
-  benchmarks/README.md names the two that are not (and a repeat of the run, with six)."""
+  every variant of the 2 x 4 run is within 20% of its median. The issue's bar is 15%: 19 of 20 are, and
+  benchmarks/README.md names the one that is not (and the repeats of the run, with four and five)."""
   mod, _, mesh, _ = check
   recs = json.loads(mod.PROFILE_RUN.read_text())
   held = next(r["model_profile"] for r in recs if r["variant"] == "auto")
@@ -355,6 +355,31 @@ def test_two_levels_links_only_is_held_out_and_within_20_percent(check):
   assert len(timed) == 20
   assert [(r["collective"], r["variant"], round(r["links_err"], 3)) for r in timed
           if abs(r["links_err"]) >= 0.20] == []
+
+
+ALL_OPS_RUNS = ("mesh_2x4_all_ops.json", "mesh_2x4_all_ops_lone_flow.json", "mesh_2x4_all_ops_iqr_rule.json",
+                "mesh_2x4_all_ops_dense.json")
+
+
+def test_links_only_costs_the_flat_ring_as_the_stream_it_is(check):
+  """The flat ring all_gather's edge between hosts is one pipelined stream (gloo's allgather), which the run's
+  link probe measures: links only costs it so and lands within 10% of the flat raw all_gather's median in
+  every recorded 2 x 4 all-ops run (with the host level's all_gather as its edge: +8% to +22%). The
+  recorded patterns say why: the ring reaches the probe's rate, the host level's four pairs do not."""
+  mod = check[0]
+  for name in ALL_OPS_RUNS:
+    run = mod.RESULTS / name
+    rows = mod.two_levels(mod.testbed_profile(run), run=run, ops=("all_gather",))
+    flat = next(r for r in rows if r["variant"] == "flat raw")
+    assert abs(flat["links_err"]) < 0.10, (name, flat)
+  pat = json.loads((mod.RESULTS / "link_patterns_2x4.json").read_text())
+  rate = {(r["pattern"], r["MiB_per_direction"]): r["MBps_per_direction"] for r in pat["records"]}
+  probe = min(pat["probe_MBps_before"], pat["probe_MBps_after"])
+  for mib in (4, 16):
+    assert rate[("flat ring all_gather", mib)] > 0.9 * probe
+    assert rate[("host all_gather, 4 pairs", mib)] < 0.9 * rate[("flat ring all_gather", mib)]
+    assert rate[("one pair ppermute", mib)] < rate[("host all_gather, 4 pairs", mib)]
+  assert min(t["MBps_per_direction"] for t in pat["tcp_both_ways"]) > 0.9 * probe  # the link is not the cause
 
 
 def test_readme_quotes_the_validation(check):

@@ -153,7 +153,9 @@ class Profile:
       axis name (``"a,b"`` for a tuple of axes) or ``"*"`` (any axis);
       ``collective`` is ``"all_to_all"``, ``"all_gather"``, ``"ppermute"``,
       ``"psum"`` or ``"*"`` (any). Missing entries fall back to ``"*"``, then
-      to :data:`DEFAULT_LINKS` for the platform.
+      to :data:`DEFAULT_LINKS` for the platform. A level may also hold
+      ``"ring"``, the rate a ring's stream crosses it at
+      (:func:`~zipccl_jax.strategy.links.ring_link`).
     codec: ``{platform: {dtype name: CodecModel}}`` (platform ``"cpu"``,
       ``"gpu"``, ``"tpu"``); missing entries fall back to float16 <->
       bfloat16, then to :data:`DEFAULT_CODEC`.

@@ -1,0 +1,207 @@
+"""How fast gloo's transfer patterns cross the 2 x 4 testbed's shaped link, beside one TCP stream.
+
+    python benchmarks/link_patterns.py --json benchmarks/results/link_patterns_2x4.json   # root, ~1 min
+
+Two hosts (a `_netns.Fabric`, tbf at `--rate` Gbit/s both ways) of four CPU devices each, under
+`jax.distributed` as `collectives.py --mesh 2x4` runs them. Per size (MiB crossing each direction of the host
+link), interleaved in a shuffled order with a barrier before each, `--reps` times:
+
+* ``host all_gather, 4 pairs``: ``jax.lax.all_gather`` over ``host`` (what `calibrate` times for the host
+  level): four two-rank groups at once, each pair exchanging one message (gloo's allgather of two ranks);
+* ``host ppermute, 4 pairs``: the same four pairs swapping one message each;
+* ``one pair ppermute``: devices (0, 0) and (1, 0) swapping one message, the others idle;
+* ``flat ring all_gather``: ``jax.lax.all_gather`` over ``("host", "local")``: gloo's ring, whose edge between
+  the hosts is one connection carrying ``n - 1`` shards as a pipeline (two half-chunks in flight).
+
+The link probe (`_netns.measure_fabric_MBps`, one TCP stream of 16 MiB) runs before and after, and the
+same bytes move by plain TCP too (`tcp_both_ways`: Python sockets, 1, 4 and 16 connections, each carrying
+both directions at once as gloo's pairs do), to tell gloo's patterns from the link's. What each
+pattern reaches is why the cost model's links-only prediction costs a flat ring's edge with the probe's
+stream rate and the host level's collectives with calibrate's (`strategy.links.ring_link`,
+`model_check._host_level`). Output: one line per pattern and size (median ms [IQR], MB/s per direction),
+and with `--json` the records, the probes, the allocator and the machine load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import _netns
+import _stats
+
+MiB = 1 << 20
+HOSTS, LOCAL = 2, 4
+PORT = 12356
+
+
+# One side of `tcp_both_ways`: k connections, each sending n bytes while it receives n, reps times after a
+# one-byte handshake; the client prints each repetition's seconds.
+_TCP_PEER = r"""
+import socket, sys, threading, time
+role, addr, port, k, n, reps = sys.argv[1], sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:7])
+if role == "srv":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((addr, port))
+    s.listen(64); print("ready", flush=True); cs = [s.accept()[0] for _ in range(k)]
+else:
+    cs = [socket.create_connection((addr, port)) for _ in range(k)]
+buf = bytes(n)
+def rx(c):
+    got = 0
+    while got < n:
+        got += len(c.recv(min(1 << 20, n - got)))
+out = []
+for _ in range(reps):
+    cs[0].sendall(b"s"); cs[0].recv(1)
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=f, args=(c,)) for c in cs for f in (lambda c: c.sendall(buf), rx)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    out.append(time.perf_counter() - t0)
+if role == "cli":
+    print(" ".join(f"{x:.6f}" for x in out), flush=True)
+"""
+
+
+def tcp_both_ways(fabric, k: int, nbytes: int, reps: int = 7, timeout_s: float = 120.0) -> dict:
+    """`nbytes` each way between hosts 0 and 1 over `k` TCP connections (each both ways at once): the
+    median of `reps` repetitions after a first, and MB/s a direction."""
+    cmd = [sys.executable, "-c", _TCP_PEER]
+    args = [fabric.address(1), str(PORT + 1), str(k), str(-(-nbytes // k)), str(reps + 1)]
+    srv = subprocess.Popen(fabric.exec_prefix(1) + cmd + ["srv", *args], stdout=subprocess.PIPE, text=True)
+    try:
+        srv.stdout.readline()
+        cli = subprocess.run(fabric.exec_prefix(0) + cmd + ["cli", *args], capture_output=True, text=True,
+                             timeout=timeout_s, check=True)
+        srv.wait(timeout=timeout_s)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    ts = [float(t) for t in cli.stdout.split()][1:]
+    med = _stats.summary(ts)["median_s"]
+    return {"connections": k, "MiB_per_direction": nbytes / MiB, **_stats.summary(ts),
+            "MBps_per_direction": nbytes / med / 1e6}
+
+
+def _patterns(jax, lax, np, smap, put, mib: int) -> dict:
+    d = mib * MiB  # bytes crossing each direction of the host link
+    n = HOSTS * LOCAL
+    both = ("host", "local")
+    return {
+        "host all_gather, 4 pairs": (smap(lambda c: lax.all_gather(c, "host", tiled=True)[:1]),
+                                     put(np.zeros((1, d // LOCAL), np.uint8))),
+        "host ppermute, 4 pairs": (smap(lambda c: lax.ppermute(c, "host", [(0, 1), (1, 0)])),
+                                   put(np.zeros((1, d // LOCAL), np.uint8))),
+        "one pair ppermute": (smap(lambda c: lax.ppermute(c, both, [(0, LOCAL), (LOCAL, 0)])),
+                              put(np.zeros((1, d), np.uint8))),
+        "flat ring all_gather": (smap(lambda c: lax.all_gather(c, both, tiled=True)[:1]),
+                                 put(np.zeros((1, d // (n - 1)), np.uint8))),
+    }
+
+
+def worker(args) -> None:
+    import jax
+    import numpy as np
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", LOCAL)
+    jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=HOSTS, process_id=args.rank,
+                               initialization_timeout=120)
+    _netns.bind_gloo(args.gloo_host)
+    mesh = Mesh(np.array(jax.devices()).reshape(HOSTS, LOCAL), ("host", "local"))
+    spec = P(("host", "local"))
+    sharding = NamedSharding(mesh, spec)
+
+    def smap(f):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+
+    def put(rows):
+        shape = (HOSTS * LOCAL * rows.shape[0],) + rows.shape[1:]
+        full = np.broadcast_to(rows[None], (HOSTS * LOCAL,) + rows.shape).reshape(shape)
+        return jax.make_array_from_callback(shape, sharding, lambda i: full[i])
+
+    jobs = {(name, mib): job for mib in args.mib for name, job in _patterns(jax, lax, np, smap, put, mib).items()}
+    barrier = smap(lambda v: lax.psum(v, ("host", "local")))
+    bx = put(np.ones((1, 1), np.float32))
+    for f, x in jobs.values():
+        for _ in range(2):
+            jax.block_until_ready(f(x))
+    times = {k: [] for k in jobs}
+    keys = list(jobs)
+    order = np.random.default_rng(0)  # the same order on both processes
+    for _ in range(args.reps):
+        for i in order.permutation(len(keys)):
+            jax.block_until_ready(barrier(bx))
+            f, x = jobs[keys[i]]
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(x))
+            times[keys[i]].append(time.perf_counter() - t0)
+    if args.rank == 0:
+        recs = [{"pattern": name, "MiB_per_direction": mib, **_stats.summary(times[(name, mib)]),
+                 "rep_times_s": times[(name, mib)],
+                 "MBps_per_direction": mib * MiB / _stats.summary(times[(name, mib)])["median_s"] / 1e6}
+                for name, mib in keys]
+        Path(args.out).write_text(json.dumps(recs))
+    jax.distributed.shutdown()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=1.0, help="the host link's rate, Gbit/s each way")
+    p.add_argument("--mib", default="1,4,16", help="MiB crossing each direction, comma-separated")
+    p.add_argument("--reps", type=int, default=31)
+    p.add_argument("--json", help="write the records here")
+    p.add_argument("--timeout", type=float, default=600.0, help="hard limit for the workers, seconds")
+    p.add_argument("--allocator", default="auto", choices=_netns.ALLOCATORS,
+                   help="the workers' malloc (benchmarks/README.md; recorded)")
+    for hidden in ("--worker", "--rank", "--coordinator", "--gloo-host", "--out"):
+        p.add_argument(hidden, help=argparse.SUPPRESS, **({"action": "store_true"} if hidden == "--worker" else {}))
+    args = p.parse_args(argv)
+    try:
+        args.mib = [int(t) for t in str(args.mib).split(",")]
+    except ValueError:
+        p.error(f"--mib takes whole MiB, comma-separated, got {args.mib!r}")
+    if args.worker:
+        args.rank = int(args.rank)
+        worker(args)
+        return 0
+    if args.rate <= 0 or args.reps < 1 or min(args.mib) < 1:
+        p.error("--rate must be > 0, --reps >= 1 and every --mib >= 1")
+    allocator, preload = _netns.resolve_allocator(args.allocator)
+    with _netns.run_dir("zccl_patterns_", False) as (tmp, held):
+        fabric = held.enter_context(_netns.open_netns(lambda: _netns.Fabric(HOSTS)))
+        fabric.set_rate(args.rate)
+        before = _netns.measure_fabric_MBps(fabric)
+        out = tmp / "records.json"
+        common = ["--worker", "--coordinator", f"{fabric.address(0)}:{PORT}", "--reps", str(args.reps),
+                  "--mib", ",".join(map(str, args.mib)), "--out", str(out)]
+        argvs = [[sys.executable, str(Path(__file__).resolve()), *common, "--rank", str(i), "--gloo-host",
+                  fabric.address(i)] for i in range(HOSTS)]
+        workers = held.enter_context(_netns.Workers(argvs, netns=fabric, logdir=tmp,
+                                                    env=_netns.worker_env(preload=preload),
+                                                    timeout_s=args.timeout, cwd=str(Path(__file__).parent)))
+        workers.wait()
+        after = _netns.measure_fabric_MBps(fabric)
+        recs = json.loads(out.read_text())
+        tcp = [tcp_both_ways(fabric, k, max(args.mib) * MiB) for k in (1, 4, 16)]
+    print(f"link probe (one TCP stream, 16 MiB): {before:.1f} MB/s before, {after:.1f} after")
+    for t in tcp:
+        print(f"plain TCP, both ways, {t['connections']:2d} connections, {t['MiB_per_direction']:.0f} MiB a direction: "
+              f"{t['median_s'] * 1e3:8.2f} ms  {t['MBps_per_direction']:6.1f} MB/s")
+    for r in recs:
+        print(f"{r['pattern']:26s} {r['MiB_per_direction']:3d} MiB a direction: {r['median_s'] * 1e3:8.2f} ms "
+              f"[{r['spread_s'] * 1e3:.2f}]  {r['MBps_per_direction']:6.1f} MB/s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "rate_gbit": args.rate, "probe_MBps_before": before, "probe_MBps_after": after,
+            "allocator": allocator, "reps": args.reps, **_stats.machine_load(), "records": recs,
+            "tcp_both_ways": tcp}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
