@@ -88,10 +88,11 @@ def ring_link(level) -> LinkModel:
 
   A level's collectives, timed over that level alone, need not move bytes the way a ring over
   several levels does. On the two-level CPU testbed (gloo over TCP), the host level's all_gather is
-  four two-rank exchanges of one message per pair at once, 75-80% of the shaped link; a flat ring's
-  edge between hosts is one pipelined stream (gloo's allgather keeps two half-chunks in flight),
-  which fills it as one TCP stream does (117 against the link probe's 119 MB/s). A level given
-  ``"ring"`` (the stream's rate, per device) costs a ring's edge with that (benchmarks/README.md)."""
+  four two-rank exchanges of one message per pair at once, which fill about four fifths of the shaped
+  link; a flat ring's edge between hosts is one pipelined stream (gloo's allgather keeps two
+  half-chunks in flight on one connection), which fills it as one TCP stream does
+  (``benchmarks/link_patterns.py``). A level given ``"ring"`` (the stream's rate, per device) costs
+  a ring's edge with that."""
   if isinstance(level, dict) and "ring" in level:
     return level["ring"]
   return level_link(level, "all_gather")
