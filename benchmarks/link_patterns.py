@@ -79,10 +79,9 @@ def tcp_both_ways(fabric, k: int, nbytes: int, reps: int = 7, timeout_s: float =
     finally:
         if srv.poll() is None:
             srv.kill()
-    ts = [float(t) for t in cli.stdout.split()][1:]
-    med = _stats.summary(ts)["median_s"]
-    return {"connections": k, "MiB_per_direction": nbytes / MiB, **_stats.summary(ts),
-            "MBps_per_direction": nbytes / med / 1e6}
+    summary = _stats.summary([float(t) for t in cli.stdout.split()][1:])
+    return {"connections": k, "MiB_per_direction": nbytes / MiB, **summary,
+            "MBps_per_direction": nbytes / summary["median_s"] / 1e6}
 
 
 def _patterns(jax, lax, np, smap, put, mib: int) -> dict:
@@ -106,6 +105,8 @@ def worker(args) -> None:
     import numpy as np
     from jax import lax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from zipccl_jax.strategy.calibration import rep_order  # calibrate's: the same order on every process
 
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", LOCAL)
@@ -131,20 +132,19 @@ def worker(args) -> None:
         for _ in range(2):
             jax.block_until_ready(f(x))
     times = {k: [] for k in jobs}
-    keys = list(jobs)
-    order = np.random.default_rng(0)  # the same order on both processes
-    for _ in range(args.reps):
-        for i in order.permutation(len(keys)):
+    for rep in range(args.reps):
+        for key in rep_order(list(jobs), rep):
             jax.block_until_ready(barrier(bx))
-            f, x = jobs[keys[i]]
+            f, x = jobs[key]
             t0 = time.perf_counter()
             jax.block_until_ready(f(x))
-            times[keys[i]].append(time.perf_counter() - t0)
+            times[key].append(time.perf_counter() - t0)
     if args.rank == 0:
-        recs = [{"pattern": name, "MiB_per_direction": mib, **_stats.summary(times[(name, mib)]),
-                 "rep_times_s": times[(name, mib)],
-                 "MBps_per_direction": mib * MiB / _stats.summary(times[(name, mib)])["median_s"] / 1e6}
-                for name, mib in keys]
+        recs = []
+        for (name, mib), ts in times.items():
+            summary = _stats.summary(ts)
+            recs.append({"pattern": name, "MiB_per_direction": mib, **summary, "rep_times_s": ts,
+                         "MBps_per_direction": mib * MiB / summary["median_s"] / 1e6})
         Path(args.out).write_text(json.dumps(recs))
     jax.distributed.shutdown()
 
@@ -188,7 +188,9 @@ def main(argv=None) -> int:
         after = _netns.measure_fabric_MBps(fabric)
         recs = json.loads(out.read_text())
         tcp = [tcp_both_ways(fabric, k, max(args.mib) * MiB) for k in (1, 4, 16)]
-    print(f"link probe (one TCP stream, 16 MiB): {before:.1f} MB/s before, {after:.1f} after")
+    probe = " and ".join(f"{m:.1f} MB/s {when}" if m else f"failed {when}" for m, when in ((before, "before"),
+                                                                                         (after, "after")))
+    print(f"link probe (one TCP stream, 16 MiB): {probe}")
     for t in tcp:
         print(f"plain TCP, both ways, {t['connections']:2d} connections, {t['MiB_per_direction']:.0f} MiB a direction: "
               f"{t['median_s'] * 1e3:8.2f} ms  {t['MBps_per_direction']:6.1f} MB/s")
