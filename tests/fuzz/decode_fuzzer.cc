@@ -14,7 +14,9 @@
 //   - a rejection carries a defined, decoder-side Status;
 //   - an accepted frame is within the size bound, is rejected when cut by one byte, decodes identically
 //     from an exact-size copy, and its output survives encode -> decode bit-exactly;
-//   - the decoder never writes the output when n_elems is 0.
+//   - the decoder never writes the output when n_elems is 0;
+//   - the portable loops (ZIPCCL_CPU_PORTABLE) give the vector path's verdict, block and bits (the build
+//     compiles the widest vector path the machine runs, tests/fuzz/run_fuzz.sh).
 // tests/fuzz/corpus/decode holds the seeds (make_corpus.py), tests/fuzz/regressions/decode past crashers.
 #include <cstdint>
 #include <cstdio>
@@ -67,6 +69,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Exactly-sized output; a sentinel buffer for n == 0 checks that nothing is written.
   std::vector<uint8_t> out(n * w ? n * w : 8, 0xA5);
   auto r = zipccl::cpu::DecodeFrame(frame, len, dtype, n, out.data());
+  if (*zipccl::cpu::CompiledCodePaths()) {  // the same verdict and bits from the portable loops
+    std::vector<uint8_t> outp(out.size(), 0xA5);
+    setenv("ZIPCCL_CPU_PORTABLE", "1", 1);
+    const auto rp = zipccl::cpu::DecodeFrame(frame, len, dtype, n, outp.data());
+    unsetenv("ZIPCCL_CPU_PORTABLE");
+    if (rp.status != r.status || rp.block != r.block) Fail("the portable loops give another verdict", rp.status);
+    if (r.status == zipccl::kOk && outp != out) Fail("the portable loops decode other bits", 0);
+  }
   if (n == 0)
     for (uint8_t b : out)
       if (b != 0xA5) Fail("wrote output for n_elems = 0", r.status);

@@ -19,8 +19,9 @@
 // the same bytes, whatever the capacity, as long as it fits; decoding gives the input bits back; an
 // overflowed encode returns the needed size, writes only the 32-byte header (frame_bytes = needed, flags 0,
 // checksum 0) and nothing past the capacity, and that payload is rejected as truncated; with the checksum on,
-// a flipped bit is either rejected or decodes to the original bits. ASan watches every buffer, all of which
-// are exactly sized.
+// a flipped bit is either rejected or decodes to the original bits; the portable loops (ZIPCCL_CPU_PORTABLE)
+// code the same bytes as the vector path that the build compiles where the machine runs one
+// (tests/fuzz/run_fuzz.sh). ASan watches every buffer, all of which are exactly sized.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -113,6 +114,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const std::vector<uint8_t> frame = EncodeExact(x.data(), n, dtype, checksum);
   const uint64_t need = frame.size();
+  if (*zipccl::cpu::CompiledCodePaths()) {
+    setenv("ZIPCCL_CPU_PORTABLE", "1", 1);
+    const std::vector<uint8_t> portable = EncodeExact(x.data(), n, dtype, checksum);
+    unsetenv("ZIPCCL_CPU_PORTABLE");
+    if (portable != frame) Fail("the portable loops code other bytes", portable.size(), need);
+  }
   const uint64_t nb = zipccl::NumBlocks(n);
   if (need < zipccl::kFrameHeaderBytes + nb * zipccl::kDirEntryBytes) Fail("frame too small", need, nb);
   if (zipccl::Load64(frame.data() + 16) != need) Fail("frame_bytes field differs from the size", need);

@@ -37,9 +37,11 @@ mkdir -p "$BUILD"
 
 # ---- build (incremental: relink only when a source changed) ------------------------------------------------
 CODEC="$ROOT/xla_ffi/codec"
-# -O2 for the codec (executions per second), -O1 for the harnesses; line tables for the sanitizer reports.
+# -O2 for the codec (executions per second), -O1 for the harnesses; line tables for the sanitizer reports;
+# -march=native, as the extension is built, so that the codec's vector path for this CPU (if any) is fuzzed,
+# each input also through the portable loops (the harnesses compare the two).
 FLAGS=(-std=c++17 -gline-tables-only -fno-omit-frame-pointer -fsanitize=address,undefined
-       -fno-sanitize-recover=all -I"$CODEC" -Wall)
+       -fno-sanitize-recover=all -march=native -I"$CODEC" -Wall)
 newer() {  # newer TARGET SOURCES...: true if TARGET is missing or older than any source
   local t=$1; shift
   [ -e "$t" ] || return 0

@@ -9,24 +9,37 @@
 #include "huffman.h"
 #include "xxhash32.h"
 
-// AVX-512 (F, BW, VL, VBMI, VBMI2) and GFNI paths: the encoder's 32 lanes of a segment
-// step in one register (vpermi2b table lookups, vpcompressw / vpexpandw for the
-// units' slots), the decoder's 32 lanes with gathers for the table and
-// vpexpandw loads for the refills ("the lanes that need a unit take the next
-// ones, in lane order" is exactly an expand-load), and vpcompressb / vpexpandb
-// for the raw bytes. The build uses -march=native; other targets take the
-// portable loops, which produce the same bytes and the same verdicts
-// (ZIPCCL_CPU_PORTABLE=1 in the environment selects them, for the tests).
-#if defined(__AVX512VBMI2__) && defined(__AVX512VBMI__) && defined(__AVX512VL__) && \
-    defined(__AVX512BW__) && defined(__BMI2__) && defined(__GFNI__)
-#define ZIPCCL_CPU_VBMI2 1
+// AVX-512 paths, in two tiers. Both step a segment's 32 lanes in one register:
+// the encoder with table lookups by register permutes, the decoder with the
+// code lengths from a permute and the canonical code's limits, and gathers
+// for the symbols of long codes.
+// - VBMI2 (AVX-512 F, BW, VL, VBMI, VBMI2 and GFNI: Ice Lake, Sapphire Rapids,
+//   Zen 4): byte permutes (vpermi2b), GFNI bit reversal, vpcompressw /
+//   vpexpandw for the units' slots and the refills ("the lanes that need a
+//   unit take the next ones, in lane order" is exactly an expand-load), and
+//   vpcompressb / vpexpandb for the raw bytes.
+// - AVX-512BW (F, BW, VL: Skylake-SP, Cascade Lake): word permutes
+//   (vpermi2w), a nibble-table bit reversal, and short scalar loops over the
+//   lanes of a step that complete or take a unit (about one in five) where
+//   VBMI2 compresses and expands; the raw bytes take the portable loops.
+// The build uses -march=native; other targets take the portable loops. Every
+// path produces the same bytes and the same verdicts (ZIPCCL_CPU_PORTABLE=1 in
+// the environment selects the portable loops, for the tests).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__BMI2__)
+#define ZIPCCL_CPU_AVX512 1
 #include <immintrin.h>
 // GCC 12 takes the intrinsics' deliberately undefined pass-through operands
 // for uninitialised variables.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+#if defined(__AVX512VBMI2__) && defined(__AVX512VBMI__) && defined(__GFNI__)
+#define ZIPCCL_CPU_VBMI2 1
 #else
+#define ZIPCCL_CPU_VBMI2 0
+#endif
+#else
+#define ZIPCCL_CPU_AVX512 0
 #define ZIPCCL_CPU_VBMI2 0
 #endif
 
@@ -40,7 +53,7 @@ namespace {
 // The driver holds no writable globals (tests/test_hardening.py): the test
 // switch to the portable loops is the environment, read once per frame.
 inline bool UseVector() {
-  if (!ZIPCCL_CPU_VBMI2) return false;
+  if (!ZIPCCL_CPU_AVX512) return false;
   const char* v = std::getenv("ZIPCCL_CPU_PORTABLE");
   return !(v && v[0] && !(v[0] == '0' && v[1] == 0));
 }
@@ -154,8 +167,8 @@ uint32_t EncodeSegmentScalar(const T* x, uint32_t m, const uint16_t* code_of, ui
   return cursor;
 }
 
-#if ZIPCCL_CPU_VBMI2
-// The code table for vpermi2b: 256 u16 entries (PackCode of each symbol byte)
+#if ZIPCCL_CPU_AVX512
+// The code table for the permutes: 256 u16 entries (PackCode of each symbol byte)
 // in eight registers, 64 entries per pair.
 struct VecCodeTable {
   __m512i t[8];
@@ -168,9 +181,11 @@ inline void LoadVecCodeTable(const uint16_t* code_of, uint16_t zero_code, VecCod
 }
 
 // Entries s of a 256-entry u16 table held in eight registers of 32 entries
-// (t[0..7]), for 32 bytes s in u16 lanes: four two-register byte permutes
-// (the low 6 bits of s pick the entry's two bytes), blended by bits 6 and 7.
+// (t[0..7]), for 32 bytes s in the low bytes of u16 lanes: four two-register
+// permutes, whose index is the low 6 bits of s (VBMI: byte permutes picking
+// the entry's two bytes; BW: word permutes), blended by bits 6 and 7.
 inline __m512i Lookup256(const __m512i* t, __m512i s) {
+#if ZIPCCL_CPU_VBMI2
   const __m512i w = _mm512_and_si512(_mm512_slli_epi16(s, 1), _mm512_set1_epi16(0x7E));
   const __m512i idx = _mm512_or_si512(_mm512_or_si512(w, _mm512_slli_epi16(w, 8)),
                                       _mm512_set1_epi16(0x0100));
@@ -178,6 +193,13 @@ inline __m512i Lookup256(const __m512i* t, __m512i s) {
   const __m512i r1 = _mm512_permutex2var_epi8(t[2], idx, t[3]);
   const __m512i r2 = _mm512_permutex2var_epi8(t[4], idx, t[5]);
   const __m512i r3 = _mm512_permutex2var_epi8(t[6], idx, t[7]);
+#else
+  const __m512i idx = _mm512_and_si512(s, _mm512_set1_epi16(63));
+  const __m512i r0 = _mm512_permutex2var_epi16(t[0], idx, t[1]);
+  const __m512i r1 = _mm512_permutex2var_epi16(t[2], idx, t[3]);
+  const __m512i r2 = _mm512_permutex2var_epi16(t[4], idx, t[5]);
+  const __m512i r3 = _mm512_permutex2var_epi16(t[6], idx, t[7]);
+#endif
   const __mmask32 b6 = _mm512_test_epi16_mask(s, _mm512_set1_epi16(64));
   const __mmask32 b7 = _mm512_test_epi16_mask(s, _mm512_set1_epi16(128));
   return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1),
@@ -221,11 +243,20 @@ uint32_t EncodeSegmentVec(const T* x, uint32_t m, const VecCodeTable& vt, uint16
   const __m512i c16 = _mm512_set1_epi16(16);
   const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
                                         16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  __m512i lo = _mm512_setzero_si512(), nb = c16, slot = _mm512_setzero_si512();
+  __m512i lo = _mm512_setzero_si512(), nb = c16;
   __mmask32 started = 0;
-  uint32_t cursor = 0, nd = 0;
+  uint32_t cursor = 0;
+#if ZIPCCL_CPU_VBMI2
+  __m512i slot = _mm512_setzero_si512();
+  uint32_t nd = 0;
   uint16_t* done = sc->done;
   uint16_t* dslot = sc->slot;
+#else
+  (void)iota;
+  (void)sc;
+  alignas(64) uint16_t slot[kLanes];  // lane -> the slot of its open unit (once started)
+  alignas(64) uint16_t bits[kLanes];
+#endif
   for (uint32_t e = 0; e < m; e += kLanes) {
     const __mmask32 act = m - e >= uint32_t(kLanes) ? ~__mmask32(0) : _bzhi_u32(~0u, m - e);
     __mmask32 zero;
@@ -237,22 +268,38 @@ uint32_t EncodeSegmentVec(const T* x, uint32_t m, const VecCodeTable& vt, uint16
     const __m512i spill = _mm512_srlv_epi16(code, _mm512_sub_epi16(c16, nb));
     const __m512i nbn = _mm512_add_epi16(nb, len);
     const __mmask32 full = _mm512_cmpgt_epu16_mask(nbn, c16);
+#if ZIPCCL_CPU_VBMI2
     const __mmask32 emit = full & started;
     _mm512_storeu_si512(done + nd, _mm512_maskz_compress_epi16(emit, cur));
     _mm512_storeu_si512(dslot + nd, _mm512_maskz_compress_epi16(emit, slot));
     nd += uint32_t(__builtin_popcount(emit));
     slot = _mm512_mask_expand_epi16(slot, full, _mm512_add_epi16(iota, _mm512_set1_epi16(short(cursor))));
     cursor += uint32_t(__builtin_popcount(full));
+#else
+    if (full) {  // the lanes whose open unit is complete store it and open the next slot
+      _mm512_store_si512(bits, cur);
+      for (uint32_t w = full; w; w &= w - 1) {
+        const uint32_t l = uint32_t(__builtin_ctz(w));
+        if (started >> l & 1) units[slot[l]] = bits[l];
+        slot[l] = uint16_t(cursor++);
+      }
+    }
+#endif
     started |= full;
     lo = _mm512_mask_mov_epi16(cur, full, spill);
     nb = _mm512_mask_sub_epi16(nbn, full, nbn, c16);
   }
   // Every lane with elements has an open unit left: it is complete now.
   const __mmask32 lanes = m >= uint32_t(kLanes) ? ~__mmask32(0) : _bzhi_u32(~0u, m);
+#if ZIPCCL_CPU_VBMI2
   _mm512_storeu_si512(done + nd, _mm512_maskz_compress_epi16(lanes, lo));
   _mm512_storeu_si512(dslot + nd, _mm512_maskz_compress_epi16(lanes, slot));
   nd += uint32_t(__builtin_popcount(lanes));
   for (uint32_t i = 0; i < nd; ++i) units[dslot[i]] = done[i];
+#else
+  _mm512_store_si512(bits, lo);
+  for (uint32_t w = lanes; w; w &= w - 1) units[slot[__builtin_ctz(w)]] = bits[__builtin_ctz(w)];
+#endif
   return cursor;
 }
 #endif
@@ -293,6 +340,26 @@ void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
                             _mm512_maskz_compress_epi8(keep_bytes, rot));
     r += cnt;
   }
+#elif ZIPCCL_CPU_AVX512
+  // One raw byte per element, 16 elements a step in 32-bit lanes (AVX-512F
+  // compresses dwords): the 16-bit value's Raw16 byte, the non-zero lanes'
+  // squeezed together and narrowed to bytes, exactly those stored.
+  if (UseVector() && one) {
+    for (; j + 16 <= n; j += 16) {
+      __m512i v;
+      if constexpr (sizeof(T) == 2)
+        v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j)));
+      else
+        v = _mm512_srli_epi32(_mm512_loadu_si512(x + j), 16);  // LOW16: the high half
+      const __mmask16 keep = _mm512_test_epi32_mask(v, v);
+      const __m512i b = _mm512_and_si512(_mm512_or_si512(_mm512_slli_epi32(v, 1), _mm512_srli_epi32(v, 15)),
+                                         _mm512_set1_epi32(0xFF));  // Raw16
+      const uint32_t cnt = uint32_t(__builtin_popcount(keep));
+      _mm_mask_storeu_epi8(raw + r, __mmask16(_bzhi_u32(~0u, cnt)),
+                           _mm512_cvtepi32_epi8(_mm512_maskz_compress_epi32(keep, b)));
+      r += cnt;
+    }
+  }
 #endif
   // Branchless tail (the whole block without VBMI2): store the element's raw
   // bytes at r whether it is zero or not, and advance r only past non-zero
@@ -328,7 +395,7 @@ void EncodeUnits(const T* x, uint64_t n, const Analysis& a, BlockPlan* p, uint16
   const uint16_t zero_code = PackCode(p->enc[kZeroSymbol]);
   uint64_t total = 0;
   (void)sc;
-#if ZIPCCL_CPU_VBMI2
+#if ZIPCCL_CPU_AVX512
   VecCodeTable vt;
   const bool vec = UseVector();
   if (vec) LoadVecCodeTable(code_of, zero_code, &vt);
@@ -337,7 +404,7 @@ void EncodeUnits(const T* x, uint64_t n, const Analysis& a, BlockPlan* p, uint16
     const uint32_t m = SegmentElemsOf(n, k);
     const T* xs = x + (uint64_t(k) << kSegmentLog2);
     uint32_t su;
-#if ZIPCCL_CPU_VBMI2
+#if ZIPCCL_CPU_AVX512
     if (vec)
       su = EncodeSegmentVec(xs, m, vt, units + total, sc);
     else
@@ -497,66 +564,112 @@ Status DecodeSegmentScalar(const DecodeEntry* table, const SegmentIn& s) {
   return pad ? kErrReserved : kOk;
 }
 
-#if ZIPCCL_CPU_VBMI2
+#if ZIPCCL_CPU_AVX512
 // The vector decoder runs a segment's 32 lanes in 16-bit lanes of three
 // registers: each lane's bits as lo (the first 16) and hi (the next, at most
 // 10), and their count nb. The serial chain of a step needs only the code's
-// length, which comes without a branch or a gather: the low 8 bits index a
-// 256-byte length table (vpermi2b), which holds the length of every code of at
-// most 8 bits; a longer code, or none, is told apart by comparing the 11-bit
-// window W, read first bit highest (GFNI reverses the bits), with the
-// canonical code's limits (the windows of the codes of length <= l are
-// [0, limit[l]), FORMAT.md's canonical order). Each step also stores the
-// symbols of the codes of at most 8 bits (a table like the encoder's, off the
-// chain) and the windows, from which LongSymbols completes the others.
+// length, which comes without a branch or a gather: the low bits index a
+// length table, which holds the length of every code of at most 8 bits (VBMI:
+// the low 8 bits, 256 bytes by vpermi2b) or 6 bits (BW: the low 6 bits, 64
+// words by vpermi2w); a longer code, or none, is told apart by comparing the
+// 11-bit window W, read first bit highest, with the canonical code's limits
+// (the windows of the codes of length <= l are [0, limit[l]), FORMAT.md's
+// canonical order). Each step also stores the symbols of the codes of at most
+// 8 bits (a table like the encoder's, off the chain) and the windows, from
+// which LongSymbols completes the others.
 struct VecDecodeTable {
-  __m512i len8[4];            // code length by the low 8 bits, 0 when longer or none
+  __m512i len8[4];            // VBMI: code length by the low 8 bits, 0 when longer or none
+  __m512i len6[2];            // BW: code length by the low 6 bits, 0 when longer or none
   __m512i sym8[8];            // sym | 0x8000-free u16 by the low 8 bits; 0xFFFF when longer
-  uint16_t lim8, lim9, lim10, lim11;  // limits in the 11-bit window, first bit highest
+  uint16_t lim[kMaxCodeLen + 1];  // limits in the 11-bit window, first bit highest
   uint32_t full[kTableSize];  // sym by the low 11 bits, for the gathers of long codes
 };
 
 inline void BuildVecDecodeTable(const DecodeEntry* table, const uint8_t* lens, VecDecodeTable* vt) {
   alignas(64) uint8_t len8[256];
+  alignas(64) uint16_t len6[64];
   alignas(64) uint16_t sym8[256];
   for (int i = 0; i < 256; ++i) {
     const bool shortc = table[i].len && table[i].len <= 8;
     len8[i] = shortc ? table[i].len : 0;
     sym8[i] = shortc ? table[i].sym : 0xFFFF;
   }
+  for (int i = 0; i < 64; ++i) len6[i] = table[i].len && table[i].len <= 6 ? table[i].len : 0;
   for (int i = 0; i < 4; ++i) vt->len8[i] = _mm512_load_si512(len8 + 64 * i);
+  for (int i = 0; i < 2; ++i) vt->len6[i] = _mm512_load_si512(len6 + 32 * i);
   for (int i = 0; i < 8; ++i) vt->sym8[i] = _mm512_load_si512(sym8 + 32 * i);
   for (int i = 0; i < kTableSize; ++i) vt->full[i] = table[i].sym;
   uint32_t count[kMaxCodeLen + 1] = {0};
   for (int s = 0; s < kNumSymbols; ++s) ++count[lens[s]];
-  uint32_t code = 0, limit[kMaxCodeLen + 1];
+  uint32_t code = 0;
+  vt->lim[0] = 0;
   for (int l = 1; l <= kMaxCodeLen; ++l) {  // canonical: first[l] = (first[l-1] + count[l-1]) << 1
     code = (code + (l > 1 ? count[l - 1] : 0)) << (l > 1 ? 1 : 0);
-    limit[l] = (code + count[l]) << (kMaxCodeLen - l);
+    vt->lim[l] = uint16_t((code + count[l]) << (kMaxCodeLen - l));  // <= 2048 (Kraft, checked before)
   }
-  vt->lim8 = uint16_t(limit[8]);
-  vt->lim9 = uint16_t(limit[9]);
-  vt->lim10 = uint16_t(limit[10]);
-  vt->lim11 = uint16_t(limit[11]);  // <= 2048 (Kraft, checked before)
 }
 
-// The code lengths of the windows in lo (0: no code).
+// The 11-bit windows of lo: its first 11 bits, first bit highest.
+inline __m512i Windows(__m512i lo) {
+#if ZIPCCL_CPU_VBMI2
+  const __m512i rb = _mm512_gf2p8affine_epi64_epi8(lo, _mm512_set1_epi64(0x8040201008040201ll), 0);
+  return _mm512_srli_epi16(_mm512_shldi_epi16(rb, rb, 8), 16 - kMaxCodeLen);
+#else
+  // Each byte's bits reversed by two nibble lookups, then the bytes swapped.
+  const __m512i rev4 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15));
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i lo4 = _mm512_shuffle_epi8(rev4, _mm512_and_si512(lo, nib));
+  const __m512i hi4 = _mm512_shuffle_epi8(rev4, _mm512_and_si512(_mm512_srli_epi16(lo, 4), nib));
+  const __m512i rb = _mm512_or_si512(_mm512_slli_epi16(lo4, 4), hi4);  // no carry across bytes: both < 16
+  const __m512i w = _mm512_or_si512(_mm512_slli_epi16(rb, 8), _mm512_srli_epi16(rb, 8));
+  return _mm512_srli_epi16(w, 16 - kMaxCodeLen);
+#endif
+}
+
+// The code lengths of the windows in lo (0: no code): the table's for the
+// short codes (VBMI: up to 8 bits, BW: up to 6), then one more for each limit
+// the window reaches, none past the last.
 inline __m512i CodeLengths(const VecDecodeTable& vt, __m512i lo) {
+#if ZIPCCL_CPU_VBMI2
+  constexpr int kTabled = 8;
   constexpr __mmask64 kLow = 0x5555555555555555ull;  // the low byte of each 16-bit lane
   const __m512i a = _mm512_maskz_permutex2var_epi8(kLow, vt.len8[0], lo, vt.len8[1]);
   const __m512i b = _mm512_maskz_permutex2var_epi8(kLow, vt.len8[2], lo, vt.len8[3]);
   __m512i len = _mm512_mask_blend_epi8(_mm512_movepi8_mask(lo), a, b);
-  const __m512i rb = _mm512_gf2p8affine_epi64_epi8(lo, _mm512_set1_epi64(0x8040201008040201ll), 0);
-  const __m512i w = _mm512_srli_epi16(_mm512_shldi_epi16(rb, rb, 8), 16 - kMaxCodeLen);
-  const __mmask32 m8 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim8)));
-  const __mmask32 m9 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim9)));
-  const __mmask32 m10 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim10)));
-  const __mmask32 m11 = _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim11)));
+#else
+  constexpr int kTabled = 6;
+  __m512i len = _mm512_permutex2var_epi16(vt.len6[0], _mm512_and_si512(lo, _mm512_set1_epi16(63)), vt.len6[1]);
+#endif
+  const __m512i w = Windows(lo);
   const __m512i one = _mm512_set1_epi16(1);
-  len = _mm512_mask_mov_epi16(len, m8, _mm512_set1_epi16(9));
-  len = _mm512_mask_add_epi16(len, m9, len, one);
-  len = _mm512_mask_add_epi16(len, m10, len, one);
-  return _mm512_maskz_mov_epi16(~m11, len);
+  len = _mm512_mask_mov_epi16(len, _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim[kTabled]))),
+                              _mm512_set1_epi16(kTabled + 1));
+#pragma GCC unroll 4
+  for (int l = kTabled + 1; l < kMaxCodeLen; ++l)
+    len = _mm512_mask_add_epi16(len, _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim[l]))), len, one);
+  return _mm512_maskz_mov_epi16(~_mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim[kMaxCodeLen]))), len);
+}
+
+// The segment's next units (from `units`, two bytes each) in the lanes of
+// `need`, in lane order; zero in the others.
+inline __m512i ExpandUnits(__mmask32 need, const uint8_t* units) {
+#if ZIPCCL_CPU_VBMI2
+  return _mm512_maskz_expandloadu_epi16(need, units);
+#else
+  alignas(64) uint16_t u[kLanes];
+  _mm512_store_si512(u, _mm512_setzero_si512());
+  for (uint32_t w = need; w; w &= w - 1, units += 2) u[__builtin_ctz(w)] = Load16(units);
+  return _mm512_load_si512(u);
+#endif
+}
+
+// The low 16 bits of (hi:lo) >> len, lane by lane (len <= 16).
+inline __m512i ShiftPair(__m512i lo, __m512i hi, __m512i len) {
+#if ZIPCCL_CPU_VBMI2
+  return _mm512_shrdv_epi16(lo, hi, len);
+#else
+  return _mm512_or_si512(_mm512_srlv_epi16(lo, len), _mm512_sllv_epi16(hi, _mm512_sub_epi16(_mm512_set1_epi16(16), len)));
+#endif
 }
 
 // K segments in lockstep (their chains overlap). kPartial: the segments may
@@ -592,7 +705,7 @@ Status DecodeSegmentsVec(const VecDecodeTable& vt, const SegmentIn* seg) {
         over = true;
         break;
       }
-      const __m512i u = _mm512_maskz_expandloadu_epi16(need, seg[k].units + 2 * uint64_t(cursor[k]));
+      const __m512i u = ExpandUnits(need, seg[k].units + 2 * uint64_t(cursor[k]));
       cursor[k] += cnt;
       lo[k] = _mm512_or_si512(lo[k], _mm512_sllv_epi16(u, nb[k]));
       hi[k] = _mm512_or_si512(hi[k], _mm512_srlv_epi16(u, _mm512_sub_epi16(c16, nb[k])));
@@ -613,7 +726,7 @@ Status DecodeSegmentsVec(const VecDecodeTable& vt, const SegmentIn* seg) {
         _mm512_storeu_si512(out, sym);
         _mm512_storeu_si512(win, lo[k]);
       }
-      lo[k] = _mm512_shrdv_epi16(lo[k], hi[k], len);
+      lo[k] = ShiftPair(lo[k], hi[k], len);
       hi[k] = _mm512_srlv_epi16(hi[k], len);
       nb[k] = _mm512_sub_epi16(nb[k], len);
     }
@@ -702,7 +815,22 @@ bool MergeScalar(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t 
   return r == nnz;
 }
 
-#if ZIPCCL_CPU_VBMI2
+#if ZIPCCL_CPU_AVX512
+#if !ZIPCCL_CPU_VBMI2
+// The raw bytes at raw (exactly as many as nz has lanes: no byte past them is
+// read) in the nz lanes of 32 u16 lanes, in lane order; zero in the others.
+// AVX-512F expands dwords: two halves of 16 lanes.
+inline __m512i ExpandRawBytes(__mmask32 nz, const uint8_t* raw) {
+  const __mmask16 n0 = __mmask16(nz), n1 = __mmask16(nz >> 16);
+  const uint32_t c0 = uint32_t(__builtin_popcount(n0)), c1 = uint32_t(__builtin_popcount(n1));
+  const __m128i b0 = _mm_maskz_loadu_epi8(__mmask16(_bzhi_u32(~0u, c0)), raw);
+  const __m128i b1 = _mm_maskz_loadu_epi8(__mmask16(_bzhi_u32(~0u, c1)), raw + c0);
+  const __m512i e0 = _mm512_maskz_expand_epi32(n0, _mm512_cvtepu8_epi32(b0));
+  const __m512i e1 = _mm512_maskz_expand_epi32(n1, _mm512_cvtepu8_epi32(b1));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(e0)), _mm512_cvtepi32_epi16(e1), 1);
+}
+#endif
+
 template <typename T>
 bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz, bool low16,
               uint64_t readable, T* out) {
@@ -710,6 +838,9 @@ bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz
   // block's end) allows, else with a mask of exactly the bytes used.
   const __m512i zs = _mm512_set1_epi16(kZeroSymbol);
   uint32_t r = 0;
+#if !ZIPCCL_CPU_VBMI2
+  if (sizeof(T) == 4 && !low16) return MergeScalar(syms, m, raw, nnz, low16, out);
+#else
   if constexpr (sizeof(T) == 4) {
     if (!low16) {  // three raw bytes per element, 16 elements a step
       const __m512i z32 = _mm512_set1_epi32(kZeroSymbol);
@@ -732,6 +863,7 @@ bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz
       return rb == limit;
     }
   }
+#endif
   for (uint32_t j = 0; j < m; j += 32) {
     const __mmask32 act = m - j >= 32 ? ~__mmask32(0) : _bzhi_u32(~0u, m - j);
     const __m512i s = _mm512_maskz_loadu_epi16(act, syms + j);
@@ -744,12 +876,18 @@ bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz
     } else {
       // A masked load of exactly the step's raw bytes (never past the
       // segment's), spread to the non-ZERO lanes in registers.
+#if ZIPCCL_CPU_VBMI2
       const __m256i rl = r + 32 <= readable
                              ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw + r))
                              : _mm256_maskz_loadu_epi8(_bzhi_u32(~0u, cnt), raw + r);
       const __m512i rv = _mm512_cvtepu8_epi16(_mm256_maskz_expand_epi8(nz, rl));
       const __m512i v0 = _mm512_or_si512(_mm512_slli_epi16(s, 8), rv);
       const __m512i v = _mm512_maskz_shrdi_epi16(nz, v0, v0, 1);  // Rotr16, ZERO -> 0
+#else
+      (void)readable;
+      const __m512i v0 = _mm512_or_si512(_mm512_slli_epi16(s, 8), ExpandRawBytes(nz, raw + r));
+      const __m512i v = _mm512_maskz_mov_epi16(nz, _mm512_or_si512(_mm512_srli_epi16(v0, 1), _mm512_slli_epi16(v0, 15)));
+#endif
       if constexpr (sizeof(T) == 2) {
         _mm512_mask_storeu_epi16(out + j, act, v);
       } else {  // LOW16
@@ -768,7 +906,7 @@ bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz
 struct DecodeScratch {
   DecodeEntry table[kTableSize];
   alignas(64) uint16_t syms[kMaxSegmentsPerBlock][kSegmentElems];
-#if ZIPCCL_CPU_VBMI2
+#if ZIPCCL_CPU_AVX512
   alignas(64) uint16_t win[kMaxSegmentsPerBlock][kSegmentElems];
   VecDecodeTable vec;
 #endif
@@ -789,7 +927,7 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, u
   for (int k = 0; k < L.n_segs; ++k)
     seg[k] = SegmentIn{block + L.units_off + 2 * uint64_t(L.seg_unit0[k]), L.seg_units[k],
                        SegmentElemsOf(n, k), t->syms[k], nullptr};
-#if ZIPCCL_CPU_VBMI2
+#if ZIPCCL_CPU_AVX512
   for (int k = 0; k < L.n_segs; ++k) seg[k].win = t->win[k];
 #endif
   // Every segment decodes before any verdict: a stream error anywhere
@@ -800,7 +938,7 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, u
     stream_err |= s == kErrStream;
     pad_err |= s == kErrReserved;
   };
-#if ZIPCCL_CPU_VBMI2
+#if ZIPCCL_CPU_AVX512
   if (vec) {
     BuildVecDecodeTable(t->table, lens, &t->vec);
     int full = 0;
@@ -822,7 +960,7 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, u
     const uint8_t* raw = block + L.raw_off + uint64_t(L.seg_raw0[k]) * uint64_t(L.raw_width);
     T* o = out + (uint64_t(k) << kSegmentLog2);
     bool ok;
-#if ZIPCCL_CPU_VBMI2
+#if ZIPCCL_CPU_AVX512
     if (vec) {
       LongSymbols(t->vec, seg[k].syms, seg[k].win, seg[k].m);
       ok = MergeVec(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, uint64_t(block + block_bytes - raw), o);
@@ -911,7 +1049,9 @@ DecodeResult DecodeFrame(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
   return DecodeTyped(in, in_bytes, dtype, n, static_cast<uint16_t*>(out));
 }
 
-const char* CompiledCodePaths() { return ZIPCCL_CPU_VBMI2 ? "avx512_vbmi2" : ""; }
+const char* CompiledCodePaths() {
+  return ZIPCCL_CPU_VBMI2 ? "avx512_vbmi2" : ZIPCCL_CPU_AVX512 ? "avx512bw" : "";
+}
 
 
 }  // namespace zipccl::cpu

@@ -31,7 +31,8 @@ DecodeResult DecodeFrame(const uint8_t* in_host, uint64_t in_bytes,
                          uint8_t dtype, uint64_t n_elems, void* out_host);
 
 // The instruction-set specific code paths compiled into this driver,
-// comma-separated ("avx512_vbmi2"); "" when only the portable loops are.
+// comma-separated ("avx512_vbmi2" or "avx512bw"); "" when only the portable
+// loops are.
 const char* CompiledCodePaths();
 // The instruction-set specific paths run where they are compiled in, unless
 // the environment sets ZIPCCL_CPU_PORTABLE (to anything but "" or "0"): then
