@@ -235,6 +235,36 @@ inline __m512i SymbolBytes32(const T* x, __mmask32 act, __mmask32* zero) {
   }
 }
 
+// The lanes of v in `keep`, squeezed together, stored at dst (which has room
+// for 32 lanes past it).
+inline void CompressStore16(uint16_t* dst, __mmask32 keep, __m512i v) {
+#if ZIPCCL_CPU_VBMI2
+  _mm512_storeu_si512(dst, _mm512_maskz_compress_epi16(keep, v));
+#else  // AVX-512F compresses dwords: two halves of 16 lanes
+  const __mmask16 k0 = __mmask16(keep), k1 = __mmask16(keep >> 16);
+  const __m512i v0 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(v));
+  const __m512i v1 = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(k0, v0)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + __builtin_popcount(k0)),
+                      _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(k1, v1)));
+#endif
+}
+
+// v with the lanes of `take` set to first, first + 1, ... in lane order.
+inline __m512i ExpandCount16(__m512i v, __mmask32 take, __m512i iota, uint32_t first) {
+#if ZIPCCL_CPU_VBMI2
+  return _mm512_mask_expand_epi16(v, take, _mm512_add_epi16(iota, _mm512_set1_epi16(short(first))));
+#else  // AVX-512F expands dwords: two halves of 16 lanes
+  const __mmask16 t0 = __mmask16(take), t1 = __mmask16(take >> 16);
+  const __m512i i32 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(iota));
+  const __m512i e0 = _mm512_maskz_expand_epi32(t0, _mm512_add_epi32(i32, _mm512_set1_epi32(int(first))));
+  const __m512i e1 = _mm512_maskz_expand_epi32(
+      t1, _mm512_add_epi32(i32, _mm512_set1_epi32(int(first + uint32_t(__builtin_popcount(t0))))));
+  const __m512i e = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(e0)), _mm512_cvtepi32_epi16(e1), 1);
+  return _mm512_mask_mov_epi16(v, take, e);
+#endif
+}
+
 // One segment, a step (32 lanes) per iteration. Completed units are compressed
 // into sc->done with their slots in sc->slot, then stored at their slots.
 template <typename T>
@@ -246,17 +276,10 @@ uint32_t EncodeSegmentVec(const T* x, uint32_t m, const VecCodeTable& vt, uint16
   __m512i lo = _mm512_setzero_si512(), nb = c16;
   __mmask32 started = 0;
   uint32_t cursor = 0;
-#if ZIPCCL_CPU_VBMI2
   __m512i slot = _mm512_setzero_si512();
   uint32_t nd = 0;
   uint16_t* done = sc->done;
   uint16_t* dslot = sc->slot;
-#else
-  (void)iota;
-  (void)sc;
-  alignas(64) uint16_t slot[kLanes];  // lane -> the slot of its open unit (once started)
-  alignas(64) uint16_t bits[kLanes];
-#endif
   for (uint32_t e = 0; e < m; e += kLanes) {
     const __mmask32 act = m - e >= uint32_t(kLanes) ? ~__mmask32(0) : _bzhi_u32(~0u, m - e);
     __mmask32 zero;
@@ -268,38 +291,22 @@ uint32_t EncodeSegmentVec(const T* x, uint32_t m, const VecCodeTable& vt, uint16
     const __m512i spill = _mm512_srlv_epi16(code, _mm512_sub_epi16(c16, nb));
     const __m512i nbn = _mm512_add_epi16(nb, len);
     const __mmask32 full = _mm512_cmpgt_epu16_mask(nbn, c16);
-#if ZIPCCL_CPU_VBMI2
     const __mmask32 emit = full & started;
-    _mm512_storeu_si512(done + nd, _mm512_maskz_compress_epi16(emit, cur));
-    _mm512_storeu_si512(dslot + nd, _mm512_maskz_compress_epi16(emit, slot));
+    CompressStore16(done + nd, emit, cur);
+    CompressStore16(dslot + nd, emit, slot);
     nd += uint32_t(__builtin_popcount(emit));
-    slot = _mm512_mask_expand_epi16(slot, full, _mm512_add_epi16(iota, _mm512_set1_epi16(short(cursor))));
+    slot = ExpandCount16(slot, full, iota, cursor);
     cursor += uint32_t(__builtin_popcount(full));
-#else
-    if (full) {  // the lanes whose open unit is complete store it and open the next slot
-      _mm512_store_si512(bits, cur);
-      for (uint32_t w = full; w; w &= w - 1) {
-        const uint32_t l = uint32_t(__builtin_ctz(w));
-        if (started >> l & 1) units[slot[l]] = bits[l];
-        slot[l] = uint16_t(cursor++);
-      }
-    }
-#endif
     started |= full;
     lo = _mm512_mask_mov_epi16(cur, full, spill);
     nb = _mm512_mask_sub_epi16(nbn, full, nbn, c16);
   }
   // Every lane with elements has an open unit left: it is complete now.
   const __mmask32 lanes = m >= uint32_t(kLanes) ? ~__mmask32(0) : _bzhi_u32(~0u, m);
-#if ZIPCCL_CPU_VBMI2
-  _mm512_storeu_si512(done + nd, _mm512_maskz_compress_epi16(lanes, lo));
-  _mm512_storeu_si512(dslot + nd, _mm512_maskz_compress_epi16(lanes, slot));
+  CompressStore16(done + nd, lanes, lo);
+  CompressStore16(dslot + nd, lanes, slot);
   nd += uint32_t(__builtin_popcount(lanes));
   for (uint32_t i = 0; i < nd; ++i) units[dslot[i]] = done[i];
-#else
-  _mm512_store_si512(bits, lo);
-  for (uint32_t w = lanes; w; w &= w - 1) units[slot[__builtin_ctz(w)]] = bits[__builtin_ctz(w)];
-#endif
   return cursor;
 }
 #endif
@@ -656,10 +663,16 @@ inline __m512i ExpandUnits(__mmask32 need, const uint8_t* units) {
 #if ZIPCCL_CPU_VBMI2
   return _mm512_maskz_expandloadu_epi16(need, units);
 #else
-  alignas(64) uint16_t u[kLanes];
-  _mm512_store_si512(u, _mm512_setzero_si512());
-  for (uint32_t w = need; w; w &= w - 1, units += 2) u[__builtin_ctz(w)] = Load16(units);
-  return _mm512_load_si512(u);
+  // AVX-512F expands dwords: two halves of 16 lanes, each from a masked load
+  // of exactly its units (branch-free: the chains of the segments in
+  // lockstep overlap).
+  const __mmask16 n0 = __mmask16(need), n1 = __mmask16(need >> 16);
+  const uint32_t c0 = uint32_t(__builtin_popcount(n0)), c1 = uint32_t(__builtin_popcount(n1));
+  const __m256i u0 = _mm256_maskz_loadu_epi16(__mmask16(_bzhi_u32(~0u, c0)), units);
+  const __m256i u1 = _mm256_maskz_loadu_epi16(__mmask16(_bzhi_u32(~0u, c1)), units + 2 * c0);
+  const __m512i e0 = _mm512_maskz_expand_epi32(n0, _mm512_cvtepu16_epi32(u0));
+  const __m512i e1 = _mm512_maskz_expand_epi32(n1, _mm512_cvtepu16_epi32(u1));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(e0)), _mm512_cvtepi32_epi16(e1), 1);
 #endif
 }
 
