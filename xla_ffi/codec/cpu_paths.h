@@ -68,17 +68,12 @@ inline __m512i Lookup256(const __m512i* t, __m512i s) {
   const __m512i w = _mm512_and_si512(_mm512_slli_epi16(s, 1), _mm512_set1_epi16(0x7E));
   const __m512i idx = _mm512_or_si512(_mm512_or_si512(w, _mm512_slli_epi16(w, 8)),
                                       _mm512_set1_epi16(0x0100));
-  const __m512i r0 = _mm512_permutex2var_epi8(t[0], idx, t[1]);
-  const __m512i r1 = _mm512_permutex2var_epi8(t[2], idx, t[3]);
-  const __m512i r2 = _mm512_permutex2var_epi8(t[4], idx, t[5]);
-  const __m512i r3 = _mm512_permutex2var_epi8(t[6], idx, t[7]);
+  auto pick = [&](int i) { return _mm512_permutex2var_epi8(t[i], idx, t[i + 1]); };
 #else
   const __m512i idx = _mm512_and_si512(s, _mm512_set1_epi16(63));
-  const __m512i r0 = _mm512_permutex2var_epi16(t[0], idx, t[1]);
-  const __m512i r1 = _mm512_permutex2var_epi16(t[2], idx, t[3]);
-  const __m512i r2 = _mm512_permutex2var_epi16(t[4], idx, t[5]);
-  const __m512i r3 = _mm512_permutex2var_epi16(t[6], idx, t[7]);
+  auto pick = [&](int i) { return _mm512_permutex2var_epi16(t[i], idx, t[i + 1]); };
 #endif
+  const __m512i r0 = pick(0), r1 = pick(2), r2 = pick(4), r3 = pick(6);
   const __mmask32 b6 = _mm512_test_epi16_mask(s, _mm512_set1_epi16(64));
   const __mmask32 b7 = _mm512_test_epi16_mask(s, _mm512_set1_epi16(128));
   return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1),
