@@ -75,26 +75,34 @@ Status DecodeSegmentScalar(const DecodeEntry* table, const SegmentIn& s) {
 // canonical order). Each step also stores the symbols of the codes of at most
 // 8 bits (a table like the encoder's, off the chain) and the windows, from
 // which LongSymbols completes the others.
+#if ZIPCCL_CPU_VBMI2
+constexpr int kTabledBits = 8;
+#else
+constexpr int kTabledBits = 6;
+#endif
+
 struct VecDecodeTable {
-  __m512i len8[4];            // VBMI: code length by the low 8 bits, 0 when longer or none
-  __m512i len6[2];            // BW: code length by the low 6 bits, 0 when longer or none
+  __m512i len[4];             // code length by the low kTabledBits bits, 0 when longer or none
+                              // (VBMI: 256 bytes, four registers; BW: 64 words, two)
   __m512i sym8[8];            // sym | 0x8000-free u16 by the low 8 bits; 0xFFFF when longer
   uint16_t lim[kMaxCodeLen + 1];  // limits in the 11-bit window, first bit highest
   uint32_t full[kTableSize];  // sym by the low 11 bits, for the gathers of long codes
 };
 
 inline void BuildVecDecodeTable(const DecodeEntry* table, const uint8_t* lens, VecDecodeTable* vt) {
-  alignas(64) uint8_t len8[256];
-  alignas(64) uint16_t len6[64];
   alignas(64) uint16_t sym8[256];
   for (int i = 0; i < 256; ++i) {
     const bool shortc = table[i].len && table[i].len <= 8;
-    len8[i] = shortc ? table[i].len : 0;
     sym8[i] = shortc ? table[i].sym : 0xFFFF;
   }
-  for (int i = 0; i < 64; ++i) len6[i] = table[i].len && table[i].len <= 6 ? table[i].len : 0;
-  for (int i = 0; i < 4; ++i) vt->len8[i] = _mm512_load_si512(len8 + 64 * i);
-  for (int i = 0; i < 2; ++i) vt->len6[i] = _mm512_load_si512(len6 + 32 * i);
+#if ZIPCCL_CPU_VBMI2
+  alignas(64) uint8_t len_t[256];
+#else
+  alignas(64) uint16_t len_t[64];
+#endif
+  constexpr int kEntries = 1 << kTabledBits, kPerReg = 64 / int(sizeof(len_t[0]));
+  for (int i = 0; i < kEntries; ++i) len_t[i] = table[i].len <= kTabledBits ? table[i].len : 0;
+  for (int i = 0; i < kEntries / kPerReg; ++i) vt->len[i] = _mm512_load_si512(len_t + kPerReg * i);
   for (int i = 0; i < 8; ++i) vt->sym8[i] = _mm512_load_si512(sym8 + 32 * i);
   for (int i = 0; i < kTableSize; ++i) vt->full[i] = table[i].sym;
   uint32_t count[kMaxCodeLen + 1] = {0};
@@ -128,15 +136,14 @@ inline __m512i Windows(__m512i lo) {
 // short codes (VBMI: up to 8 bits, BW: up to 6), then one more for each limit
 // the window reaches, none past the last.
 inline __m512i CodeLengths(const VecDecodeTable& vt, __m512i lo) {
+  constexpr int kTabled = kTabledBits;
 #if ZIPCCL_CPU_VBMI2
-  constexpr int kTabled = 8;
   constexpr __mmask64 kLow = 0x5555555555555555ull;  // the low byte of each 16-bit lane
-  const __m512i a = _mm512_maskz_permutex2var_epi8(kLow, vt.len8[0], lo, vt.len8[1]);
-  const __m512i b = _mm512_maskz_permutex2var_epi8(kLow, vt.len8[2], lo, vt.len8[3]);
+  const __m512i a = _mm512_maskz_permutex2var_epi8(kLow, vt.len[0], lo, vt.len[1]);
+  const __m512i b = _mm512_maskz_permutex2var_epi8(kLow, vt.len[2], lo, vt.len[3]);
   __m512i len = _mm512_mask_blend_epi8(_mm512_movepi8_mask(lo), a, b);
 #else
-  constexpr int kTabled = 6;
-  __m512i len = _mm512_permutex2var_epi16(vt.len6[0], _mm512_and_si512(lo, _mm512_set1_epi16(63)), vt.len6[1]);
+  __m512i len = _mm512_permutex2var_epi16(vt.len[0], _mm512_and_si512(lo, _mm512_set1_epi16(63)), vt.len[1]);
 #endif
   const __m512i w = Windows(lo);
   const __m512i one = _mm512_set1_epi16(1);
