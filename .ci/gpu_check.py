@@ -15,8 +15,9 @@ the later ones: a first GPU run should bring back everything it can.
   benchmark  benchmarks/codec_gpu.py: encode/decode GB/s per dtype against a device copy, the codec inside
              a jitted step, a one-GPU compressed all_to_all against its codec alone (plumbing), memory
              of a compressed all_to_all against jax.lax's, collectives on 2+ GPUs
-  profile    each zipccl kernel's GPU time in a 64 MB bfloat16 encode and decode (Nsight Compute), where
-             ncu works; informative, never a failure
+  profile    each zipccl kernel's GPU time in a 64 MB bfloat16 encode and decode (Nsight Compute, the clocks
+             as found), then the stall reasons, issue rates and occupancy of analyse, write and decode_block;
+             where ncu works; informative, never a failure
   graphs     the collectives' GPU tests again with XLA's command buffers holding custom calls, collectives,
              loops and conditionals (GRAPH_FLAGS): each compressed collective one CUDA graph, its fallback a
              graph conditional (docs/gpu.md, "CUDA graphs"); last, so it never takes another stage's time
@@ -46,7 +47,7 @@ BUDGET_S = float(os.environ.get("ZIPCCL_KIT_BUDGET_S", "480"))
 KEEP_GOING = os.environ.get("ZIPCCL_KIT_KEEP_GOING", "") not in ("", "0")
 # Stage limits (s). On an H100 the whole kit, install included, is meant to end inside 8 minutes.
 LIMITS = {"install": 240, "source_build": 240, "info": 60, "pytest": 240, "memcheck": 120, "racecheck": 120, "benchmark": 240,
-          "profile": 90, "graphs": 120}
+          "profile": 90, "stalls": 90, "graphs": 120}
 # The codec's CUDA tests, rerun under the sanitizer: every dtype's bytes, damaged frames, overflow.
 SANITIZED_TESTS = ["test_gpu.py", "-k", "cuda and (codec_bytes or damaged or overflow_header)"]
 # Every compressed collective captured whole (a deviceless compile of 8 x H100 puts each op, both transports, in
@@ -364,7 +365,7 @@ def profile(kit: Kit, have_gpu: bool) -> bool:
   if not have_gpu or exe is None:
     kit.stage("profile", "skipped", reason="no CUDA device" if not have_gpu else "ncu not found")
     return True
-  cmd = [exe, "--csv", "--print-units", "base", "--metrics", "gpu__time_duration.sum",
+  cmd = [exe, "--csv", "--print-units", "base", "--clock-control", "none", "--metrics", "gpu__time_duration.sum",
          "--kernel-name", "regex:zipccl", "--launch-skip", "0", "--launch-count", "200",
          sys.executable, "benchmarks/codec_gpu.py", "--kernels-only", "--dtypes", "bfloat16", "--kernel-mb", "64",
          "--reps", "2"]
@@ -373,8 +374,38 @@ def profile(kit: Kit, have_gpu: bool) -> bool:
     kit.stage("profile", "unsupported", tail=(r.stdout + r.stderr)[-2000:] if r else "no time")
     return True
   kit.stage("profile", "passed", what="64 MB bfloat16: zipccl kernels' GPU time per launch (us), median",
-            kernels=ncu_kernel_times(r.stdout))
+            kernels=ncu_kernel_times(r.stdout), clocks="as found (--clock-control none)")
+  # Why the three long kernels take that time: their first launch's stall reasons, issue rates and
+  # occupancy (Nsight Compute's sections, one replay per section).
+  cmd = [exe, "--csv", "--print-units", "base", "--clock-control", "none", *STALL_SECTIONS,
+         "--kernel-name", f"regex:{STALL_KERNELS}", "--launch-count", "3",
+         sys.executable, "benchmarks/codec_gpu.py", "--kernels-only", "--dtypes", "bfloat16", "--kernel-mb", "64",
+         "--reps", "1"]
+  r = kit.run("stalls", cmd, env={"JAX_PLATFORMS": "cuda"})
+  if r is not None and r.returncode == 0:
+    kit.report["stages"]["profile"]["stalls"] = ncu_section_metrics(r.stdout)
   return True
+
+
+# The stalls run: Nsight Compute sections and the kernels they are read for (64 MB bfloat16, as above).
+STALL_SECTIONS = ("--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
+                  "--section", "SchedulerStats", "--section", "WarpStateStats")
+STALL_KERNELS = "zipccl_(analyse|write|decode_block)"
+
+
+def ncu_section_metrics(csv_text: str) -> dict:
+  """{kernel: {section: {metric: "value unit"}}} of each kernel's first launch, from `ncu --csv` rows."""
+  out: dict = {}
+  first: dict[str, str] = {}
+  rows = [ln for ln in csv_text.splitlines() if ln.startswith('"')]
+  for row in csv.DictReader(io.StringIO("\n".join(rows))):
+    k = row.get("Kernel Name")
+    if not k or first.setdefault(k, row["ID"]) != row["ID"]:
+      continue
+    unit = row.get("Metric Unit") or ""
+    out.setdefault(k, {}).setdefault(row["Section Name"], {})[row["Metric Name"]] = (
+        f"{row['Metric Value']} {unit}".strip())
+  return out
 
 
 def ncu_kernel_times(csv_text: str) -> dict:

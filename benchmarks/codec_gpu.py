@@ -409,6 +409,8 @@ def main(argv=None) -> int:
                  help="bfloat16 call sizes (MB) of the device-timed kernels (default 4,16,64,256; --quick 0.25)")
   p.add_argument("--kernels-only", action="store_true",
                  help="the kernels' GB/s alone (no step, memory or collectives): what a profiler run needs")
+  p.add_argument("--device-only", action="store_true",
+                 help="the device-timed kernels alone, as JSON (benchmarks/codec_gpu_ab.py compares two builds)")
   p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)  # one variant, in a child
   p.add_argument("--probe-elems", type=int, default=0, help=argparse.SUPPRESS)
   p.add_argument("--json", default=None)
@@ -436,16 +438,21 @@ def main(argv=None) -> int:
     print(NO_CUDA, file=sys.stderr)
     return 2
   dtypes = [d for d in a.dtypes.split(",") if d]
+  device_mb = [float(s) for s in (a.device_mb or ("0.25" if a.quick else "4,16,64,256")).split(",")]
+  cases = [("bfloat16", int(mb * 2**20)) for mb in device_mb if "bfloat16" in dtypes]
+  cases += [(d, int(device_mb[min(2, len(device_mb) - 1)] * 2**20)) for d in dtypes if d != "bfloat16"]
+  working_set = (1 << 20) if a.quick else (128 << 20)
+  if a.device_only:
+    kernels_device = bench_kernels_device(jax, jnp, np, zj, devs[0], cases, reps, working_set=working_set)
+    print(json.dumps({"platform": a.platform, "device_kind": devs[0].device_kind, "reps": reps,
+                      "device_timing": DEVICE_TIMING, "kernels_device": kernels_device}))
+    return 0 if all(k["bit_exact"] for k in kernels_device) else 1
   kernels = bench_kernels(jax, jnp, np, zj, devs[0], dtypes, int(kernel_mb * 1e6), reps)
   if a.kernels_only:
     rec = {"platform": a.platform, "device_kind": devs[0].device_kind, "kernels": kernels}
     print(json.dumps(rec, indent=1))
     return 0 if all(k["bit_exact"] for k in kernels) else 1
-  device_mb = [float(s) for s in (a.device_mb or ("0.25" if a.quick else "4,16,64,256")).split(",")]
-  cases = [("bfloat16", int(mb * 2**20)) for mb in device_mb]
-  cases += [(d, int(device_mb[min(2, len(device_mb) - 1)] * 2**20)) for d in dtypes if d != "bfloat16"]
-  kernels_device = bench_kernels_device(jax, jnp, np, zj, devs[0], cases, reps,
-                                        working_set=(1 << 20) if a.quick else (128 << 20))
+  kernels_device = bench_kernels_device(jax, jnp, np, zj, devs[0], cases, reps, working_set=working_set)
   step = bench_step(jax, jnp, np, devs[0], int((a.step_mb or (0.25 if a.quick else 64.0)) * 1e6), reps)
   plumbing = bench_plumbing(jax, jnp, np, zj, devs[0], int((a.step_mb or (0.25 if a.quick else 64.0)) * 1e6), reps)
   collectives = (bench_collectives(jax, jnp, np, zj, devs, [int(s * 1e6) for s in sizes_mb], a.transport, reps)

@@ -39,6 +39,29 @@ def test_ncu_kernel_times_from_an_h200_run():
   assert KIT.ncu_kernel_times("==PROF== Disconnected\n") == {}
 
 
+def test_ncu_section_metrics_keep_each_kernels_first_launch():
+  """The stalls run's rows (ncu's --csv details page): metric value and unit per section, first launch only."""
+  head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+          '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
+  row = ('"{id}","1","python3.12","h","{k}","1","14","(128, 1, 1)","(512, 1, 1)","0","9.0","{sec}","{m}",'
+         '"{u}","{v}"')
+  text = "\n".join(["==PROF== Connected", head,
+                    row.format(id=0, k="zipccl_analyse_u16", sec="Occupancy", m="Achieved Occupancy", u="%", v="10.5"),
+                    row.format(id=1, k="zipccl_decode_block_u16", sec="WarpStateStats",
+                               m="Stall Long Scoreboard", u="cycle", v="1,234.5"),
+                    row.format(id=1, k="zipccl_decode_block_u16", sec="Occupancy", m="Block Limit Registers",
+                               u="block", v="7"),
+                    row.format(id=2, k="zipccl_decode_block_u16", sec="Occupancy", m="Block Limit Registers",
+                               u="block", v="9"),
+                    row.format(id=3, k="zipccl_write_u16", sec="SpeedOfLight", m="Duration", u="", v="180")])
+  got = KIT.ncu_section_metrics(text)
+  assert got == {"zipccl_analyse_u16": {"Occupancy": {"Achieved Occupancy": "10.5 %"}},
+                 "zipccl_decode_block_u16": {"WarpStateStats": {"Stall Long Scoreboard": "1,234.5 cycle"},
+                                             "Occupancy": {"Block Limit Registers": "7 block"}},
+                 "zipccl_write_u16": {"SpeedOfLight": {"Duration": "180"}}}
+  assert KIT.ncu_section_metrics("==PROF== Disconnected\n") == {}
+
+
 @pytest.mark.parametrize("log, rc, output, want", [
     ("racecheck_hazards_h200.log", 86, "", "failed"),   # the Plan kernel's overlap, before its fix
     ("racecheck_clean_h200.log", 0, "", "passed"),
