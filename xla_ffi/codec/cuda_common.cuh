@@ -45,14 +45,6 @@
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*; no CUDA headers needed here.
 
-// Full unrolling of a loop with a constant trip count, on the device, so that
-// an array indexed by its counter stays in registers (host compilers: no-op).
-#if defined(__CUDA_ARCH__)
-#define ZIPCCL_UNROLL _Pragma("unroll")
-#else
-#define ZIPCCL_UNROLL
-#endif
-
 namespace zipccl::cuda {
 
 // ---- Geometry ---------------------------------------------------------------

@@ -107,17 +107,6 @@ ZIPCCL_HD uint32_t MergePacked(int s, uint32_t r, bool low16) {
   return Merge32(s, r & 0xFFFFFFu);
 }
 
-// The raw bytes of raw slot ri, packed little-endian (what MergePacked takes):
-// raw_w is 0 for one-byte floats, 1 for 16-bit ones, 3 for float32 or 1 for
-// its LOW16 blocks (ParseHuffLayout), so only float32 reads it at run time.
-template <typename T>
-ZIPCCL_HD uint32_t LoadRawSlot(const uint8_t* raw, uint32_t ri, int raw_w) {
-  if (sizeof(T) == 1) return 0;
-  if (sizeof(T) == 2 || raw_w == 1) return raw[ri];
-  const uint8_t* q = raw + uint64_t(ri) * 3;
-  return q[0] | (uint32_t(q[1]) << 8) | (uint32_t(q[2]) << 16);
-}
-
 // 4. Block decoder: one CTA of kSegThreads per block.
 //    - Thread 0 checks the block header, parses the table and segment
 //      directory (ParseHuffLayout), checks Kraft and derives the canonical
@@ -131,18 +120,15 @@ ZIPCCL_HD uint32_t LoadRawSlot(const uint8_t* raw, uint32_t ri, int raw_w) {
 //      the bits it holds; the lanes that need a unit (NeedsUnit) take the
 //      segment's next units, in lane order, from one cursor (a ballot and a
 //      population count: no per-lane offsets), and look up again. The units
-//      come from a window in registers: lane k holds units base + k, + 32,
-//      + 64 and + 96 (coalesced loads issued two windows, some 64 units or a
-//      dozen steps, ahead of their use), and a lane reads unit `slot` from
-//      lane (slot - base) mod 32 with two shuffles, so no global load is on
-//      the chain of lookups. Each step's symbols go to shared memory with the
-//      ballot of its non-zero elements. Merge phase: lane l joins the round's
-//      symbols of its lane with their raw bytes (the raw index is a running
-//      count over the round's ballots, so the loads are independent of each
-//      other), kMergeBatch steps at a time: the batch's loads are all issued
-//      before its first store (a store may alias a later load, so the
-//      compiler would not hoist the loads: one step, one load latency), and
-//      the warp stores 32 elements side by side per step.
+//      come from a window in registers: lane k holds units base + k, + 32 and
+//      + 64 (coalesced loads issued a window ahead), and a lane reads unit
+//      `slot` from lane (slot - base) mod 32 with two shuffles, so no global
+//      load is on the chain of lookups. Each step's symbols go to shared
+//      memory with the ballot of its non-zero elements. Merge phase: lane l
+//      joins the round's symbols of its lane with their raw bytes (the raw
+//      index is a running count over the round's ballots, so the loads are
+//      independent of each other) and the warp stores 32 elements side by
+//      side per step.
 //    - A lane that fails (no code, the segment's units exhausted) ends its
 //      warp's decoding at the end of the round. The block's verdict, in the
 //      CPU decoder's order: kErrStream if a segment failed to decode or took
@@ -152,8 +138,6 @@ ZIPCCL_HD uint32_t LoadRawSlot(const uint8_t* raw, uint32_t ri, int raw_w) {
 //      block's elements are overwritten by zipccl_poison.
 constexpr int kRoundSteps = 32;
 static_assert(kSegmentSteps % kRoundSteps == 0, "rounds tile a segment");
-constexpr int kMergeBatch = 8;  // merge steps whose raw loads a lane has in flight together
-static_assert(kRoundSteps % kMergeBatch == 0, "batches tile a round");
 
 template <typename T>
 struct DecodeBlockKernel {
@@ -257,8 +241,7 @@ struct DecodeBlockKernel {
     auto unit_at = [&](uint32_t i) -> uint32_t {
       return i < seg_units ? uint32_t(units[2 * uint64_t(i)]) | (uint32_t(units[2 * uint64_t(i) + 1]) << 8) : 0u;
     };
-    uint32_t base = 0, win0 = unit_at(lane), win1 = unit_at(kLanes + lane), win2 = unit_at(2 * kLanes + lane),
-             win3 = unit_at(3 * kLanes + lane);
+    uint32_t base = 0, win0 = unit_at(lane), win1 = unit_at(kLanes + lane), win2 = unit_at(2 * kLanes + lane);
     uint32_t buf = 0, nbits = 0;          // the lane's next bits (first in bit 0), zeros above
     uint32_t cursor = 0, raw_cursor = 0;  // the warp's next unit and raw slots
     bool bad = false, warp_bad = false, raw_bad = false;
@@ -287,8 +270,7 @@ struct DecodeBlockKernel {
           base += kLanes;
           win0 = win1;
           win1 = win2;
-          win2 = win3;
-          win3 = unit_at(base + 3 * kLanes + lane);
+          win2 = unit_at(base + 2 * kLanes + lane);
         }
         const bool ok = active && !bad;
         if (ok) {
@@ -301,30 +283,23 @@ struct DecodeBlockKernel {
       }
       warp_bad = cta.ballot(bad) != 0;
       cta.warp_sync();  // the round's symbols and ballots, from every lane of the warp
-      for (int j0 = 0; j0 < kRoundSteps && !warp_bad; j0 += kMergeBatch) {  // merge phase
-        uint32_t vs[kMergeBatch];  // the batch's elements, loaded before any is stored
-        uint32_t store = 0;        // bit k: the lane has an element at step j0 + k
-        ZIPCCL_UNROLL
-        for (int k = 0; k < kMergeBatch; ++k) {
-          const uint32_t nz = sm.nz[warp][j0 + k], ri = raw_cursor + Popc(nz & below);
-          const int s = sm.syms[warp][j0 + k][lane];
-          raw_cursor += Popc(nz);
-          vs[k] = 0;
-          if (s == kNoSym) continue;
-          if (s != kZeroSymbol) {
-            if (ri >= seg_nnz) {  // more non-ZERO symbols than seg_nnz: judged after the padding
-              raw_bad = true;
-              continue;
-            }
-            vs[k] = MergePacked<T>(s, LoadRawSlot<T>(raw, ri, raw_w), low16);
+      for (int j = 0; j < kRoundSteps && !warp_bad; ++j) {  // merge phase
+        const uint32_t e = uint32_t(r * kRoundSteps + j) * kLanes + lane;
+        const uint32_t nz = sm.nz[warp][j], ri = raw_cursor + Popc(nz & below);
+        const int s = sm.syms[warp][j][lane];
+        raw_cursor += Popc(nz);
+        if (s == kNoSym) continue;
+        uint32_t v = 0;
+        if (s != kZeroSymbol) {
+          if (ri >= seg_nnz) {  // more non-ZERO symbols than seg_nnz: judged after the padding
+            raw_bad = true;
+            continue;
           }
-          store |= 1u << k;
+          uint32_t packed = 0;
+          for (int k = 0; k < raw_w; ++k) packed |= uint32_t(raw[uint64_t(ri) * raw_w + k]) << (8 * k);
+          v = MergePacked<T>(s, packed, low16);
         }
-        ZIPCCL_UNROLL
-        for (int k = 0; k < kMergeBatch; ++k) {
-          const uint32_t e = uint32_t(r * kRoundSteps + j0 + k) * kLanes + lane;
-          if (store >> k & 1u) StoreElem<T>(os + uint64_t(e) * sizeof(T), vs[k]);
-        }
+        StoreElem<T>(os + uint64_t(e) * sizeof(T), v);
       }
       cta.warp_sync();  // the merge has read the round's symbols before the next round writes them
     }
