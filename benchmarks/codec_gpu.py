@@ -285,7 +285,9 @@ def bench_memory(platform: str, elems_per_device: int) -> list[dict]:
   import subprocess
   out = []
   for variant in ("lax", "padded", "ragged"):
-    env = dict(os.environ, JAX_PLATFORMS=platform)
+    # No preallocation: this process holds its own pool, and a child that takes what is left of the
+    # device's memory leaves none for NCCL (the ragged variant's communicator failed to start on an H200).
+    env = dict(os.environ, JAX_PLATFORMS=platform, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     r = subprocess.run([sys.executable, __file__, "--memory-probe", variant, "--probe-elems",
                         str(elems_per_device)], capture_output=True, text=True, timeout=300, env=env)
     if r.returncode != 0:
