@@ -383,3 +383,23 @@ def test_link_patterns_smoke(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH / "link_patterns.py"), "--mib", "1,x"], capture_output=True,
                          text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 2 and "--mib takes whole MiB" in bad.stderr
+
+
+def test_codec_gpu_ab_compares_every_sample_and_each_round():
+  """codec_gpu_ab.compare: each build's GB/s over all rounds' samples, B/A as the ratio of those medians,
+  and one A/B ratio per round (a faster B: > 1). Checked on the recorded H200 run too."""
+  import codec_gpu_ab
+
+  def run(slopes_s):
+    return {"kernels_device": [{"kernel": "decode", "dtype": "bfloat16", "raw_bytes": 2**20,
+                                "samples_s": slopes_s}]}
+  rounds = [{"a": run([4e-6, 4e-6, 5e-6]), "b": run([2e-6, 2e-6, 3e-6])},
+            {"b": run([2e-6, 2e-6, 2e-6]), "a": run([4e-6, 5e-6, 4e-6])}]
+  (row,) = codec_gpu_ab.compare(rounds)
+  assert row["mib"] == 1.0 and row["a"]["n"] == row["b"]["n"] == 6
+  assert row["a"]["gb_per_s"] == pytest.approx(2**20 / 4e-6 / 1e9)
+  assert row["b_over_a"] == pytest.approx(2.0)
+  assert row["b_over_a_rounds"] == pytest.approx([2.0, 2.0])
+  rec = json.loads((BENCH / "results" / "codec_gpu_ab_h200_merge_batches.json").read_text())
+  assert rec["bit_exact"] and rec["device_kind"] == "NVIDIA H200"
+  assert codec_gpu_ab.compare(rec["rounds"]) == rec["rows"]

@@ -113,3 +113,26 @@ def test_rehearsal_without_a_gpu(tmp_path):
   py = rep["stages"]["pytest"]
   assert py["status"] == "passed" and py["passed"] == 0 and py["skipped"] >= 30 and not py["gpu_tests_ran"]
   assert (tmp_path / "gpu_check.log").read_text().count("pytest:") >= 2
+
+
+@pytest.mark.parametrize("stdout, rc, want", [
+    ("7 passed, 6 skipped, 60 deselected in 13.84s\n", 0, "passed"),
+    # The first H200 run: a leftover profiler target held the GPU, JAX saw no device, every test skipped.
+    ("13 skipped, 60 deselected in 5.97s\n", 0, "failed"),
+    ("1 failed, 6 passed in 20.00s\n", 1, "failed"),
+])
+def test_graphs_stage_fails_unless_its_tests_ran(tmp_path, monkeypatch, stdout, rc, want):
+  kit = KIT.Kit(tmp_path)
+  monkeypatch.setattr(kit, "run", lambda stage, cmd, **kw: subprocess.CompletedProcess(cmd, rc, stdout, ""))
+  assert KIT.graphs(kit, have_gpu=True) is (want == "passed")
+  assert kit.report["stages"]["graphs"]["status"] == want
+
+
+def test_a_timed_out_stage_leaves_no_process_behind(tmp_path):
+  """A stage past its limit is killed with everything it started (ncu's target once held the GPU)."""
+  kit = KIT.Kit(tmp_path)
+  marker = f"sleep 7{os.getpid() % 1000}"
+  r = kit.run("stalls", ["bash", "-c", f"({marker} &); {marker}"], limit=10.5)
+  assert r.returncode == 124
+  left = subprocess.run(["pgrep", "-f", f"^{marker}$"], capture_output=True, text=True)
+  assert left.stdout.strip() == "", left.stdout
