@@ -398,6 +398,7 @@ def test_codec_gpu_ab_compares_every_sample_and_each_round():
   (row,) = codec_gpu_ab.compare(rounds)
   assert row["mib"] == 1.0 and row["a"]["n"] == row["b"]["n"] == 6
   assert row["a"]["gb_per_s"] == pytest.approx(2**20 / 4e-6 / 1e9)
+  assert row["b"]["p75_gb_per_s"] == pytest.approx(2**20 / 2e-6 / 1e9)
   assert row["b_over_a"] == pytest.approx(2.0)
   assert row["b_over_a_rounds"] == pytest.approx([2.0, 2.0])
   rec = json.loads((BENCH / "results" / "codec_gpu_ab_h200_merge_batches.json").read_text())

@@ -136,21 +136,21 @@ inline __m512i Windows(__m512i lo) {
 // short codes (VBMI: up to 8 bits, BW: up to 6), then one more for each limit
 // the window reaches, none past the last.
 inline __m512i CodeLengths(const VecDecodeTable& vt, __m512i lo) {
-  constexpr int kTabled = kTabledBits;
 #if ZIPCCL_CPU_VBMI2
   constexpr __mmask64 kLow = 0x5555555555555555ull;  // the low byte of each 16-bit lane
   const __m512i a = _mm512_maskz_permutex2var_epi8(kLow, vt.len[0], lo, vt.len[1]);
   const __m512i b = _mm512_maskz_permutex2var_epi8(kLow, vt.len[2], lo, vt.len[3]);
   __m512i len = _mm512_mask_blend_epi8(_mm512_movepi8_mask(lo), a, b);
 #else
-  __m512i len = _mm512_permutex2var_epi16(vt.len[0], _mm512_and_si512(lo, _mm512_set1_epi16(63)), vt.len[1]);
+  const __m512i low_bits = _mm512_and_si512(lo, _mm512_set1_epi16((1 << kTabledBits) - 1));
+  __m512i len = _mm512_permutex2var_epi16(vt.len[0], low_bits, vt.len[1]);
 #endif
   const __m512i w = Windows(lo);
   const __m512i one = _mm512_set1_epi16(1);
-  len = _mm512_mask_mov_epi16(len, _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim[kTabled]))),
-                              _mm512_set1_epi16(kTabled + 1));
+  len = _mm512_mask_mov_epi16(len, _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim[kTabledBits]))),
+                              _mm512_set1_epi16(kTabledBits + 1));
 #pragma GCC unroll 4
-  for (int l = kTabled + 1; l < kMaxCodeLen; ++l)
+  for (int l = kTabledBits + 1; l < kMaxCodeLen; ++l)
     len = _mm512_mask_add_epi16(len, _mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim[l]))), len, one);
   return _mm512_maskz_mov_epi16(~_mm512_cmpge_epu16_mask(w, _mm512_set1_epi16(short(vt.lim[kMaxCodeLen]))), len);
 }
