@@ -36,7 +36,8 @@ run_pair() {
   (cd / && "$OLDPWD/$venv/bin/python" -m zipccl_jax.info >/dev/null) || return 1
   # From the repository root, as the README's command: the installed package is what runs (pytest puts
   # tests/, not the root, on sys.path).
-  "$venv/bin/pytest" -q -p no:cacheprovider "$@"
+  # --durations: the slowest tests in CI's log, as in lane A (where this lane's time goes)
+  "$venv/bin/pytest" -q -p no:cacheprovider --durations=20 "$@"
   local rc=$?
   echo "=== $label: pytest exit $rc"
   rm -rf "$venv"  # ~1.5 GB each: CI's clone must not fill the disk (stop 48's run ran out of space)

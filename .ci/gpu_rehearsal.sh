@@ -23,7 +23,7 @@ unshare -n env PYTHON="$venv/bin/python" bash .ci/gpu_check.sh "$out" || rc=$?
 # The deviceless XLA:GPU checks (issue 34): the same stack, with the kit's zipccl_jax installed, compiles for
 # 8 described H100s; the tests read XLA's schedule, command buffers and memory analysis (~1 min).
 JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu ZIPCCL_REQUIRE_DEVICELESS=1 unshare -n \
-  "$venv/bin/pytest" -q -p no:cacheprovider tests/test_deviceless_gpu.py || rc=1
+  "$venv/bin/pytest" -q -p no:cacheprovider --durations=10 tests/test_deviceless_gpu.py || rc=1
 "$venv/bin/python" - "$out/gpu_report.json" "$rc" <<'PY'
 import json, sys
 rep, rc = json.load(open(sys.argv[1])), int(sys.argv[2])

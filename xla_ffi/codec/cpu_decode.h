@@ -349,12 +349,17 @@ bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz
   // block's end) allows, else with a mask of exactly the bytes used.
   const __m512i zs = _mm512_set1_epi16(kZeroSymbol);
   uint32_t r = 0;
-#if !ZIPCCL_CPU_VBMI2
-  if (sizeof(T) == 4 && !low16) return MergeScalar(syms, m, raw, nnz, low16, out);
-#else
   if constexpr (sizeof(T) == 4) {
     if (!low16) {  // three raw bytes per element, 16 elements a step
       const __m512i z32 = _mm512_set1_epi32(kZeroSymbol);
+#if !ZIPCCL_CPU_VBMI2
+      // The encoder's packing undone: the step's dwords of raw bytes spread
+      // three to a 128-bit lane (vpermd), each lane's 12 bytes spread to the
+      // low three bytes of its 4 dwords (vpshufb), then those dwords expanded
+      // to the non-zero lanes (vpexpandd).
+      const __m512i spread = _mm512_setr_epi32(0, 1, 2, 0, 3, 4, 5, 0, 6, 7, 8, 0, 9, 10, 11, 0);
+      const __m512i unpack = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1));
+#endif
       const uint64_t limit = 3 * uint64_t(nnz);
       uint64_t rb = 0;
       for (uint32_t j = 0; j < m; j += 16) {
@@ -363,18 +368,23 @@ bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz
         const __mmask16 nz = _mm512_mask_cmpneq_epi32_mask(act, s, z32);
         const uint64_t cnt = 3 * uint64_t(__builtin_popcount(nz));
         if (rb + cnt > limit) return false;
-        const uint64_t bytes = _pdep_u64(nz, 0x1111111111111111ull) * 7;
         const __m512i rl = rb + 64 <= readable ? _mm512_loadu_si512(raw + rb)
                                                 : _mm512_maskz_loadu_epi8(_bzhi_u64(~0ull, unsigned(cnt)), raw + rb);
+#if ZIPCCL_CPU_VBMI2
+        const uint64_t bytes = _pdep_u64(nz, 0x1111111111111111ull) * 7;
         const __m512i rv = _mm512_maskz_expand_epi8(bytes, rl);
         const __m512i v = _mm512_or_si512(rv, _mm512_slli_epi32(s, 24));
         _mm512_mask_storeu_epi32(out + j, act, _mm512_maskz_shrdi_epi32(nz, v, v, 1));
+#else
+        const __m512i packed = _mm512_shuffle_epi8(_mm512_permutexvar_epi32(spread, rl), unpack);
+        const __m512i v = _mm512_or_si512(_mm512_maskz_expand_epi32(nz, packed), _mm512_slli_epi32(s, 24));
+        _mm512_mask_storeu_epi32(out + j, act, _mm512_maskz_ror_epi32(nz, v, 1));
+#endif
         rb += cnt;
       }
       return rb == limit;
     }
   }
-#endif
   for (uint32_t j = 0; j < m; j += 32) {
     const __mmask32 act = m - j >= 32 ? ~__mmask32(0) : _bzhi_u32(~0u, m - j);
     const __m512i s = _mm512_maskz_loadu_epi16(act, syms + j);

@@ -262,7 +262,7 @@ void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
                           : low16        ? 0x4444444444444444ull
                                          : 0x1111111111111111ull;
   const uint64_t width = one ? 1 : 3;
-  for (; j + kElems <= n; j += kElems) {
+  for (; UseVector() && j + kElems <= n; j += kElems) {
     const __m512i v = _mm512_loadu_si512(x + j);
     uint64_t keep;
     __m512i rot;
@@ -299,9 +299,26 @@ void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
                            _mm512_cvtepi32_epi8(_mm512_maskz_compress_epi32(keep, b)));
       r += cnt;
     }
+  } else if (sizeof(T) == 4 && UseVector()) {
+    // float32's three raw bytes, 16 elements a step: rotate every lane left by
+    // one (vprold), squeeze the non-zero lanes together (vpcompressd), pack
+    // each lane's low three bytes (vpshufb: 12 bytes at the bottom of every
+    // 128-bit lane, i.e. 3 dwords), gather those dwords (vpermd) and store
+    // exactly 3 x count bytes.
+    const __m512i pack = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1));
+    const __m512i gather = _mm512_setr_epi32(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 0, 0, 0, 0);
+    for (; j + 16 <= n; j += 16) {
+      const __m512i v = _mm512_loadu_si512(x + j);
+      const __mmask16 keep = _mm512_test_epi32_mask(v, v);
+      const __m512i c = _mm512_maskz_compress_epi32(keep, _mm512_rol_epi32(v, 1));
+      const __m512i b = _mm512_permutexvar_epi32(gather, _mm512_shuffle_epi8(c, pack));
+      const uint32_t cnt = 3 * uint32_t(__builtin_popcount(keep));
+      _mm512_mask_storeu_epi8(raw + r, _bzhi_u64(~0ull, cnt), b);
+      r += cnt;
+    }
   }
 #endif
-  // Branchless tail (the whole block without VBMI2): store the element's raw
+  // Branchless tail (the whole block on the portable loops): store the element's raw
   // bytes at r whether it is zero or not, and advance r only past non-zero
   // ones. A zero element's store lands where the next non-zero element's bytes
   // go, so it is harmless as long as a non-zero element follows; the trailing

@@ -21,7 +21,9 @@
 //   (vpermi2w), a nibble-table bit reversal, and AVX-512F's dword compress
 //   and expand (vpcompressd / vpexpandd, two halves of 16 lanes) where VBMI2
 //   compresses and expands words and bytes; float32's three raw bytes per
-//   element take the portable loops.
+//   element are packed and unpacked by vpshufb within 128-bit lanes and a
+//   vpermd across them (12 bytes = 3 dwords a lane) around the dword
+//   compress / expand.
 // The build uses -march=native; other targets take the portable loops. Every
 // path produces the same bytes and the same verdicts (ZIPCCL_CPU_PORTABLE=1 in
 // the environment selects the portable loops, for the tests).
