@@ -359,19 +359,24 @@ def test_two_levels_links_only_is_held_out_and_within_20_percent(check):
 
 ALL_OPS_RUNS = ("mesh_2x4_all_ops.json", "mesh_2x4_all_ops_lone_flow.json", "mesh_2x4_all_ops_iqr_rule.json",
                 "mesh_2x4_all_ops_dense.json")
+# The runs with the AVX-512BW tier, on a CPU that binds at 1 Gbit/s: the flat raw all_gather lands under its
+# median there (-14.8% at 1 Gbit/s, -13.2% at 0.25), within the 15% of the links-only column, not within 10%
+BW_TIER_RUNS = ("mesh_2x4_all_ops_avx512bw.json", "mesh_2x4_all_ops_250mbit.json")
 
 
 def test_links_only_costs_the_flat_ring_as_the_stream_it_is(check):
   """The flat ring all_gather's edge between hosts is one pipelined stream (gloo's allgather), which the run's
   link probe measures: links only costs it so and lands within 10% of the flat raw all_gather's median in
-  every recorded 2 x 4 all-ops run (with the host level's all_gather as its edge: +8% to +22%). The
-  recorded patterns say why: the ring reaches the probe's rate, the host level's four pairs do not."""
+  every 2 x 4 all-ops run of ALL_OPS_RUNS (with the host level's all_gather as its edge: +8% to +22%), and
+  within 15% in the AVX-512BW tier's runs (BW_TIER_RUNS). The recorded patterns say why: the ring reaches the
+  probe's rate, the host level's four pairs do not."""
   mod = check[0]
-  for name in ALL_OPS_RUNS:
-    run = mod.RESULTS / name
-    rows = mod.two_levels(mod.testbed_profile(run), run=run, ops=("all_gather",))
-    flat = next(r for r in rows if r["variant"] == "flat raw")
-    assert abs(flat["links_err"]) < 0.10, (name, flat)
+  for names, bound in ((ALL_OPS_RUNS, 0.10), (BW_TIER_RUNS, 0.15)):
+    for name in names:
+      run = mod.RESULTS / name
+      rows = mod.two_levels(mod.testbed_profile(run), run=run, ops=("all_gather",))
+      flat = next(r for r in rows if r["variant"] == "flat raw")
+      assert abs(flat["links_err"]) < bound, (name, flat)
   pat = json.loads((mod.RESULTS / "link_patterns_2x4.json").read_text())
   rate = {(r["pattern"], r["MiB_per_direction"]): r["MBps_per_direction"] for r in pat["records"]}
   probe = min(pat["probe_MBps_before"], pat["probe_MBps_after"])
