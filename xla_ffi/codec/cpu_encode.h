@@ -262,7 +262,8 @@ void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
                           : low16        ? 0x4444444444444444ull
                                          : 0x1111111111111111ull;
   const uint64_t width = one ? 1 : 3;
-  for (; UseVector() && j + kElems <= n; j += kElems) {
+  const uint64_t vec_end = UseVector() ? n : 0;  // the environment read once, not per step
+  for (; j + kElems <= vec_end; j += kElems) {
     const __m512i v = _mm512_loadu_si512(x + j);
     uint64_t keep;
     __m512i rot;
