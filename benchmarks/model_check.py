@@ -374,6 +374,16 @@ def hierarchical_markdown(rows) -> str:
     return "\n".join(out)
 
 
+def links_verdict(mesh, bound: float = 0.15) -> str:
+    """One line: how many timed variants the links-only column puts within `bound` of their medians, and the
+    ones it does not (issue 35's bar is 15% on every variant of the 2 x 4 run)."""
+    timed = [r for r in mesh if r["variant"] != "auto"]
+    out = [r for r in timed if abs(r["links_err"]) >= bound]
+    misses = "; ".join(f"{r['collective']} {r['variant']} {_pct(r['links_err'])}" for r in out)
+    return (f"links only: {len(timed) - len(out)} of {len(timed)} variants within {bound:.0%} of their medians"
+            + (f" (not: {misses})" if out else ""))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write every row here")
@@ -397,6 +407,7 @@ def main(argv=None) -> int:
     mesh = two_levels(testbed_profile(a.two_levels), run=a.two_levels)
     flat, step = flat_sweep(), training_step(testbed_profile(STEP_PROFILE_RUN))
     print(markdown(flat, mesh, step))
+    print("\n" + links_verdict(mesh))
     if a.json:
         Path(a.json).write_text(json.dumps({"flat_sweep": flat, "two_levels": mesh, "training_step": step},
                                            indent=1) + "\n")

@@ -357,6 +357,18 @@ def test_two_levels_links_only_is_held_out_and_within_20_percent(check):
           if abs(r["links_err"]) >= 0.20] == []
 
 
+def test_links_verdict_names_every_variant_outside_the_bar(check):
+  """model_check's verdict line counts the canonical run's variants within 15% and names the others."""
+  mod, _, mesh, _ = check
+  line = mod.links_verdict(mesh)
+  timed = [r for r in mesh if r["variant"] != "auto"]
+  out = [r for r in timed if abs(r["links_err"]) >= 0.15]
+  assert line.startswith(f"links only: {len(timed) - len(out)} of {len(timed)} variants within 15%"), line
+  assert all(f"{r['collective']} {r['variant']} " in line for r in out) and ("(not: " in line) == bool(out)
+  everything = f"links only: {len(timed)} of {len(timed)} variants within 1000% of their medians"
+  assert mod.links_verdict(mesh, bound=10.0) == everything
+
+
 ALL_OPS_RUNS = ("mesh_2x4_all_ops.json", "mesh_2x4_all_ops_lone_flow.json", "mesh_2x4_all_ops_iqr_rule.json",
                 "mesh_2x4_all_ops_dense.json")
 # The runs with the AVX-512BW tier, on a CPU that binds at 1 Gbit/s: the flat raw all_gather lands under its
