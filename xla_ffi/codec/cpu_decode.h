@@ -358,7 +358,8 @@ bool MergeVec(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nnz
       // low three bytes of its 4 dwords (vpshufb), then those dwords expanded
       // to the non-zero lanes (vpexpandd).
       const __m512i spread = _mm512_setr_epi32(0, 1, 2, 0, 3, 4, 5, 0, 6, 7, 8, 0, 9, 10, 11, 0);
-      const __m512i unpack = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1));
+      const __m512i unpack =
+          _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1));
 #endif
       const uint64_t limit = 3 * uint64_t(nnz);
       uint64_t rb = 0;

@@ -285,7 +285,8 @@ void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
   // One raw byte per element, 16 elements a step in 32-bit lanes (AVX-512F
   // compresses dwords): the 16-bit value's Raw16 byte, the non-zero lanes'
   // squeezed together and narrowed to bytes, exactly those stored.
-  if (UseVector() && one) {
+  const bool vec = UseVector();
+  if (vec && one) {
     for (; j + 16 <= n; j += 16) {
       __m512i v;
       if constexpr (sizeof(T) == 2)
@@ -300,7 +301,7 @@ void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
                            _mm512_cvtepi32_epi8(_mm512_maskz_compress_epi32(keep, b)));
       r += cnt;
     }
-  } else if (sizeof(T) == 4 && UseVector()) {
+  } else if (vec && sizeof(T) == 4) {
     // float32's three raw bytes, 16 elements a step: rotate every lane left by
     // one (vprold), squeeze the non-zero lanes together (vpcompressd), pack
     // each lane's low three bytes (vpshufb: 12 bytes at the bottom of every
