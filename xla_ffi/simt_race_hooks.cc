@@ -4,8 +4,8 @@
 // ... before every memory access. Here each of them
 //   - reports the access to the SIMT emulator (EmuOnAccess of simt_emulator.h:
 //     shared-memory race detection, random seeded yields between fibers),
-//   - forwards plain accesses to AddressSanitizer's checks (__asan_loadN /
-//     __asan_storeN) when the binary is built with ASan, so the instrumented
+//   - forwards every access to AddressSanitizer's checks (__asan_load4,
+//     __asan_storeN, ...) when the binary is built with ASan, so the instrumented
 //     sources, which cannot also carry ASan's own instrumentation, keep their
 //     heap and global out-of-bounds checks,
 //   - performs the atomics (on the host, one fiber runs at a time).
@@ -17,8 +17,20 @@
 #include "simt_emulator.h"
 
 extern "C" {
+// ASan's checks, weak: present only in an ASan build. The sized ones read one shadow entry; the N ones
+// scan the region's shadow (__asan_region_is_poisoned), ~a third of a sanitized emulator run when every
+// access took them.
 void __asan_loadN(uintptr_t addr, size_t size) __attribute__((weak));
 void __asan_storeN(uintptr_t addr, size_t size) __attribute__((weak));
+#define ZIPCCL_ASAN_SIZED(N)                                 \
+  void __asan_load##N(uintptr_t addr) __attribute__((weak)); \
+  void __asan_store##N(uintptr_t addr) __attribute__((weak));
+ZIPCCL_ASAN_SIZED(1)
+ZIPCCL_ASAN_SIZED(2)
+ZIPCCL_ASAN_SIZED(4)
+ZIPCCL_ASAN_SIZED(8)
+ZIPCCL_ASAN_SIZED(16)
+#undef ZIPCCL_ASAN_SIZED
 }
 
 namespace {
@@ -26,19 +38,33 @@ namespace {
 using zipccl::cuda::emu::Access;
 using zipccl::cuda::emu::EmuOnAccess;
 
+// ASan's check of an access of n bytes at addr, as ASan's own instrumentation would make it: the sized
+// check when n is 1, 2, 4, 8 or 16 and addr a multiple of n (the access lies in one 8-byte shadow granule,
+// or in two whole ones for 16), the region check otherwise.
+void AsanCheck(uintptr_t addr, size_t n, bool write) {
+  if (!__asan_loadN) return;  // not an ASan build
+  if (n != 0 && (addr & (n - 1)) == 0) {
+    switch (n) {
+      case 1: return write ? __asan_store1(addr) : __asan_load1(addr);
+      case 2: return write ? __asan_store2(addr) : __asan_load2(addr);
+      case 4: return write ? __asan_store4(addr) : __asan_load4(addr);
+      case 8: return write ? __asan_store8(addr) : __asan_load8(addr);
+      case 16: return write ? __asan_store16(addr) : __asan_load16(addr);
+      default: break;
+    }
+  }
+  write ? __asan_storeN(addr, n) : __asan_loadN(addr, n);
+}
+
 void Plain(const volatile void* p, size_t n, Access a) {
   const void* q = const_cast<const void*>(p);
-  if (a == Access::kRead) {
-    if (__asan_loadN) __asan_loadN(reinterpret_cast<uintptr_t>(q), n);
-  } else if (__asan_storeN) {
-    __asan_storeN(reinterpret_cast<uintptr_t>(q), n);
-  }
+  AsanCheck(reinterpret_cast<uintptr_t>(q), n, a != Access::kRead);
   EmuOnAccess(q, n, a);
 }
 
 template <typename T>
 void Atomic(const volatile T* p) {
-  if (__asan_storeN) __asan_storeN(reinterpret_cast<uintptr_t>(const_cast<const T*>(p)), sizeof(T));
+  AsanCheck(reinterpret_cast<uintptr_t>(const_cast<const T*>(p)), sizeof(T), true);
   EmuOnAccess(const_cast<const T*>(p), sizeof(T), Access::kAtomic);
 }
 
