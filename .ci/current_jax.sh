@@ -2,9 +2,10 @@
 # The current JAX releases, installed the way a user has them (issue 26): a venv that already holds its JAX,
 # then `pip install '.[test]'`, which must keep that JAX (no downgrade, no upgrade), then the tests.
 #   Python 3.13.0 + jax 0.12.0.1 (the newest): every suite that calls JAX's API (collectives, transformations,
-#   lowering, the codec's FFI calls, the examples, multi-process, the strategy and model); not those of the C++
-#   codec, the emulator, the build or the benchmarks' scripts, which no JAX version changes (the README
-#   command runs them).
+#   lowering, the codec's FFI calls and their errors, the examples, multi-process, the strategy and model);
+#   not those of the C++ codec (test_codec.py, test_fp8.py: the bytes of every dtype and damage, through the
+#   same FFI calls that every collective suite here makes), the emulator, the build or the benchmarks'
+#   scripts, which no JAX version changes (the README command runs them).
 #   Python 3.12.1 + jax 0.11.2 (the GPU image's pair): the collectives, drop-in, ragged, FP8 collectives,
 #   transformations, tracer leaks, model and roofline, ppermute's arguments (the rehearsal runs the kit there).
 # (Python 3.11 + jax 0.10.2 is the README's command, which .ci/run runs beside this, in its other lane.)
@@ -52,8 +53,7 @@ JAX_SUITES=(
   tests/test_pieces.py tests/test_hierarchical.py tests/test_levels_one_axis.py tests/test_psum_algorithms.py
   tests/test_decode_into.py tests/test_compat.py tests/test_jax_suite.py tests/test_refactor_snapshot.py
   tests/test_info.py tests/test_multiprocess.py tests/test_examples.py tests/test_moe_nnx.py tests/test_dropless.py
-  tests/test_codec.py tests/test_fp8.py tests/test_hardening.py tests/test_auto_vs_lax.py tests/test_strategy.py
-  tests/test_model.py
+  tests/test_hardening.py tests/test_auto_vs_lax.py tests/test_strategy.py tests/test_model.py
 )
 run_pair "$PYENV_ROOT/versions/3.13.0/bin/python" .venv-py313 0.12.0.1 "${JAX_SUITES[@]}" || status=1
 
