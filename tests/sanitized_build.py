@@ -28,8 +28,9 @@ RACE = ["-fsanitize=thread,undefined"]  # instrumentation only: simt_race_hooks.
 HOOKS = "xla_ffi/simt_race_hooks.cc"
 # The hooks run on every access of an instrumented source and call ASan's checks themselves (a probe tests
 # that they do: tests/cc/asan_hooks_probe.cc); they are the emulator's machinery, not code under test, so
-# they are built optimised and without ASan's own instrumentation (that would poison and unpoison the race
-# detector's stack frame on every call). A sanitized emulator run took 1.9x the time with them built as ASAN.
+# they are built optimised and without ASan's own instrumentation (that poisoned and unpoisoned the race
+# detector's stack frame on every call): 44.3 s of CPU for test_emulated_decode_rejects_like_cpu built as
+# ASAN, 30.5 s so (57.8 s before the sized checks).
 HOOKS_FLAGS = ["-fsanitize=undefined", "-O2"]
 HAVE_CXX = shutil.which(CXX) is not None
 
