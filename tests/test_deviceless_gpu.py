@@ -108,7 +108,8 @@ def test_ragged_pieces_pipeline_where_the_model_says(mesh, op, elems):
   first K-1 decodes inside exactly one, no encode inside any exchange), under XLA's default
   scheduler, and under the latency-hiding one (JAX's GPU performance guide turns it on) at the
   fewest pieces, 4 and 8 (where its decodes once ran beside raw-row exchanges instead; every K was
-  compiled so for docs/gpu.md), on every JAX this runs on (jax 0.11.2 in CI's rehearsal, 0.12 by .ci/deviceless_newest.sh)."""
+  compiled so for docs/gpu.md), on every JAX this runs on (jax 0.11.2 in CI's rehearsal, 0.12 by
+  .ci/deviceless_newest.sh)."""
   first = programs.RAGGED_PIPELINED_FROM[op]
   got = {k: _ragged_pipelined(mesh, op, k, elems) for k in range(2, programs.MAX_PIECES + 1)}
   assert all(got[k] for k in got if k >= first), (op, elems, got)
