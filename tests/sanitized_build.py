@@ -31,7 +31,7 @@ HOOKS = "xla_ffi/simt_race_hooks.cc"
 # they are built optimised and without ASan's own instrumentation (that poisoned and unpoisoned the race
 # detector's stack frame on every call): 44.3 s of CPU for test_emulated_decode_rejects_like_cpu built as
 # ASAN, 30.5 s so (57.8 s before the sized checks).
-HOOKS_FLAGS = ["-fsanitize=undefined", "-O2"]
+HOOKS_FLAGS = ["-fsanitize=undefined", "-O2"]  # after BASE's -O1 on the command line: the last -O wins
 HAVE_CXX = shutil.which(CXX) is not None
 
 

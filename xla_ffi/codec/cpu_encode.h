@@ -322,8 +322,8 @@ void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
 #endif
   // Branchless tail (the elements past the vector steps; the whole block on
   // the portable loops): store the element's raw bytes at r whether it is zero
-  // or not, and advance r only past non-zero ones. A zero element's store lands where the next non-zero element's bytes
-  // go, so it is harmless as long as a non-zero element follows; the trailing
+  // or not, and advance r only past non-zero ones. A zero element's store
+  // lands where the next non-zero element's bytes go, so it is harmless as long as a non-zero element follows; the trailing
   // zeros are therefore cut off first. Then r <= (nnz - 1) * width at every
   // store and nothing is written past the raw region.
   uint64_t last = n;
