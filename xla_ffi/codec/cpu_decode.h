@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "block.h"
+#include "cpu_decode_avx2.h"
 #include "cpu_paths.h"
 #include "format.h"
 #include "huffman.h"
@@ -105,14 +106,7 @@ inline void BuildVecDecodeTable(const DecodeEntry* table, const uint8_t* lens, V
   for (int i = 0; i < kEntries / kPerReg; ++i) vt->len[i] = _mm512_load_si512(len_t + kPerReg * i);
   for (int i = 0; i < 8; ++i) vt->sym8[i] = _mm512_load_si512(sym8 + 32 * i);
   for (int i = 0; i < kTableSize; ++i) vt->full[i] = table[i].sym;
-  uint32_t count[kMaxCodeLen + 1] = {0};
-  for (int s = 0; s < kNumSymbols; ++s) ++count[lens[s]];
-  uint32_t code = 0;
-  vt->lim[0] = 0;
-  for (int l = 1; l <= kMaxCodeLen; ++l) {  // canonical: first[l] = (first[l-1] + count[l-1]) << 1
-    code = (code + (l > 1 ? count[l - 1] : 0)) << (l > 1 ? 1 : 0);
-    vt->lim[l] = uint16_t((code + count[l]) << (kMaxCodeLen - l));  // <= 2048 (Kraft, checked before)
-  }
+  CodeLimits(lens, vt->lim);
 }
 
 // The 11-bit windows of lo: its first 11 bits, first bit highest.
@@ -471,6 +465,13 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, u
     for (; k < full; ++k) note(DecodeSegmentsVec<1, false>(t->vec, seg + k));
     for (; k < L.n_segs; ++k) note(DecodeSegmentsVec<1, true>(t->vec, seg + k));
   } else
+#elif ZIPCCL_CPU_AVX2
+  if (vec) {
+    Avx2Limits lim;
+    BuildAvx2Limits(lens, &lim);
+    for (int k = 0; k < L.n_segs; ++k)
+      note(DecodeSegmentAvx2(t->table, lim, seg[k].units, seg[k].su, seg[k].m, seg[k].syms));
+  } else
 #endif
   {
     for (int k = 0; k < L.n_segs; ++k) note(DecodeSegmentScalar(t->table, seg[k]));
@@ -488,6 +489,13 @@ Status DecodeHuffBlock(const uint8_t* block, uint64_t block_bytes, uint64_t n, u
       ok = MergeVec(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, uint64_t(block + block_bytes - raw), o);
     }
     else
+#elif ZIPCCL_CPU_AVX2
+    if constexpr (sizeof(T) != 1) {
+      if (vec)
+        ok = MergeAvx2(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, o);
+      else
+        ok = MergeScalar(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, o);
+    } else
 #endif
       ok = MergeScalar(seg[k].syms, seg[k].m, raw, L.seg_nnz[k], low16, o);
     if (!ok) return kErrStream;

@@ -28,7 +28,7 @@ DecodeResult DecodeFrame(const uint8_t* in, uint64_t in_bytes, uint8_t dtype, ui
 }
 
 const char* CompiledCodePaths() {
-  return ZIPCCL_CPU_VBMI2 ? "avx512_vbmi2" : ZIPCCL_CPU_AVX512 ? "avx512bw" : "";
+  return ZIPCCL_CPU_VBMI2 ? "avx512_vbmi2" : ZIPCCL_CPU_AVX512 ? "avx512bw" : ZIPCCL_CPU_AVX2 ? "avx2" : "";
 }
 
 }  // namespace zipccl::cpu

@@ -31,7 +31,7 @@ DecodeResult DecodeFrame(const uint8_t* in_host, uint64_t in_bytes,
                          uint8_t dtype, uint64_t n_elems, void* out_host);
 
 // The instruction-set specific code paths compiled into this driver,
-// comma-separated ("avx512_vbmi2" or "avx512bw"); "" when only the portable
+// comma-separated ("avx512_vbmi2", "avx512bw" or "avx2"); "" when only the portable
 // loops are.
 const char* CompiledCodePaths();
 // The instruction-set specific paths run where they are compiled in, unless

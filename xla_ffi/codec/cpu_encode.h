@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "block.h"
+#include "cpu_encode_avx2.h"
 #include "cpu_paths.h"
 #include "format.h"
 #include "huffman.h"
@@ -46,10 +47,17 @@ void Analyse(const T* x, uint64_t n, Analysis* a) {
   const T first = x[0];
   T diff = 0, low = 0;
   uint64_t zeros = 0;
+#if ZIPCCL_CPU_AVX2
+  const bool vec = UseVector();
+#endif
   for (uint64_t lo = 0, k = 0; lo < n; lo += kSegmentElems, ++k) {
     uint64_t hi = lo + kSegmentElems < n ? lo + kSegmentElems : n;
     uint32_t z = 0;
-    for (uint64_t j = lo; j < hi; ++j) {
+    uint64_t j = lo;
+#if ZIPCCL_CPU_AVX2
+    if (vec) j += ScanAvx2(x + lo, hi - lo, first, &diff, &low, &z);
+#endif
+    for (; j < hi; ++j) {
       diff |= x[j] ^ first;
       low |= x[j];
       z += x[j] == 0;
@@ -244,13 +252,16 @@ uint32_t EncodeSegmentVec(const T* x, uint32_t m, const VecCodeTable& vt, uint16
 }
 #endif
 
-// Raw bytes of the non-zero elements of x[0, n), in element order, at raw.
+// Raw bytes of the nnz non-zero elements of x[0, n), in element order, at raw.
 // Writes exactly the raw region and nothing past it, so it needs no slack.
 template <typename T>
-void WriteRawCompacted(const T* x, uint64_t n, bool low16, uint8_t* raw) {
+void WriteRawCompacted(const T* x, uint64_t n, uint64_t nnz, bool low16, uint8_t* raw) {
   const bool one = sizeof(T) == 2 || low16;  // one raw byte per element, else three
   uint64_t j = 0, r = 0;
-#if ZIPCCL_CPU_VBMI2
+  (void)nnz;
+#if ZIPCCL_CPU_AVX2
+  if (UseVector()) j = WriteRawCompactedAvx2(x, n, low16, raw, nnz * (one ? 1 : 3), &r);
+#elif ZIPCCL_CPU_VBMI2
   // 64 bytes of elements per step: rotate every element left by one (a funnel
   // shift of the lane with itself), so that its raw bytes sit in place, spread
   // the non-zero mask over those bytes, squeeze them together with vpcompressb
@@ -358,6 +369,10 @@ void EncodeUnits(const T* x, uint64_t n, const Analysis& a, BlockPlan* p, uint16
   VecCodeTable vt;
   const bool vec = UseVector();
   if (vec) LoadVecCodeTable(code_of, zero_code, &vt);
+#elif ZIPCCL_CPU_AVX2
+  uint32_t code32[256];  // the gathers' table
+  for (int s = 0; s < 256; ++s) code32[s] = code_of[s];
+  const bool vec = UseVector();
 #endif
   for (int k = 0; k < p->n_segs; ++k) {
     const uint32_t m = SegmentElemsOf(n, k);
@@ -366,6 +381,10 @@ void EncodeUnits(const T* x, uint64_t n, const Analysis& a, BlockPlan* p, uint16
 #if ZIPCCL_CPU_AVX512
     if (vec)
       su = EncodeSegmentVec(xs, m, vt, units + total, sc);
+    else
+#elif ZIPCCL_CPU_AVX2
+    if (vec)
+      su = EncodeSegmentAvx2(xs, m, code32, zero_code, units + total, sc->done, sc->slot);
     else
 #endif
       su = EncodeSegmentScalar(xs, m, code_of, zero_code, units + total);
@@ -381,12 +400,16 @@ void WriteRaw(const T* x, uint64_t n, const BlockPlan& p, uint8_t* raw) {
   if constexpr (sizeof(T) == 1) return;  // one-byte floats: the symbols are everything
   const bool low16 = p.flags & kBlockFlagLow16;
   if (p.nnz == n) {
+    uint64_t j0 = 0;
+#if ZIPCCL_CPU_AVX2
+    if (UseVector()) j0 = WriteRawAllAvx2(x, n, low16, raw);
+#endif
     if (sizeof(T) == 2) {
-      for (uint64_t j = 0; j < n; ++j) raw[j] = uint8_t(Raw16(x[j]));
+      for (uint64_t j = j0; j < n; ++j) raw[j] = uint8_t(Raw16(x[j]));
     } else if (low16) {
-      for (uint64_t j = 0; j < n; ++j) raw[j] = uint8_t(Raw16(uint32_t(x[j]) >> 16));
+      for (uint64_t j = j0; j < n; ++j) raw[j] = uint8_t(Raw16(uint32_t(x[j]) >> 16));
     } else {
-      for (uint64_t j = 0; j < n; ++j) {
+      for (uint64_t j = j0; j < n; ++j) {
         uint32_t r = Raw32(x[j]);
         raw[3 * j] = uint8_t(r);
         raw[3 * j + 1] = uint8_t(r >> 8);
@@ -395,7 +418,7 @@ void WriteRaw(const T* x, uint64_t n, const BlockPlan& p, uint8_t* raw) {
     }
     return;
   }
-  WriteRawCompacted(x, n, low16, raw);
+  WriteRawCompacted(x, n, p.nnz, low16, raw);
 }
 
 // Encodes one block at out + at (the output's end at out_end) if it fits;
