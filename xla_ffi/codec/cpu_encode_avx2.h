@@ -113,14 +113,16 @@ uint64_t WriteRawAllAvx2(const T* x, uint64_t n, bool low16, uint8_t* raw) {
 
 // One segment (m elements at x, PackCode entries: code_of[256] by symbol
 // byte, zero_code for zeros), a step of 32 lanes per iteration in four groups
-// of eight 32-bit lanes, group by group in lane order. Each lane's open unit
-// is `lo` (its bits so far), `nb` (how many; 16 before its first) and `slot`.
-// A completed unit is squeezed into `done` with its slot into `dslot` (vpermd
-// by LaneTables' squeeze; both with room for the segment's units + 8), then
-// every one is stored at its slot.
+// of eight 32-bit lanes, group by group in lane order. The codes of a batch
+// of steps are gathered first, so that the gathers' latency stays off the
+// lanes' chain. Each lane's open unit is `lo` (its bits so far), `nb` (how
+// many; 16 before its first) and `slot`. A completed unit is squeezed into
+// `done` with its slot into `dslot` (vpermd by LaneTables' squeeze; both with
+// room for the segment's units + 8), then every one is stored at its slot.
 template <typename T>
 uint32_t EncodeSegmentAvx2(const T* x, uint32_t m, const uint32_t* code_of, uint16_t zero_code,
                            uint16_t* units, uint16_t* done, uint16_t* dslot) {
+  constexpr uint32_t kBatch = 8 * kLanes;  // elements whose codes are gathered at once (1 KiB)
   const __m256i c16 = _mm256_set1_epi32(16), zcode = _mm256_set1_epi32(zero_code);
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const int* table = reinterpret_cast<const int*>(code_of);
@@ -130,40 +132,49 @@ uint32_t EncodeSegmentAvx2(const T* x, uint32_t m, const uint32_t* code_of, uint
     nb[g] = c16;
   }
   uint32_t started = 0, cursor = 0, nd = 0;
-  T tail[kLanes];  // the last, short step's elements, zero-padded: never read past x + m
-  for (uint32_t e = 0; e < m; e += kLanes) {
-    const T* xs = x + e;
-    const uint32_t live = m - e < uint32_t(kLanes) ? m - e : uint32_t(kLanes);
-    if (live < uint32_t(kLanes)) {
+  alignas(32) uint32_t codes[kBatch];
+  T tail[kBatch];  // the last, short batch's elements, zero-padded: never read past x + m
+  for (uint32_t b = 0; b < m; b += kBatch) {
+    const T* xs = x + b;
+    const uint32_t live = m - b < kBatch ? m - b : kBatch;
+    if (live < kBatch) {
       std::memset(tail, 0, sizeof(tail));
       std::memcpy(tail, xs, live * sizeof(T));
       xs = tail;
     }
-    for (int g = 0; g < 4; ++g) {
+    for (uint32_t i = 0; i < live; i += 8) {
       __m256i zero;
-      const __m256i s = SymbolBytes8(xs + 8 * g, &zero);
-      __m256i c = _mm256_blendv_epi8(_mm256_i32gather_epi32(table, s, 4), zcode, zero);
+      const __m256i sb = SymbolBytes8(xs + i, &zero);
+      __m256i c = _mm256_blendv_epi8(_mm256_i32gather_epi32(table, sb, 4), zcode, zero);
       // Lanes past the segment's end code nothing.
-      const __m256i act = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(live) - 8 * g), iota);
-      c = _mm256_and_si256(c, act);
-      const __m256i code = _mm256_and_si256(c, _mm256_set1_epi32(0x7FF));
-      const __m256i len = _mm256_srli_epi32(c, 11);
-      const __m256i cur = _mm256_or_si256(lo[g], _mm256_sllv_epi32(code, nb[g]));
-      const __m256i nbn = _mm256_add_epi32(nb[g], len);
-      const __m256i full = _mm256_cmpgt_epi32(nbn, c16);
-      const uint32_t fm = LaneMask(full);
-      const uint32_t emit = fm & (started >> (8 * g)) & 0xFF;
-      const __m256i pick = LaneIndices(kLaneTables.squeeze[emit]);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(done + nd), Low16s(_mm256_permutevar8x32_epi32(cur, pick)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dslot + nd), Low16s(_mm256_permutevar8x32_epi32(slot[g], pick)));
-      nd += uint32_t(__builtin_popcount(emit));
-      const __m256i fresh = _mm256_add_epi32(LaneIndices(kLaneTables.rank[fm]), _mm256_set1_epi32(int(cursor)));
-      slot[g] = _mm256_blendv_epi8(slot[g], fresh, full);
-      cursor += uint32_t(__builtin_popcount(fm));
-      started |= fm << (8 * g);
-      const __m256i drop = _mm256_and_si256(full, c16);  // 16 where the unit completed
-      lo[g] = _mm256_srlv_epi32(cur, drop);
-      nb[g] = _mm256_sub_epi32(nbn, drop);
+      c = _mm256_and_si256(c, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(live - i)), iota));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes + i), c);
+    }
+    for (uint32_t i = (live + 7) & ~7u; i % kLanes; i += 8)  // the last step's lanes past the end
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes + i), _mm256_setzero_si256());
+    for (uint32_t e = 0; e < live; e += kLanes) {
+      for (int g = 0; g < 4; ++g) {
+        const __m256i c = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + e + 8 * g));
+        const __m256i code = _mm256_and_si256(c, _mm256_set1_epi32(0x7FF));
+        const __m256i len = _mm256_srli_epi32(c, 11);
+        const __m256i cur = _mm256_or_si256(lo[g], _mm256_sllv_epi32(code, nb[g]));
+        const __m256i nbn = _mm256_add_epi32(nb[g], len);
+        const __m256i full = _mm256_cmpgt_epi32(nbn, c16);
+        const uint32_t fm = LaneMask(full);
+        const uint32_t emit = fm & (started >> (8 * g)) & 0xFF;
+        const __m256i pick = LaneIndices(kLaneTables.squeeze[emit]);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(done + nd), Low16s(_mm256_permutevar8x32_epi32(cur, pick)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dslot + nd),
+                         Low16s(_mm256_permutevar8x32_epi32(slot[g], pick)));
+        nd += uint32_t(__builtin_popcount(emit));
+        const __m256i fresh = _mm256_add_epi32(LaneIndices(kLaneTables.rank[fm]), _mm256_set1_epi32(int(cursor)));
+        slot[g] = _mm256_blendv_epi8(slot[g], fresh, full);
+        cursor += uint32_t(__builtin_popcount(fm));
+        started |= fm << (8 * g);
+        const __m256i drop = _mm256_and_si256(full, c16);  // 16 where the unit completed
+        lo[g] = _mm256_srlv_epi32(cur, drop);
+        nb[g] = _mm256_sub_epi32(nbn, drop);
+      }
     }
   }
   // Every lane with elements has an open unit left: it is complete now.
