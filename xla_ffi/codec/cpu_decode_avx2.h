@@ -32,10 +32,11 @@ inline void BuildAvx2Limits(const uint8_t* lens, Avx2Limits* a) {
 }
 
 // Which lanes need a unit: those whose code is missing or longer than the nb
-// bits they hold (first bit lowest in buf, the bits above nb zero). The
-// window W (the first 11 bits, first bit highest: each byte's bits reversed
-// by two nibble lookups, the bytes swapped) then reaches the limit of the
-// codes of length <= min(nb, 11), looked up by nb.
+// bits they hold (first bit lowest in buf, the bits above nb zero). The codes
+// of at most nb bits are the windows below lim[min(nb, 11)], so a lane needs
+// one iff its window W (the first 11 bits, first bit highest: each byte's
+// bits reversed by two nibble lookups, the bytes swapped) reaches that limit,
+// looked up by nb (two vpermd of eight limits each).
 inline __m256i NeedsUnit(const Avx2Limits& a, __m256i buf, __m256i nb) {
   const __m256i rev4 = _mm256_setr_epi8(0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15,
                                         0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
