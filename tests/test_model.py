@@ -370,7 +370,7 @@ def test_links_verdict_names_every_variant_outside_the_bar(check):
 
 
 ALL_OPS_RUNS = ("mesh_2x4_all_ops.json", "mesh_2x4_all_ops_lone_flow.json", "mesh_2x4_all_ops_iqr_rule.json",
-                "mesh_2x4_all_ops_dense.json")
+                "mesh_2x4_all_ops_dense.json", "mesh_2x4_all_ops_avx2.json")
 # The runs with the AVX-512BW tier, on a CPU that binds at 1 Gbit/s: the flat raw all_gather lands under its
 # median there (-14.8% at 1 Gbit/s, -13.2% at 0.25), within the 15% of the links-only column, not within 10%
 BW_TIER_RUNS = ("mesh_2x4_all_ops_avx512bw.json", "mesh_2x4_all_ops_250mbit.json")
