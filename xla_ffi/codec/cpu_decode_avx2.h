@@ -184,7 +184,8 @@ bool MergeAvx2(const uint16_t* syms, uint32_t m, const uint8_t* raw, uint32_t nn
       const __m256i b = _mm256_shuffle_epi8(_mm256_set_m128i(rl2, rl), spread);
       const __m256i s32 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(s), 24);
       const __m256i v0 = _mm256_or_si256(b, s32);
-      const __m256i v = _mm256_and_si256(nz32, _mm256_or_si256(_mm256_srli_epi32(v0, 1), _mm256_slli_epi32(v0, 31)));
+      const __m256i rot = _mm256_or_si256(_mm256_srli_epi32(v0, 1), _mm256_slli_epi32(v0, 31));
+      const __m256i v = _mm256_and_si256(nz32, rot);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(step), v);
     }
     if (live < 8) std::memcpy(out + j, tail, uint64_t(live) * sizeof(T));

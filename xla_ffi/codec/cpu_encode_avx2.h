@@ -102,7 +102,8 @@ uint64_t WriteRawAllAvx2(const T* x, uint64_t n, bool low16, uint8_t* raw) {
                                             0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
       for (; 3 * (j + 8) + 4 <= 3 * n; j += 8) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
-        const __m256i b = _mm256_shuffle_epi8(_mm256_or_si256(_mm256_slli_epi32(v, 1), _mm256_srli_epi32(v, 31)), pack);
+        const __m256i rot = _mm256_or_si256(_mm256_slli_epi32(v, 1), _mm256_srli_epi32(v, 31));
+        const __m256i b = _mm256_shuffle_epi8(rot, pack);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(raw + 3 * j), _mm256_castsi256_si128(b));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(raw + 3 * j + 12), _mm256_extracti128_si256(b, 1));
       }
