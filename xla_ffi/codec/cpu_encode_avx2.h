@@ -1,6 +1,6 @@
-// The CPU encoder's AVX2 tier (cpu_paths.h): a segment's units, and the raw
-// bytes of a block with zeros. Same bytes as the portable loops of
-// cpu_encode.h, which includes this header and calls it.
+// The CPU encoder's AVX2 tier (cpu_paths.h): Analyse's scan, a segment's
+// units, and a block's raw bytes (with and without zeros). Same bytes as the
+// portable loops of cpu_encode.h, which includes this header and calls it.
 // Private to cpu_driver.cc (its anonymous namespace).
 #pragma once
 
