@@ -12,9 +12,10 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import zipccl_jax
-from zipccl_jax.strategy import levels as two_level
+from zipccl_jax.strategy import levels as two_level, programs
 from zipccl_jax.strategy.calibration import fit_bounded, monotone_points
 from zipccl_jax.strategy.codec_cost import CodecModel
+from zipccl_jax.strategy.decision import decide
 from zipccl_jax.strategy.links import LinkModel, flat_links
 from zipccl_jax.strategy.profile import Profile
 
@@ -137,7 +138,41 @@ def test_the_fast_level_costs_the_codec_as_measured_alone(op):
   assert model[(False, True)] == pytest.approx(alone[(False, True)], rel=1e-12)   # fast: alone
   assert model[(False, True)] > same[(False, True)]                                # dearer than in situ
   assert model[(True, False)] == pytest.approx(same[(True, False)], rel=1e-12)     # slow: in situ
-  assert model[(False, False)] == pytest.approx(same[(False, False)], rel=1e-12) and flat == flat_same
+  assert model[(False, False)] == pytest.approx(same[(False, False)], rel=1e-12)
+  if op == "all_gather":  # the flat program is a ring of 8, which decodes all at once: alone too
+    _, flat_alone, _ = two_level._models(*args, scaled.isolated_codec(), "cpu")
+    assert flat == flat_alone and flat[True] > flat_same[True] and flat[False] == flat_same[False]
+  else:
+    assert flat == flat_same
+
+
+def test_a_ring_all_gather_costs_the_codec_as_measured_alone():
+  """Calibrate's in-situ scale, measured inside a coded all_to_all whose devices finish one by one, applies to
+  the phases shaped so: all_to_all, ppermute, an all_gather between two devices. An all_gather over more is a
+  ring, whose devices all receive their last row in the same step and decode at once: the isolated codec."""
+  dt = np.dtype(ml_dtypes.bfloat16)
+  p = _in_situ_profile(0.5)
+  scaled, alone = p.codec["cpu"]["bfloat16"], p.isolated_codec().codec["cpu"]["bfloat16"]
+  codecs = {(op, n): p.phase_codecs(dt, "cpu", programs.structure(op, n), n)
+            for op in ("all_to_all", "all_gather", "psum", "ppermute") for n in (2, 8)}
+  assert codecs == {("all_to_all", 2): [scaled], ("all_to_all", 8): [scaled],
+                    ("all_gather", 2): [scaled], ("all_gather", 8): [alone],
+                    ("psum", 2): [scaled, scaled], ("psum", 8): [scaled, alone],  # its gather half: a ring
+                    ("ppermute", 2): [scaled], ("ppermute", 8): [scaled]}
+
+  def est(op, prof):
+    return decide(op, dt, 1 << 18, axis_size=8, compress=True, profile=prof, platform="cpu",
+                  log=False).est_compressed_s
+
+  assert est("all_gather", p) == est("all_gather", p.isolated_codec()) > est("all_gather", _plain(p))
+  assert est("all_to_all", p) == est("all_to_all", _plain(p)) < est("all_to_all", p.isolated_codec())
+
+
+def _plain(p: Profile) -> Profile:
+  """`p`'s codec models read as isolated everywhere (its in-situ factor forgotten)."""
+  q = p.copy()
+  q.codec_in_situ = {}
+  return q
 
 
 def test_monotone_points_pools_a_dip_and_averages_equal_sizes():

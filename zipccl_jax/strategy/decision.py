@@ -249,7 +249,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
   cap, src = _model_capacity(prof, capacity, compress, site, op, dt, m, role)
 
   # compressed estimate, per transport
-  codec, _ = prof.codec_model(dt, plat)
+  codec = prof.phase_codecs(dt, plat, phases, n)
   t_codec = codec_time(codec, phases, raw_chunk)
   exp_frame = min(cap, fmt.FRAME_HEADER_BYTES
                   + math.ceil(prof.ratio("expected_ratio", role, dt) * raw_chunk)

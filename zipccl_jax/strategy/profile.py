@@ -215,6 +215,21 @@ class Profile:
     dflt = DEFAULT_CODEC.get(plat, DEFAULT_CODEC["cpu"])
     return dflt[name], f"default[{plat}]"
 
+  def phase_codecs(self, dtype, platform, phases, n: int) -> list[CodecModel]:
+    """The codec model of each coded phase of `phases` (`programs.structure`) over `n` devices.
+
+    Calibrate's in-situ scale was measured inside a coded all_to_all, whose devices finish their
+    exchanges one by one, so one device's codec runs while its peers still wait on the wire: it
+    applies to the phases shaped so (all_to_all, ppermute, an all_gather between two devices). An
+    all_gather over more than two is a ring, whose devices all receive their last row in the same
+    step and then all decode at once with no wait left to fill: it costs the codec as measured
+    alone, all devices at once. (2 x 4 CPU testbed, links only: the flat coded all_gather was 21-25%
+    under its median with the in-situ codec on the AVX2 and AVX-512BW machines, and is within 11%
+    without it; benchmarks/README.md.)"""
+    alone = self.isolated_codec()
+    return [(alone if coll == "all_gather" and n > 2 else self).codec_model(dtype, platform)[0]
+            for coll, *_ in phases]
+
   def isolated_codec(self) -> "Profile":
     """This profile with the codec models as measured alone (`codec_in_situ` divided back out);
     itself where no platform's models were scaled."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from zipccl_jax import format as fmt
 from zipccl_jax.accounting import sent_bytes
+from zipccl_jax.strategy.codec_cost import per_phase
 from zipccl_jax.strategy.profile import Profile
 
 
@@ -143,7 +144,7 @@ def pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int, *,
   raw-row exchange (one latency where the phase rides the ragged transport: `rides_ragged`, which
   sends `exp_frame` bytes a chunk where a padded phase sends `cap`; else 0)."""
   out = []
-  for i, (lk, (coll, k, enc, dec)) in enumerate(zip(links, phases)):
+  for i, (lk, codec, (coll, k, enc, dec)) in enumerate(zip(links, per_phase(codec, phases), phases)):
     ragged = rides_ragged(transport, op, i)
     out.append(((enc * raw_chunk / codec.encode_Bps, codec.encode_overhead_s),
                 (sent_bytes(coll, k * (exp_frame if ragged else cap), n) / lk.bandwidth_Bps,
