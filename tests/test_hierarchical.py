@@ -731,6 +731,37 @@ def test_measured_flat_compressed_program_replaces_its_model():
   assert _level_choice(p, m).algorithm == "flat"
 
 
+@pytest.mark.parametrize("one_axis", [False, True], ids=["tuple", "one_axis"])
+@pytest.mark.parametrize("flat_coded_ms,compressed", [(95.0, False), (70.0, True)])
+def test_a_call_the_plan_keeps_flat_is_decided_once(flat_coded_ms, compressed, one_axis):
+  """Where the two-level plan keeps a call flat, the flat path decides raw or compressed with the plan's
+  own flat estimates (`LevelPlan.flat_estimates`), not a second model. The 2 x 4 AVX2 run's all_to_all: the
+  plan put flat compressed (measured) at 101.2 ms against flat raw's 100.7 and kept the call flat, and the
+  flat path, whose model said 96.3 ms, then ran it compressed (106.1 ms, flat raw 99.2). Here the model says
+  compressed (84.6 ms against ~92 raw) and the measured program decides: 95 ms raw, 70 ms compressed."""
+  prof = _two_level_profile(host_Bps=5e7)
+  prof.codec = {"cpu": {"bfloat16": CodecModel(4.6e8, 4.6e8, 1e-4, 1e-4)}}
+  m = 8 * 1280 * 256                                      # bfloat16 elements per device
+  sent = (H * L - 1) * (m // (H * L)) * 2                 # the flat raw all_to_all's bytes
+  prof.links["host,local"]["hierarchical_all_to_all"] = LinkModel(0.0, sent / 150e-3)   # both slower
+  prof.links["host,local"]["hierarchical_all_to_all_slow_coded"] = LinkModel(0.0, sent / 140e-3)
+  prof.links["host,local"][two_level.flat_coded_key("all_to_all")] = LinkModel(0.0, sent / (flat_coded_ms * 1e-3))
+  axis, mesh = ("i", Mesh(np.array(jax.devices()[:H * L]), ("i",))) if one_axis else (AXES, _mesh())
+  strategy.reset_decisions()
+  with zipccl_jax.use_profile(prof), zipccl_jax.use_levels({"i": L}):
+    f = jax.jit(jax.shard_map(lambda v: zipccl_jax.all_to_all(v, axis, 0, 0, tiled=True, name="once"),
+                              mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+    f.trace(jax.ShapeDtypeStruct((H * L * m,), jnp.bfloat16))
+  levels, flat = zipccl_jax.decisions()["once [levels]"], zipccl_jax.decisions()["once"]
+  assert levels.algorithm == "flat" and levels.reason.index("flat raw") > 0, levels.reason
+  assert flat.compress is compressed, flat.reason
+  assert "two-level plan's flat estimates" in flat.reason
+  assert flat.est_compressed_s == pytest.approx(flat_coded_ms * 1e-3)
+  assert flat.est_raw_s == dict(two_level.choose("all_to_all", ml_dtypes.bfloat16, m, AXES, AXES, (H, L),
+                                                 "auto", "activation", profile=prof,
+                                                 platform="cpu").candidates)["flat raw"]
+
+
 def test_measured_coded_program_replaces_the_modelled_slow_phase_difference():
   """calibrate also times the program with the slow phase coded (hierarchical_<op>_slow_coded): the variants
   that code the slow phase then cost that time (plus the model's difference between the fast phase coded and

@@ -86,8 +86,9 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
     params, m, raw_reason = recipe.params(x, n, axis_name, args)
     if grp and raw_reason is None and not _codes_groups(recipe.op, params, x):
       raw_reason = "axis_index_groups"  # raw bits
-    if not grp and (lp := two_level.plan(recipe.op, x, axis_name, params, compress, fwd_cap,
-                                            site, role, fixed_order)):
+    lp = None if grp else two_level.plan(recipe.op, x, axis_name, params, compress, fwd_cap, site,
+                                         role, fixed_order)
+    if lp is not None and lp.algorithm == "hierarchical":
       def backward(ct, args):  # the transposed collective, as `transposed` runs it
         return run(recipe, ct, axis_name, args, compress=compress, capacity=bwd_cap,
                    transport=transport, name=site + "/bwd", role="gradient",
@@ -99,7 +100,8 @@ def run(recipe: Recipe, x, axis_name, args, *, compress, capacity, transport, na
                       role=role, site=site, axis_name=axis_name, transport=transport,
                       raw_reason=raw_reason, algorithm=pin_alg if recipe.op == "psum" else None,
                       pieces=pin_pieces if recipe.op in strategy.PIPELINED_OPS else None,
-                      message_elems=x.size, fixed_order=fixed_order)
+                      message_elems=x.size, fixed_order=fixed_order,
+                      flat_est=lp.flat_estimates() if lp is not None else None)
     raw_b, wire_b = recipe.wire(x, n, params, _wire_capacity(p, x, m), p.algorithm)
     with accounting.site_scope(accounting.record(site, recipe.op, x, n, p, raw_b, wire_b)):
       return _bind(recipe, p, x, raw_reason, Call(

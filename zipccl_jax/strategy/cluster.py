@@ -377,11 +377,8 @@ def predict_call(top: Topology, call: Call, *, profile: Profile | None = None,
       variants.append(_variant(f"flat compressed K={d.pieces}", d.est_compressed_s, t_raw,
                                pieces=d.pieces, compressed=True, transport=d.transport,
                                wire_bytes=d.wire_bytes, raw_bytes=d.raw_bytes))
-  auto = decide(call.op, dt, chunk, compress="auto", fixed_order=fixed_order, **kw)
-  choice = (f"flat compressed K={auto.pieces}" if auto.compress
-            else _REDUCTIONS.get(call.op, "raw") if fixed_order else "raw")
-  why = auto.reason
   levels = two_level.levels_of(axis, prof) if isinstance(axis, tuple) else None
+  lp = None
   if (levels is not None and call.op in two_level.OPS and dt in CODED_DTYPES
       and not isinstance(call.capacity, int)):  # as two_level.plan: else the flat path runs
     lp = two_level.choose(call.op, dt, m, axis, levels, (top.hosts, top.per_host), "auto",
@@ -389,7 +386,14 @@ def predict_call(top: Topology, call: Call, *, profile: Profile | None = None,
     for name, t in lp.candidates:
       if name.startswith("hierarchical"):
         variants.append(_variant(name, t, t_raw, compressed="compressed" in name))
-    if lp.algorithm == "hierarchical":  # else the flat path runs and decides itself: `auto`
+  # the flat path decides with the plan's flat estimates, as a run does (`_recipe`)
+  auto = decide(call.op, dt, chunk, compress="auto", fixed_order=fixed_order,
+                flat_est=lp.flat_estimates() if lp is not None else None, **kw)
+  choice = (f"flat compressed K={auto.pieces}" if auto.compress
+            else _REDUCTIONS.get(call.op, "raw") if fixed_order else "raw")
+  why = auto.reason
+  if lp is not None:
+    if lp.algorithm == "hierarchical":
       choice = next(name for name, _ in lp.candidates if name.startswith("hierarchical"))
     why = lp.reason + "; flat: " + auto.reason
   if not any(v["name"] == choice for v in variants):  # K pinned away from the listed ones

@@ -177,7 +177,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
            platform: str | None = None, log: bool = True,
            raw_reason: str | None = None, algorithm: str | None = None,
            pieces: int | None = None, message_elems: int | None = None,
-           fixed_order: bool = False) -> Decision:
+           fixed_order: bool = False, flat_est: tuple[float, float] | None = None) -> Decision:
   """The cost-model decision for one call (pure: same inputs, same answer).
 
   Args:
@@ -203,6 +203,9 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
     pieces: K pinned (:func:`choose_pieces`); None: the model's K.
     message_elems: psum only: the operand's elements (default ``n * chunk_elems``).
     fixed_order: reductions: raw is zipccl's fixed-order program, not jax.lax's ring.
+    flat_est: ``(raw, compressed)`` seconds of this flat call as a two-level plan costed them
+      (`levels.choose`: measured programs where calibrate timed them over the tuple); they replace
+      the model's, so a call the plan kept flat is decided as the plan ranked it, once.
   """
   prof = profile if profile is not None else get_profile()
   plat = platform_key(platform) if platform is not None else current_platform()
@@ -223,6 +226,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
     t_raw, raw_bytes = lax_reduction_time(prof, op, axis_name, n, size * dt.itemsize, plat)
   else:
     raw_bytes, t_raw = phases_time(links, phases, raw_chunk, n)
+  t_raw = float(flat_est[0]) if flat_est is not None else t_raw  # the plan's costing: one decision
   bw, lat = links[0].bandwidth_Bps, links[0].latency_s
 
   piece = [1, ""]  # K and why (compressed estimates only)
@@ -265,6 +269,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
                              exp_frame=exp_frame)
     timed = with_pieces(timed, stages, m, plat, pieces, piece, op)
   tr_best, (t_c, wire) = _best_transport(transport, plat, timed)
+  t_c = float(flat_est[1]) if flat_est is not None else t_c
   if op in PIPELINED_OPS:
     piece[:] = piece[2][tr_best if tr_best in piece[2] else "padded"]
 
@@ -276,12 +281,10 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
     return out(False, 0, transport, t_c, wire, src, "axis of size 1")
   if cap >= raw_chunk:
     return out(False, 0, transport, t_c, wire, src, "capacity saves nothing")
-  g = prof.min_gain
-  if t_c * (1 + g) < t_raw:
-    return out(True, cap, tr_best, t_c, wire, src,
-               f"model: {t_c * 1e3:.3f} ms x (1+{g:g}) < raw {t_raw * 1e3:.3f} ms")
-  return out(False, 0, transport, t_c, wire, src,
-             f"model: {t_c * 1e3:.3f} ms x (1+{g:g}) >= raw {t_raw * 1e3:.3f} ms")
+  g, how = prof.min_gain, "model" if flat_est is None else "two-level plan's flat estimates"
+  wins = t_c * (1 + g) < t_raw
+  return out(wins, cap, tr_best if wins else transport, t_c, wire, src,
+             f"{how}: {t_c * 1e3:.3f} ms x (1+{g:g}) {'<' if wins else '>='} raw {t_raw * 1e3:.3f} ms")
 
 
 # --------------------------------------------------------------------------- #

@@ -234,6 +234,15 @@ class LevelPlan:
   fixed_order: bool = False      # psum_scatter's phases: raw is fixed-order, not jax.lax's call
   axis: object = None            # the one mesh axis `slow` and `fast` split (`use_levels`), or None
 
+  def flat_estimates(self) -> tuple[float, float] | None:
+    """(flat raw, flat compressed) seconds as this plan costed them, where it costed both: the flat
+    path of an "auto" call decides with them (`strategy.decide`'s ``flat_est``), so a call that
+    stays flat is decided once, as the plan ranked it."""
+    est = dict(self.candidates)
+    if "flat raw" in est and "flat compressed" in est:
+      return est["flat raw"], est["flat compressed"]
+    return None
+
 
 # op -> phases [(level, phase op, chunk elements as a function of (x elements, H, L))] in the
 # order they run; chunk = the elements of one coded frame of the phase (the zipccl collective's).
@@ -416,8 +425,9 @@ def _allowed(compress, forced_alg, forced_levels, slow, fast, fixed_order=False)
 
 def plan(op: str, x, axis_name, params, compress, capacity, site: str,
          role: str, fixed_order: bool = False) -> LevelPlan | None:
-  """The algorithm of one call over a two-level `axis_name`: a hierarchical LevelPlan, or None
-  for the flat path (which then decides raw or compressed itself, as without levels).
+  """The algorithm of one call over a two-level `axis_name` (a LevelPlan, hierarchical or flat), or
+  None where levels do not apply. A flat plan's estimates go to the flat path
+  (`LevelPlan.flat_estimates`), which decides raw or compressed with them: one decision per call.
 
   `params`: the op's canonical static arguments (as the collectives' recipes hold them).
   """
@@ -458,7 +468,7 @@ def plan(op: str, x, axis_name, params, compress, capacity, site: str,
   if split is not None:
     lp = dataclasses.replace(lp, axis=axis_name)
   _log(lp, dt, int(x.size), role, compress)
-  return lp if lp.algorithm == "hierarchical" else None
+  return lp
 
 
 def choose(op: str, dtype, x_elems: int, axis_name, levels, sizes, compress, role: str, *,

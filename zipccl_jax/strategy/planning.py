@@ -34,7 +34,8 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
          role: str = "activation", site: str | None = None, axis_name=None,
          transport: str = "auto", raw_reason: str | None = None, algorithm: str | None = None,
          pieces: int | None = None, message_elems: int | None = None,
-         frame_may_exceed_raw: bool = False, fixed_order: bool = False) -> Plan:
+         frame_may_exceed_raw: bool = False, fixed_order: bool = False,
+         flat_est: tuple[float, float] | None = None) -> Plan:
   """The single place that decides raw vs. compressed for one call, and logs it.
 
   Args:
@@ -57,6 +58,8 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
       the raw chunk (hierarchical's mixed slots, which have no raw plan of their own).
     fixed_order: psum_scatter/psum: raw is zipccl's fixed-order program, not jax.lax's call
       (:func:`decide`).
+    flat_est: the (raw, compressed) seconds a two-level plan costed this flat call with
+      (`levels.LevelPlan.flat_estimates`), which ``"auto"`` decides with (:func:`decide`).
 
   ``compress=True`` and ``False`` are obeyed as given (capacity from ``capacity=`` or
   :func:`~zipccl_jax.padded_capacity`), but for one case: where that capacity (a frame's bytes)
@@ -82,7 +85,8 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
     last.append(decide(op, dtype, chunk_elems, axis_size=axis_size, axis_name=axis_name,
                        site=site, role=role, capacity=cap, transport=transport, compress=mode,
                        raw_reason=reason, algorithm=algorithm, pieces=pieces,
-                       message_elems=message_elems, fixed_order=fixed_order))
+                       message_elems=message_elems, fixed_order=fixed_order,
+                       flat_est=flat_est))
     return last[-1]
 
   p = _plan(op, dtype, chunk_elems, compress, capacity, role, site, log, raw_reason,
