@@ -370,7 +370,8 @@ def test_links_verdict_names_every_variant_outside_the_bar(check):
 
 
 # The runs with one decision per call (a call the plan keeps flat decides with the plan's flat estimates)
-ONE_DECISION_RUNS = ("mesh_2x4_all_ops_avx2_once.json", "mesh_2x4_all_ops_avx2_once_repeat.json")
+ONE_DECISION_RUNS = ("mesh_2x4_all_ops_avx2_once.json", "mesh_2x4_all_ops_avx2_once_repeat.json",
+                     "mesh_2x4_all_ops_avx2_once_repeat2.json")
 ALL_OPS_RUNS = ("mesh_2x4_all_ops.json", "mesh_2x4_all_ops_lone_flow.json", "mesh_2x4_all_ops_iqr_rule.json",
                 "mesh_2x4_all_ops_dense.json", "mesh_2x4_all_ops_avx2.json") + ONE_DECISION_RUNS
 # The runs with the AVX-512BW tier, on a CPU that binds at 1 Gbit/s: the flat raw all_gather lands under its
