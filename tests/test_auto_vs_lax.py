@@ -112,7 +112,7 @@ def test_pipeline_stages_code_what_the_structure_codes():
   link = LinkModel(0.0, 1e9)
   for op, n in itertools.product(("all_to_all", "all_gather", "psum_scatter", "psum", "ppermute"), (2, 8)):
     phases = programs.structure(op, n)
-    stages = programs.pipeline_stages([link] * len(phases), phases, codec, 0, 1000, n)
+    stages = programs.pipeline_stages([link] * len(phases), phases, [codec] * len(phases), 0, 1000, n)
     enc = sum(st[0][0] for st in stages) * codec.encode_Bps / 1000
     dec = sum(st[2][0] for st in stages) * codec.decode_Bps / 1000
     assert (round(enc), round(dec)) == (sum(p[2] for p in phases), sum(p[3] for p in phases)), op

@@ -597,9 +597,9 @@ def test_psums_second_phase_is_priced_padded_on_the_ragged_transport():
   codec, link, n = CodecModel(1e9, 2e9, 0.0, 0.0), LinkModel(1e-3, 1e9), 8
   phases = programs.structure("psum", n)
   cap, frame = 3000, 2000
-  ragged = programs.pipeline_stages([link] * 2, phases, codec, cap, 4000, n, transport="ragged",
+  ragged = programs.pipeline_stages([link] * 2, phases, [codec] * 2, cap, 4000, n, transport="ragged",
                                     op="psum", exp_frame=frame)
-  padded = programs.pipeline_stages([link] * 2, phases, codec, cap, 4000, n)
+  padded = programs.pipeline_stages([link] * 2, phases, [codec] * 2, cap, 4000, n)
   assert [st[3] for st in ragged] == [1e-3, 0.0] and [st[3] for st in padded] == [0.0, 0.0]
   assert ragged[1] == padded[1]  # phase 2: the padded stages, capacity and all
   assert ragged[0][1][0] == pytest.approx(padded[0][1][0] * frame / cap)

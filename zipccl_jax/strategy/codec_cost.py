@@ -81,14 +81,9 @@ DEFAULT_CODEC_SOURCE: dict[str, dict[str, str]] = {
 }
 
 
-def per_phase(codec, phases) -> list:
-  """`codec` as one :class:`CodecModel` per phase of `phases`: a sequence as given, a model repeated."""
-  return list(codec) if isinstance(codec, (list, tuple)) else [codec] * len(phases)
-
-
-def codec_time(codec, phases, raw_chunk_bytes: int) -> float:
-  """Seconds of the codec for one call of `phases` (:func:`~zipccl_jax.strategy.programs.structure`):
-  every phase's encoded and decoded chunks of `raw_chunk_bytes`, and one overhead per side per phase;
-  `codec` is one model, or one per phase (`Profile.phase_codecs`)."""
+def codec_time(codecs, phases, raw_chunk_bytes: int) -> float:
+  """Seconds of the codec for one call of `phases` (:func:`~zipccl_jax.strategy.programs.structure`),
+  `codecs` one model per phase (`Profile.phase_codecs`): every phase's encoded and decoded chunks of
+  `raw_chunk_bytes`, and one overhead per side per phase."""
   return sum(p[2] * raw_chunk_bytes / c.encode_Bps + p[3] * raw_chunk_bytes / c.decode_Bps
-             + c.encode_overhead_s + c.decode_overhead_s for c, p in zip(per_phase(codec, phases), phases))
+             + c.encode_overhead_s + c.decode_overhead_s for c, p in zip(codecs, phases))

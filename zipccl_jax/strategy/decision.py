@@ -253,8 +253,8 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
   cap, src = _model_capacity(prof, capacity, compress, site, op, dt, m, role)
 
   # compressed estimate, per transport
-  codec = prof.phase_codecs(dt, plat, phases, n)
-  t_codec = codec_time(codec, phases, raw_chunk)
+  codecs = prof.phase_codecs(dt, plat, phases, n)
+  t_codec = codec_time(codecs, phases, raw_chunk)
   exp_frame = min(cap, fmt.FRAME_HEADER_BYTES
                   + math.ceil(prof.ratio("expected_ratio", role, dt) * raw_chunk)
                   + BLOCK_SLACK_BYTES * -(-m // fmt.BLOCK_ELEMS))
@@ -265,7 +265,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
       flag_latency=prof.link(axis_name, "psum", plat)[0].latency_s if op == "ppermute" else 0.0)
   if op in PIPELINED_OPS:  # each transport's time with its best K
     def stages(tr):  # a ragged phase sends the expected frames, a padded one its capacity
-      return pipeline_stages(links, phases, codec, cap, raw_chunk, n, transport=tr, op=op,
+      return pipeline_stages(links, phases, codecs, cap, raw_chunk, n, transport=tr, op=op,
                              exp_frame=exp_frame)
     timed = with_pieces(timed, stages, m, plat, pieces, piece, op)
   tr_best, (t_c, wire) = _best_transport(transport, plat, timed)

@@ -204,14 +204,18 @@ class Profile:
     plat = platform_key(platform)
     return DEFAULT_LINKS.get(plat, DEFAULT_LINKS["cpu"]), f"default[{plat}]"
 
-  def codec_model(self, dtype, platform: str | None = None) -> tuple[CodecModel, str]:
+  def codec_model(self, dtype, platform: str | None = None, *,
+                  isolated: bool = False) -> tuple[CodecModel, str]:
+    """The codec model of `dtype` on `platform`, and where it came from; `isolated`: as measured alone
+    (calibrate's in-situ scale divided back out, as :meth:`isolated_codec`)."""
     plat = platform_key(platform)
     name = np.dtype(np_dtype(np.dtype(dtype).name)).name
     alias = {"float16": "bfloat16", "bfloat16": "float16"}.get(name)
     tab = self.codec.get(plat, {})
     for n in (name, alias):
       if n is not None and n in tab:
-        return tab[n], f"profile[{plat}][{n}]"
+        f = self.codec_in_situ.get(plat) if isolated else None
+        return (tab[n].scaled(1.0 / f) if f else tab[n]), f"profile[{plat}][{n}]"
     dflt = DEFAULT_CODEC.get(plat, DEFAULT_CODEC["cpu"])
     return dflt[name], f"default[{plat}]"
 
@@ -226,8 +230,7 @@ class Profile:
     alone, all devices at once. (2 x 4 CPU testbed, links only: the flat coded all_gather was 21-25%
     under its median with the in-situ codec on the AVX2 and AVX-512BW machines, and is within 11%
     without it; benchmarks/README.md.)"""
-    alone = self.isolated_codec()
-    return [(alone if coll == "all_gather" and n > 2 else self).codec_model(dtype, platform)[0]
+    return [self.codec_model(dtype, platform, isolated=coll == "all_gather" and n > 2)[0]
             for coll, *_ in phases]
 
   def isolated_codec(self) -> "Profile":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from zipccl_jax import format as fmt
 from zipccl_jax.accounting import sent_bytes
-from zipccl_jax.strategy.codec_cost import per_phase
 from zipccl_jax.strategy.profile import Profile
 
 
@@ -136,15 +135,15 @@ SEQUENTIAL_OPS = ("psum_scatter",)
 MEMORY_PIECES = 4
 
 
-def pipeline_stages(links, phases, codec, cap: int, raw_chunk: int, n: int, *,
+def pipeline_stages(links, phases, codecs, cap: int, raw_chunk: int, n: int, *,
                     transport: str = "padded", op: str = "", exp_frame: int = 0):
-  """Per coded phase (``(collective, chunks sent, chunks encoded, chunks decoded)``), its three
-  stages as (seconds for the whole message, seconds per piece): encode (codec throughput,
+  """Per coded phase (``(collective, chunks sent, chunks encoded, chunks decoded)``, with its link
+  and its codec model: `links`, `codecs`), its three stages as (seconds for the whole message, seconds per piece): encode (codec throughput,
   overhead), transfer (bytes / bandwidth, latency), decode; then the seconds of each piece's
   raw-row exchange (one latency where the phase rides the ragged transport: `rides_ragged`, which
   sends `exp_frame` bytes a chunk where a padded phase sends `cap`; else 0)."""
   out = []
-  for i, (lk, codec, (coll, k, enc, dec)) in enumerate(zip(links, per_phase(codec, phases), phases)):
+  for i, (lk, codec, (coll, k, enc, dec)) in enumerate(zip(links, codecs, phases)):
     ragged = rides_ragged(transport, op, i)
     out.append(((enc * raw_chunk / codec.encode_Bps, codec.encode_overhead_s),
                 (sent_bytes(coll, k * (exp_frame if ragged else cap), n) / lk.bandwidth_Bps,
