@@ -239,7 +239,10 @@ def worker_mesh(args) -> None:
         prof, calib_error = _calibrate(zc, mesh, link_bytes, args.reps, log)
         # the model's links-only prediction (benchmarks/model_check.py) reads a second profile, measured at
         # sizes no case has, so that no prediction is compared with the calibration of its own call
-        held, _ = _calibrate(zc, mesh, bench.HELD_OUT_LINK_BYTES, args.reps, log)
+        overlap = sorted(set(args.held_out_bytes) & set(link_bytes) - set(bench.CALIBRATE_LINK_BYTES))
+        if overlap:  # a case's own size: its prediction would read its own measurement
+            raise ValueError(f"--held-out-bytes {overlap}: a case's own size")
+        held, _ = _calibrate(zc, mesh, args.held_out_bytes, args.reps, log)
         records = []
         for case, gx, vs in prepared:
             records += _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log,
@@ -396,6 +399,7 @@ def launch_mesh(args) -> list[dict]:
         common += ["--corpus", str(Path(args.corpus).resolve())] if args.corpus else []
         common += ["--max-elems", str(args.max_elems)] if args.max_elems else []
         common += ["--cases", args.cases] if args.cases else []
+        common += ["--held-out-bytes", ",".join(map(str, args.held_out_bytes))]
         script = str(Path(__file__).resolve().parent / "collectives.py")
         argvs = [[sys.executable, script, "--worker", "--rank", str(i), "--gloo-host", hosts[i]] + common
                  for i in range(h)]

@@ -686,6 +686,9 @@ def parse_args(argv=None):
     p.add_argument("--keep-logs", action="store_true", help="keep worker logs after a successful run")
     p.add_argument("--allocator", default="auto", choices=_netns.ALLOCATORS,
                    help="malloc of the workers: tcmalloc (auto: required for shaped runs) or glibc (see _netns.py)")
+    p.add_argument("--held-out-bytes", default=None, metavar="B,B,...",
+                   help="--mesh: the sizes (bytes one device sends) of the held-out calibration the links-only "
+                        "prediction reads; default HELD_OUT_LINK_BYTES. Each must differ from every case's")
     p.add_argument("--mesh", default=None, metavar="HxL",
                    help="two-level run: H processes ('hosts', one network namespace each, only traffic between "
                         "them shaped) x L CPU devices, collectives over ('host', 'local'); see _twolevel.py")
@@ -700,7 +703,21 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.reps is None:
         args.reps = 31 if args.mesh else 11
+    args.held_out_bytes = parse_held_out(args.held_out_bytes, p.error)
     return args
+
+
+def parse_held_out(text: str | None, error) -> tuple[int, ...]:
+    """`--held-out-bytes`: ascending distinct sizes > 0, at least two (a link model needs two)."""
+    if text is None:
+        return HELD_OUT_LINK_BYTES
+    try:
+        sizes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        error(f"--held-out-bytes: integers separated by commas, got {text!r}")
+    if len(sizes) < 2 or any(b <= a for a, b in zip(sizes, sizes[1:])) or sizes[0] <= 0:
+        error(f"--held-out-bytes: two or more ascending sizes > 0, got {text!r}")
+    return sizes
 
 
 def main(argv=None) -> int:

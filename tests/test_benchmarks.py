@@ -93,6 +93,19 @@ def test_parse_mesh():
             _twolevel.parse_mesh(bad)
 
 
+def test_held_out_bytes_parse_to_ascending_sizes_or_a_usage_error(capsys):
+    """--held-out-bytes: the links-only prediction's calibration sizes; the default is HELD_OUT_LINK_BYTES and a
+    bad list is argparse's one-line usage error naming the flag, not a traceback."""
+    import collectives as bench
+    assert bench.parse_args(["--mesh", "2x4"]).held_out_bytes == bench.HELD_OUT_LINK_BYTES
+    assert bench.parse_args(["--mesh", "2x4", "--held-out-bytes", "131072,8388608"]).held_out_bytes == (
+        131072, 8388608)
+    for bad in ("a,b", "8388608,131072", "131072", "0,131072", "131072,131072"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--held-out-bytes", bad])
+        assert "--held-out-bytes" in capsys.readouterr().err
+
+
 def test_runs_calibrate_at_each_cases_flat_raw_bytes():
     """calibrate() runs at its default sizes plus, per case, the bytes one device sends in the flat raw
     collective over all n devices: the sizes "auto" then costs exactly (the profile interpolates between them)."""
