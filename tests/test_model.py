@@ -371,11 +371,15 @@ def test_links_verdict_names_every_variant_outside_the_bar(check):
 
 # The runs with one decision per call (a call the plan keeps flat decides with the plan's flat estimates)
 ONE_DECISION_RUNS = ("mesh_2x4_all_ops_avx2_once.json", "mesh_2x4_all_ops_avx2_once_repeat.json",
-                     "mesh_2x4_all_ops_avx2_once_repeat2.json", "mesh_2x4_all_ops_avx2_held_out_7.json")
+                     "mesh_2x4_all_ops_avx2_once_repeat2.json", "mesh_2x4_all_ops_avx2_once_repeat3.json",
+                     "mesh_2x4_all_ops_avx2_held_out_7.json")
 # Where `auto` missed the bar, all within 3% + 3 ms (benchmarks/README.md says why): the held-out-grid run's
 # all_gather, a near tie calibrate ranked raw (28.99 ms against 28.93 x 1.02 coded) that the run measured
 # 28.1 against 26.9, and `auto` timed its program at 1.042 of that program's median (29.2 ms, 0.06 ms over)
 BAR_MISSES = {("mesh_2x4_all_ops_avx2_held_out_7.json", "all_gather", v) for v in ("auto", "one_axis_auto")}
+# Where links only puts the flat coded all_gather 15% or more from its median: the third repeat (load 4.2-5.6,
+# the others 2.3-3.8), whose coded programs all ran slower than calibrated (benchmarks/README.md)
+RING_MISSES = {"mesh_2x4_all_ops_avx2_once_repeat3.json"}
 ALL_OPS_RUNS = ("mesh_2x4_all_ops.json", "mesh_2x4_all_ops_lone_flow.json", "mesh_2x4_all_ops_iqr_rule.json",
                 "mesh_2x4_all_ops_dense.json", "mesh_2x4_all_ops_avx2.json") + ONE_DECISION_RUNS
 # The runs with the AVX-512BW tier, on a CPU that binds at 1 Gbit/s: the flat raw all_gather lands under its
@@ -406,17 +410,30 @@ def test_links_only_costs_the_flat_ring_as_the_stream_it_is(check):
   assert min(t["MBps_per_direction"] for t in pat["tcp_both_ways"]) > 0.9 * probe  # the link is not the cause
 
 
-def test_links_only_decodes_the_flat_ring_all_at_once(check):
+def test_links_only_decodes_the_flat_ring_all_at_once(check, monkeypatch):
   """The flat coded all_gather is a ring: every device receives its last row in the same step and decodes its
   n - 1 rows at once, with no peer's wait to hide the codec, so its links-only cost has the codec as measured
-  alone (`Profile.phase_codecs`), not calibrate's in-situ scale. It lands within 15% of its median in every 2 x 4
-  all-ops run (with the in-situ scale: -20.9%, -21.8% and -25.0% in the runs whose codec binds)."""
+  alone (`Profile.phase_codecs`), not calibrate's in-situ scale. In every 2 x 4 all-ops run that lands nearer
+  its median than the in-situ scale does (19.8-34.4% under in the eight runs whose codec binds), and
+  within 15% in all but RING_MISSES."""
   mod = check[0]
-  for name in ALL_OPS_RUNS + BW_TIER_RUNS:
-    run = mod.RESULTS / name
-    rows = mod.two_levels(mod.testbed_profile(run), run=run, ops=("all_gather",))
-    coded = next(r for r in rows if r["variant"] == "flat compressed")
-    assert abs(coded["links_err"]) < 0.15, (name, coded)
+  from zipccl_jax.strategy.profile import Profile
+
+  def errors():
+    out = {}
+    for name in ALL_OPS_RUNS + BW_TIER_RUNS:
+      run = mod.RESULTS / name
+      rows = mod.two_levels(mod.testbed_profile(run), run=run, ops=("all_gather",))
+      out[name] = next(r for r in rows if r["variant"] == "flat compressed")["links_err"]
+    return out
+
+  alone = errors()
+  monkeypatch.setattr(Profile, "phase_codecs",
+                      lambda self, dtype, platform, phases, n: [self.codec_model(dtype, platform)[0]] * len(phases))
+  in_situ = errors()
+  for name, err in alone.items():
+    assert abs(err) <= abs(in_situ[name]), (name, err, in_situ[name])
+  assert {name for name, err in alone.items() if abs(err) >= 0.15} == RING_MISSES, alone
 
 
 def test_auto_runs_within_3_percent_of_the_best_variant_once_decided(check):
