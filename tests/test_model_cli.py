@@ -59,6 +59,14 @@ BAD = {
 }
 
 
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"links": 5}', '{"links": {"x": {"*": {"latency_s": 1}}}}'],
+                         ids=["not json", "a list", "links a number", "a link short"])
+def test_a_profile_that_is_not_one_is_a_one_line_error_naming_it(tmp_path, capsys, text):
+  path = tmp_path / "p.json"
+  path.write_text(text)
+  assert f"--profile {path}: " in _one_line_error(capsys, ["--profile", str(path)])
+
+
 def _one_line_error(capsys, argv) -> str:
   rc = zm.main(argv)
   cap = capsys.readouterr()

@@ -267,6 +267,16 @@ def test_profile_validation_and_versions():
     pf.Profile.from_dict({"version": 99})
   with pytest.raises(ValueError, match="not sane"):
     pf.Profile.from_dict({"links": {"*": {"*": {"latency_s": 0.0, "bandwidth_Bps": -1.0}}}})
+  # a malformed one is a ValueError naming the entry, never an AttributeError or a TypeError
+  malformed = {"a list": ([1, 2], "JSON object"), "links a number": ({"links": 5}, "not a profile"),
+               "a link a list": ({"links": {"x": {"*": [1]}}}, r"link \[x\]\[\*\] is a JSON object"),
+               "a link short": ({"links": {"x": {"*": {"latency_s": 1}}}}, r"link \[x\]\[\*\].*bandwidth_Bps"),
+               "a codec unknown field": ({"codec": {"cpu": {"bfloat16": {"encode_Bps": 1, "x": 2}}}},
+                                         r"codec \[cpu\]\[bfloat16\]"),
+               "sites a list": ({"sites": [1]}, "not a profile")}
+  for name, (d, why) in malformed.items():
+    with pytest.raises(ValueError, match=why):
+      pf.Profile.from_dict(d)
   # a partial profile fills in the documented defaults
   p = pf.Profile.from_dict({"links": {"*": {"*": {"latency_s": 1e-4, "bandwidth_Bps": 1e9}}}})
   assert p.capacity_ratio["activation"]["bfloat16"] == capacity.EXPECTED_RATIO["activation"][BF16]

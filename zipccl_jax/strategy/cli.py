@@ -187,9 +187,17 @@ def _codec_arg(text: str | None, dtype: str, plat: str):
   return {name: CodecModel(enc, dec, base.encode_overhead_s, base.decode_overhead_s)}
 
 
+def _base_profile(path: str) -> Profile:
+  """--profile's profile; ValueError naming the flag and the file for one that cannot be read."""
+  try:
+    return Profile.load(path)
+  except (OSError, ValueError) as e:  # json's decode error is a ValueError
+    raise ValueError(f"--profile {path}: {e}") from e
+
+
 def topology_from_args(a) -> Topology:
   """The topology of the command's flags; what they leave out comes from the base profile."""
-  base = Profile.load(a.profile) if a.profile else get_profile()
+  base = _base_profile(a.profile) if a.profile else get_profile()
   plat = platform_key(a.device or base.platform or "gpu")
   link, where = base.link(None, "*", plat)
   inter = LinkModel(a.inter_latency_us * 1e-6 if a.inter_latency_us is not None else link.latency_s,

@@ -144,6 +144,16 @@ def current_platform() -> str:
 # --------------------------------------------------------------------------- #
 
 
+def _model(kind, fields, where: str):
+  """``kind(**fields)`` of a profile entry, or ValueError naming `where` and what is wrong."""
+  if not isinstance(fields, dict):
+    raise ValueError(f"zipccl_jax: profile {where} is a JSON object, got {type(fields).__name__}")
+  try:
+    return kind(**fields)
+  except TypeError as e:  # a missing or unknown field
+    raise ValueError(f"zipccl_jax: profile {where}: {e}") from e
+
+
 @dataclasses.dataclass
 class Profile:
   """Everything the cost model knows; JSON round-trippable (:meth:`save`/:meth:`load`).
@@ -281,15 +291,26 @@ class Profile:
 
   @classmethod
   def from_dict(cls, d: dict) -> "Profile":
+    """The profile of `d` (`to_dict`'s form). ValueError, naming the entry, for anything else: a wrong
+    version, a table that is not a mapping, a model with missing or unknown fields, an insane value."""
+    if not isinstance(d, dict):
+      raise ValueError(f"zipccl_jax: a profile is a JSON object, got {type(d).__name__}")
     v = d.get("version", PROFILE_VERSION)
     if v != PROFILE_VERSION:
       raise ValueError(f"zipccl_jax: profile version {v} is not supported (expected "
                        f"{PROFILE_VERSION})")
+    try:
+      return cls._parse(d)
+    except (AttributeError, TypeError, KeyError) as e:  # a list or a number where a mapping goes
+      raise ValueError(f"zipccl_jax: not a profile ({type(e).__name__}: {e})") from e
+
+  @classmethod
+  def _parse(cls, d: dict) -> "Profile":
     p = cls()
     p.platform = d.get("platform")
-    p.links = {ak: {ck: LinkModel(**m) for ck, m in tab.items()}
+    p.links = {ak: {ck: _model(LinkModel, m, f"link [{ak}][{ck}]") for ck, m in tab.items()}
                for ak, tab in d.get("links", {}).items()}
-    p.codec = {pl: {dt: CodecModel(**m) for dt, m in tab.items()}
+    p.codec = {pl: {dt: _model(CodecModel, m, f"codec [{pl}][{dt}]") for dt, m in tab.items()}
                for pl, tab in d.get("codec", {}).items()}
     for table in ("capacity_ratio", "expected_ratio"):
       if table in d:
