@@ -117,6 +117,12 @@ def test_a_programs_sites_survive_reset_and_jax_caches_and_xla_dce():
   assert sorted(zj.stats(again)) == sorted(zj.stats(step.trace(x))) == sorted(zj.stats(first)) == kept
   assert sorted(zj.stats(again.compile())) == kept and zj.explain(program=again.compile()) == table
   assert zj.stats(compiled)[kept[0]].compressed and kept[0] in table
+  with pytest.raises(KeyError, match=r"no decision for site 'nowhere'; the sites decided: 'all_to_all@"):
+    zj.explain("nowhere", program=compiled)
+  zj.reset_stats()
+  zj.strategy.reset_decisions()
+  with pytest.raises(KeyError, match="nothing was decided since the last reset"):
+    zj.explain("nowhere")
 
 
 def test_compress_true_sends_small_messages_raw_and_says_so():

@@ -37,6 +37,10 @@ def explain(site: str | None = None, program=None) -> str:
   """
   ds = strategy.decisions() if program is None else _program_decisions(program)
   if site is not None:
+    if site not in ds:  # KeyError as documented, saying what was traced instead
+      known = ", ".join(map(repr, sorted(ds)[:8])) + (", ..." if len(ds) > 8 else "")
+      raise KeyError(f"zipccl_jax.explain: no decision for site {site!r}; "
+                     + (f"the sites decided: {known}" if ds else "nothing was decided since the last reset"))
     d = ds[site]
     lines = [d.summary()]
     for f in dataclasses.fields(d):
