@@ -435,6 +435,10 @@ def test_calibrate_on_virtual_devices(tmp_path):
   assert 0 <= cm.encode_overhead_s < 0.1 and 0 <= cm.decode_overhead_s < 0.1
   cal = prof.meta["calibration"]
   assert cal["axis_size"] == 8 and cal["processes"] == 1 and cal["devices"] == 8
+  # one process: each repetition's slowest process is that process, so its median is the median fitted
+  for k, net in cal["net_s"].items():
+    if net > 0:
+      assert cal["slowest_rep_s"][k] == pytest.approx(net + cal["dispatch_s"], rel=1e-9), k
   # in situ: the codec's cost inside a compressed all_to_all rescales the isolated measurement
   ins = cal["in_situ"]
   assert ins["compressed_a2a_s"] > 0 and 0.25 <= ins["factor"] <= 16, ins
@@ -465,6 +469,13 @@ def test_every_rank_decides_the_same(tmp_path):
   assert a["calibrated_fingerprint"] == b["calibrated_fingerprint"]
   assert a["calibrated"] == b["calibrated"]
   assert a["processes"] == b["processes"] == 2
+  # beside the slowest process's median, the median of each repetition's slowest process: the same on
+  # both ranks and never below it (net_s is that median less the null program's, floored at 0)
+  cal = a["calibration"]
+  assert cal == b["calibration"] and set(cal["slowest_rep_s"]) == set(cal["net_s"]) | {"null"}
+  for k, net in cal["net_s"].items():
+    if net > 0:
+      assert cal["slowest_rep_s"][k] >= net + cal["dispatch_s"] - 1e-12, (k, cal)
   # observed on different data per rank, merged: the same capacities everywhere
   assert a["observed"] == b["observed"] and a["observed"]["mp/obs"]["frames"] == 4 * 4
   assert a["results_ok"] and b["results_ok"]
