@@ -414,7 +414,7 @@ def test_links_only_decodes_the_flat_ring_all_at_once(check, monkeypatch):
   """The flat coded all_gather is a ring: every device receives its last row in the same step and decodes its
   n - 1 rows at once, with no peer's wait to hide the codec, so its links-only cost has the codec as measured
   alone (`Profile.phase_codecs`), not calibrate's in-situ scale. In every 2 x 4 all-ops run that lands nearer
-  its median than the in-situ scale does (19.8-34.4% under in the eight runs whose codec binds), and
+  its median than the in-situ scale does (19.8-34.4% under in the nine runs whose codec binds), and
   within 15% in all but RING_MISSES."""
   mod = check[0]
   from zipccl_jax.strategy.profile import Profile
