@@ -703,6 +703,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.reps is None:
         args.reps = 31 if args.mesh else 11
+    if args.held_out_bytes is not None and not args.mesh:  # the flat run's prediction reads HELD_OUT_LINK_BYTES
+        p.error("--held-out-bytes: only with --mesh")
     args.held_out_bytes = parse_held_out(args.held_out_bytes, p.error)
     return args
 

@@ -102,8 +102,11 @@ def test_held_out_bytes_parse_to_ascending_sizes_or_a_usage_error(capsys):
         131072, 8388608)
     for bad in ("a,b", "8388608,131072", "131072", "0,131072", "131072,131072"):
         with pytest.raises(SystemExit):
-            bench.parse_args(["--held-out-bytes", bad])
+            bench.parse_args(["--mesh", "2x4", "--held-out-bytes", bad])
         assert "--held-out-bytes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a flat run would ignore it
+        bench.parse_args(["--held-out-bytes", "131072,8388608"])
+    assert "only with --mesh" in capsys.readouterr().err
 
 
 def test_runs_calibrate_at_each_cases_flat_raw_bytes():
