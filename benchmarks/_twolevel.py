@@ -242,9 +242,10 @@ def worker_mesh(args) -> None:
         overlap = sorted(set(args.held_out_bytes) & set(link_bytes) - set(bench.CALIBRATE_LINK_BYTES))
         if overlap:  # a case's own size: its prediction would read its own measurement
             raise ValueError(f"--held-out-bytes {overlap}: a case's own size")
-        held, _ = _calibrate(zc, mesh, args.held_out_bytes, args.reps, log)
-        records = []
+        records, held = [], None
         for case, gx, vs in prepared:
+            if held is None or args.held_out_per_case:  # measured just before the case: no drift between
+                held, _ = _calibrate(zc, mesh, args.held_out_bytes, args.reps, log)  # them but the case's
             records += _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log,
                                   held)
         return records
@@ -261,7 +262,9 @@ def _calibrate(zc, mesh, link_bytes, reps, log):
     all_gather 15-26% above the run's own medians of the same programs (choosing flat raw, 1.11-1.16x the
     best variant); 15 brought them within 6%, where the variants themselves differ by 8%."""
     try:
+        t0 = time.perf_counter()
         prof = zc.calibrate(mesh, AXES, profile=zc.Profile(), link_bytes=link_bytes, reps=reps, activate=False)
+        log(f"calibrated at {list(link_bytes)} in {time.perf_counter() - t0:.0f} s")
         return prof, None
     except Exception as e:  # noqa: BLE001 - recorded in every record, auto then runs on the default profile
         log("calibrate failed:", type(e).__name__, e)
@@ -401,6 +404,7 @@ def launch_mesh(args) -> list[dict]:
         common += ["--max-elems", str(args.max_elems)] if args.max_elems else []
         common += ["--cases", args.cases] if args.cases else []
         common += ["--held-out-bytes", ",".join(map(str, args.held_out_bytes))]
+        common += ["--held-out-per-case"] if args.held_out_per_case else []
         script = str(Path(__file__).resolve().parent / "collectives.py")
         argvs = [[sys.executable, script, "--worker", "--rank", str(i), "--gloo-host", hosts[i]] + common
                  for i in range(h)]

@@ -678,7 +678,8 @@ def parse_args(argv=None):
                    help="calibrated capacity = largest observed frame x (1 + margin)")
     p.add_argument("--time-auto", action="store_true",
                    help="no effect (compress='auto' is always timed); kept for old command lines")
-    p.add_argument("--timeout", type=float, default=900.0, help="hard limit for the whole run, seconds")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="hard limit for the whole run, seconds (default 900; 2400 with --held-out-per-case)")
     p.add_argument("--link-probe-mb", type=int, default=16,
                    help="MB sent over the loopback to measure each rate (0: skip)")
     p.add_argument("--no-netns", action="store_true",
@@ -689,6 +690,9 @@ def parse_args(argv=None):
     p.add_argument("--held-out-bytes", default=None, metavar="B,B,...",
                    help="--mesh: the sizes (bytes one device sends) of the held-out calibration the links-only "
                         "prediction reads; default HELD_OUT_LINK_BYTES. Each must differ from every case's")
+    p.add_argument("--held-out-per-case", action="store_true",
+                   help="--mesh: measure the held-out calibration again just before each case (no drift between "
+                        "the prediction's calibration and the case; each adds about a calibration's time)")
     p.add_argument("--mesh", default=None, metavar="HxL",
                    help="two-level run: H processes ('hosts', one network namespace each, only traffic between "
                         "them shaped) x L CPU devices, collectives over ('host', 'local'); see _twolevel.py")
@@ -706,6 +710,10 @@ def parse_args(argv=None):
     if args.held_out_bytes is not None and not args.mesh:  # the flat run's prediction reads HELD_OUT_LINK_BYTES
         p.error("--held-out-bytes: only with --mesh")
     args.held_out_bytes = parse_held_out(args.held_out_bytes, p.error)
+    if args.held_out_per_case and not args.mesh:
+        p.error("--held-out-per-case: only with --mesh")
+    if args.timeout is None:  # a 2 x 4 run: 490 s; with a calibration before each case, 1100 s
+        args.timeout = 2400.0 if args.held_out_per_case else 900.0
     return args
 
 

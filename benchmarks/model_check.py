@@ -21,7 +21,8 @@ sizes too).
   run). *Links only*: a `Topology` of the held-out calibration's per-level links, each level per
   collective (its all_to_all and its all_gather, as calibrate measured them), the host level's ring (the
   run's link probe: one TCP stream between the hosts, what a flat ring's edge between them is), and its
-  codec, as at scale, where no program has been measured.
+  codec, as at scale, where no program has been measured. A run with `--held-out-per-case` measured that
+  calibration again just before each case, and each op reads its own.
 * **Training step** (`train_step_4p.json`, the MoE example on 4 processes): the step's collectives
   (`STEP_WORKLOAD`, captured from the example with `--capture`) plus its compute, taken as the
   uncompressed run's CPU time per step (process 0, median; the codec is then the model's).
@@ -150,13 +151,13 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "
     zm = _zs()
     from zipccl_jax.strategy import levels as two_level
     recs = json.loads(run.read_text())
-    held = next((r["model_profile"] for r in recs if r["variant"] == "auto" and r.get("model_profile")), None)
-    lp_ = run_profile(held) if held else prof
-    top = zm.Topology(2, 4, _host_level(lp_, recs), dict(lp_.links["local"]), platform="cpu",
-                      base=_without_programs(lp_))  # each level per collective, as calibrated
     rows = []
     for op in ops:
         by = {r["variant"]: r for r in recs if r["collective"] == op}
+        held = by["auto"].get("model_profile")  # one per run, or measured before each case (--held-out-per-case)
+        lp_ = run_profile(held) if held else prof
+        top = zm.Topology(2, 4, _host_level(lp_, recs), dict(lp_.links["local"]), platform="cpu",
+                          base=_without_programs(lp_))  # each level per collective, as calibrated
         r0 = by["flat_raw"]
         dt = np.dtype(_np_dtype(r0["dtype"]))
         elems = math.prod(r0["global_shape"]) // 8

@@ -107,6 +107,12 @@ def test_held_out_bytes_parse_to_ascending_sizes_or_a_usage_error(capsys):
     with pytest.raises(SystemExit):  # a flat run would ignore it
         bench.parse_args(["--held-out-bytes", "131072,8388608"])
     assert "only with --mesh" in capsys.readouterr().err
+    per_case = bench.parse_args(["--mesh", "2x4", "--held-out-per-case"])
+    assert per_case.held_out_per_case and per_case.timeout == 2400  # four more calibrations: 1100 s, not 490
+    assert bench.parse_args(["--mesh", "2x4"]).timeout == 900
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--held-out-per-case"])
+    assert "--held-out-per-case: only with --mesh" in capsys.readouterr().err
 
 
 def test_runs_calibrate_at_each_cases_flat_raw_bytes():
@@ -220,11 +226,13 @@ MESH_FIELDS = ("mesh", "axes", "collective", "algorithm", "compress", "plan", "m
 
 def test_collectives_benchmark_mesh_smoke(tmp_path):
     """--mesh 2x4: 2 processes x 4 devices, one record per variant, every zipccl result bit-identical; the
-    one-axis variants (the same collective over one axis declared as the levels) give their tuple twin's bits."""
+    one-axis variants (the same collective over one axis declared as the levels) give their tuple twin's bits;
+    with --held-out-per-case each case's `auto` records its own held-out calibration (~60 s more)."""
     out = tmp_path / "mesh.json"
     cmd = [sys.executable, str(BENCH / "collectives.py"), "--mesh", "2x4", "--no-netns", "--rates", "unshaped",
-           "--max-elems", "16384", "--reps", "2", "--warmup", "1", "--timeout", "480", "--json", str(out)]
-    # ~130 s alone; CI runs it beside the other lane on two cores, where it took 241 s and met the old
+           "--max-elems", "16384", "--reps", "2", "--warmup", "1", "--timeout", "480", "--held-out-per-case",
+           "--json", str(out)]
+    # ~190 s alone (130 s with one held-out calibration); CI runs it beside the other lane on two cores, where it took 241 s and met the old
     # 240 s limit: the limits guard against a hang, not a slow machine.
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -244,6 +252,8 @@ def test_collectives_benchmark_mesh_smoke(tmp_path):
         if x["variant"] == "auto":  # the links-only prediction's profile, measured at sizes no case has
             assert x["model_profile"]["links"]["host"] and x["model_profile"]["links"]["local"], x
     assert any(x["variant"] == "flat_compressed" for x in records)
+    held = [json.dumps(x["model_profile"]["links"], sort_keys=True) for x in records if x["variant"] == "auto"]
+    assert len(held) == len(set(held)) == len(_twolevel.DEFAULT_CASES)  # four calibrations, timed apart
     for op in _twolevel.ONE_AXIS_OPS:
         mine = {x["variant"]: x for x in records if x["collective"] == op and x["variant"].startswith("one_axis")}
         assert set(mine) == {"one_axis_compressed", "one_axis_flat_compressed", "one_axis_auto"}, mine
