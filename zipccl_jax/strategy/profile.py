@@ -224,8 +224,7 @@ class Profile:
     tab = self.codec.get(plat, {})
     for n in (name, alias):
       if n is not None and n in tab:
-        f = self.codec_in_situ.get(plat) if isolated else None
-        return (tab[n].scaled(1.0 / f) if f else tab[n]), f"profile[{plat}][{n}]"
+        return (self._alone(plat, tab[n]) if isolated else tab[n]), f"profile[{plat}][{n}]"
     dflt = DEFAULT_CODEC.get(plat, DEFAULT_CODEC["cpu"])
     return dflt[name], f"default[{plat}]"
 
@@ -249,10 +248,16 @@ class Profile:
     if not self.codec_in_situ:
       return self
     p = self.copy()
-    for plat, f in self.codec_in_situ.items():
-      p.codec[plat] = {d: c.scaled(1.0 / f) for d, c in p.codec.get(plat, {}).items()}
+    for plat in self.codec_in_situ:
+      p.codec[plat] = {d: self._alone(plat, c) for d, c in p.codec.get(plat, {}).items()}
     p.codec_in_situ = {}
     return p
+
+  def _alone(self, plat: str, model: CodecModel) -> CodecModel:
+    """`model`, a codec model of `plat` in this profile, as measured alone: calibrate's in-situ scale
+    (`codec_in_situ`) divided back out."""
+    f = self.codec_in_situ.get(plat)
+    return model.scaled(1.0 / f) if f else model
 
   def ratio(self, table: str, role: str, dtype) -> float:
     name = np.dtype(dtype).name
