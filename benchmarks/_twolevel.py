@@ -244,8 +244,8 @@ def worker_mesh(args) -> None:
             raise ValueError(f"--held-out-bytes {overlap}: a case's own size")
         records, held = [], None
         for case, gx, vs in prepared:
-            if held is None or args.held_out_per_case:  # measured just before the case: no drift between
-                held, _ = _calibrate(zc, mesh, args.held_out_bytes, args.reps, log)  # them but the case's
+            if held is None or args.held_out_per_case:  # per case: no other case runs between the two
+                held, _ = _calibrate(zc, mesh, args.held_out_bytes, args.reps, log)
             records += _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log,
                                   held)
         return records
