@@ -294,6 +294,29 @@ def test_codec_zeros_benchmark_smoke(tmp_path):
     assert all(x["zeros"] > 0.2 for x in rows if x["layout"] != "no zeros")
 
 
+def test_program_passes_benchmark_smoke(tmp_path):
+    """Every all_to_all variant of the 2 x 4 runs, bit-identical to flat raw (the script asserts it), with its
+    thunk time split into codec, collective and other: the coded ones call the codec, the raw ones do not,
+    and no holder op (a conditional holds the decode) is counted beside what it holds."""
+    out = tmp_path / "passes.json"
+    r = subprocess.run([sys.executable, str(BENCH / "program_passes.py"), "--ops", "all_to_all,psum", "--shape", "64,16,128", "--reps", "1",
+                        "--steps", "1", "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = {(x["op"], x["variant"]): x for x in json.loads(out.read_text())["programs"]}
+    assert set(rows) == {(op, v) for op in ("all_to_all", "psum") for v in (
+        "flat raw", "flat compressed", "hierarchical host:raw local:raw", "hierarchical host:compressed local:raw",
+        "hierarchical host:compressed local:compressed")}
+    for (op, name), x in rows.items():
+        ms = x["ms_per_device"]
+        assert (ms["codec"] > 0) == ("compressed" in name), (name, ms)
+        assert ms["collective"] > 0 and x["wall"]["median_s"] > 0, (name, x)
+        assert all(o["class"] in ms and not o["op"].startswith("conditional") for o in x["ops"]), x["ops"]
+        assert any(o["class"] == "collective" for o in x["ops"]), x["ops"]
+    bad = subprocess.run([sys.executable, str(BENCH / "program_passes.py"), "--ops", "all_to_all,ppermute"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert bad.returncode == 2 and "--ops takes a comma-separated list of" in bad.stderr, bad.stderr[-2000:]
+
+
 def test_codec_fp8_benchmark_smoke(tmp_path):
     """FP8 vs bfloat16 on the bundled slices + random tensors: every round trip is bit-exact (the script
     checks it) and the byte-weighted FP8 ratios clear issue 17's bar."""
