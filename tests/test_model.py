@@ -209,6 +209,22 @@ def test_workload_file(tmp_path):
     zm.workload(str(bad), 0, 8)
 
 
+@pytest.mark.parametrize("text", ["not json", '{"calls": 5}', "[]", '["a2a"]',
+                                  '[{"name": "a", "op": "all_to_all", "nbytes": "1MiB"}]',
+                                  '[{"name": "a", "op": "all_to_all", "nbytes": 0}]',
+                                  '[{"name": "a", "op": "all_to_all", "nbytes": 1024, "calls": true}]',
+                                  '[{"name": "a", "op": "all_to_all", "nbytes": NaN}]'],
+                         ids=["text", "object", "empty", "strings", "nbytes-string", "nbytes-0", "calls-bool",
+                              "nbytes-nan"])
+def test_a_bad_workload_file_is_one_line_naming_it(tmp_path, capsys, text):
+  """The command refuses a workload file that is not a list of calls with one line naming the file."""
+  f = tmp_path / "w.json"
+  f.write_text(text)
+  assert zm.main(["--hosts", "2", "--inter", "100Gbit/s", "--workload", str(f)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"error: zipccl_jax.model: workload {f}: "), err
+
+
 def test_crossover_is_where_auto_switches():
   top = zm.Topology(4, 1, LinkModel(1e-4, GBIT), platform="cpu", shared_link=True)
   call = zm.Call("dispatch", "all_to_all", 5 << 20)

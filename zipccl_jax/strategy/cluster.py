@@ -267,8 +267,11 @@ class Call:
       raise ValueError(f"zipccl_jax.model: op must be one of {OPS}, got {self.op!r}")
     if self.role not in ("activation", "gradient"):
       raise ValueError(f"zipccl_jax.model: role must be 'activation' or 'gradient', got {self.role!r}")
-    if int(self.nbytes) < 1 or int(self.calls) < 1:
-      raise ValueError(f"zipccl_jax.model: nbytes and calls must be >= 1 ({self.name})")
+    for field in ("nbytes", "calls"):
+      v = getattr(self, field)
+      if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not v >= 1 \
+          or v == float("inf"):
+        raise ValueError(f"zipccl_jax.model: {field} must be a number >= 1, got {v!r} ({self.name})")
     try:
       np_dtype(self.dtype)
     except TypeError:
@@ -317,14 +320,27 @@ def workload(name: str, nbytes: int, devices: int, *, dtype: str = "bfloat16",
   if name == "ddp":
     return _ddp(nbytes, dtype, layers)
   if name.endswith(".json"):
-    with open(name) as f:
-      rows = json.load(f)
-    try:
-      return [Call(**r) for r in rows]
-    except TypeError as e:  # a key Call does not have, or one missing
-      raise ValueError(f"zipccl_jax.model: workload {name}: {e}") from None
+    return _workload_file(name)
   raise ValueError(f"zipccl_jax.model: workload must be one of {sorted(WORKLOADS)} or a .json "
                    f"file, got {name!r}")
+
+
+def _workload_file(path: str) -> list[Call]:
+  """The calls of a JSON workload file; ValueError naming the file for anything that is not a
+  non-empty list of call objects (`workload`'s docstring) or not JSON at all."""
+  try:
+    with open(path) as f:
+      rows = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"zipccl_jax.model: workload {path}: not JSON ({e})") from None
+  if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+    raise ValueError(f"zipccl_jax.model: workload {path}: a non-empty JSON list of calls, each an "
+                     f"object with name, op and nbytes (and dtype, role, calls), got "
+                     f"{json.dumps(rows)[:60]}")
+  try:
+    return [Call(**r) for r in rows]
+  except (TypeError, ValueError) as e:  # a key Call does not have or needs, or a bad value
+    raise ValueError(f"zipccl_jax.model: workload {path}: {e}") from None
 
 
 # --------------------------------------------------------------------------- #
