@@ -841,3 +841,19 @@ def test_every_variant_over_a_tuple_in_the_order_opposite_to_the_mesh(op):
   for slow_c, fast_c in itertools.product((False, True), repeat=2):
     body = _variant_body(zc_op, "hierarchical", {"local": slow_c, "host": fast_c}, None)
     assert np.array_equal(_bits(_run(mesh, body, x, P(axes))), ref), (op, slow_c, fast_c)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32])
+@pytest.mark.parametrize("capacity", [40, 1000, 4096 + 8])   # a small head, most of a row, the whole row
+def test_slot_passes_give_back_every_bit(dtype, capacity):
+  """`_mixed.slot_passes` (what calibrate times as the mixed exchange's own-row passes) runs `own_slots`
+  and `own_rows` as the exchange does: the rows' bit patterns come back whole, NaN payloads and -0
+  included, whether a row's head fills its slot or leaves a tail."""
+  u = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
+  bits = np.random.default_rng(3).integers(0, np.iinfo(u).max, (4, 4096 // np.dtype(dtype).itemsize),
+                                           dtype=np.uint64).astype(u)
+  bits[0, :3] = [u(0x7fc1 if u is np.uint16 else 0x7fc00001), u(1), u(1 << (8 * bits.itemsize - 1))]
+  got = np.asarray(jax.jit(lambda r: _mixed.slot_passes(r, capacity))(jnp.asarray(bits.view(dtype))))
+  assert got.dtype == u and np.array_equal(got, bits)
+  slots = np.asarray(_mixed.own_slots(jnp.asarray(bits), capacity, jnp.bool_(True)))
+  assert slots.shape == (4, capacity) and (slots[:, -_mixed.MIXED_FLAG_BYTES:] == 0xFF).all()

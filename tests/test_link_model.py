@@ -342,3 +342,41 @@ def test_a_levels_ring_entry_costs_the_flat_rings_edge_and_nothing_else():
   shared = Topology(H, L, with_ring, intra, platform="cpu", shared_link="host").profile()
   assert shared.links["host"]["ring"].bandwidth_Bps == pytest.approx(3e7 / L)
   assert Profile.from_json(p.to_json()).links == p.links
+
+
+def test_the_slot_passes_are_measured_or_cost_nothing():
+  """`CodecModel.slot_*`: unmeasured (0) costs nothing and leaves a profile's JSON and fingerprint as before
+  the fields existed; measured, it round-trips, scales in situ like the codec, and refuses an insane value."""
+  plain, measured = CodecModel(1e9, 1.5e9, 30e-6, 30e-6), CodecModel(1e9, 1.5e9, 30e-6, 30e-6, 4e8, 2e-5)
+  assert plain.slot_time(1 << 20) == 0.0
+  assert measured.slot_time(1 << 20) == pytest.approx(2e-5 + (1 << 20) / 4e8)
+  assert measured.scaled(0.5).slot_time(1 << 20) == pytest.approx(0.5 * measured.slot_time(1 << 20))
+  p = Profile()
+  p.codec["cpu"] = {"bfloat16": plain}
+  assert "slot_Bps" not in p.to_json()
+  q = p.copy()
+  q.codec["cpu"] = {"bfloat16": measured}
+  assert Profile.from_json(q.to_json()).codec["cpu"]["bfloat16"] == measured
+  assert q.fingerprint() != p.fingerprint()       # it changes the mixed exchange's cost, so a decision
+  bad = q.to_dict()
+  bad["codec"]["cpu"]["bfloat16"]["slot_Bps"] = -1.0
+  with pytest.raises(ValueError, match=r"profile codec \[cpu\]\[bfloat16\] is not sane"):
+    Profile.from_dict(bad).validate()
+
+
+def test_the_mixed_exchange_costs_its_own_rows_slot_passes():
+  """all_to_all host coded / local raw (`levels._mixed_model`) costs the passes over the own host's L rows
+  at the profile's slot rate, and nothing more; the other variants do not move."""
+  dt, m, sizes = np.dtype(ml_dtypes.bfloat16), 1 << 20, (2, 4)
+  args = ("all_to_all", dt, m, ("host", "local"), "host", "local", sizes, "activation")
+  p = _in_situ_profile(0.5)
+  q = p.copy()
+  c = q.codec["cpu"]["bfloat16"]
+  q.codec["cpu"]["bfloat16"] = CodecModel(c.encode_Bps, c.decode_Bps, c.encode_overhead_s, c.decode_overhead_s,
+                                          3e8, 1e-4)
+  before, _, _ = two_level._models(*args, p, "cpu")
+  after, _, _ = two_level._models(*args, q, "cpu")
+  L, row_bytes = sizes[1], m // 8 * dt.itemsize
+  assert after[(True, False)] - before[(True, False)] == pytest.approx(1e-4 + L * row_bytes / 3e8)
+  assert {k: v for k, v in after.items() if k != (True, False)} == {
+      k: v for k, v in before.items() if k != (True, False)}

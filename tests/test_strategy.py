@@ -434,6 +434,10 @@ def test_calibrate_on_virtual_devices(tmp_path):
   assert 1e6 < cm.encode_Bps < 1e12 and 1e6 < cm.decode_Bps < 1e12, cm
   assert 0 <= cm.encode_overhead_s < 0.1 and 0 <= cm.decode_overhead_s < 0.1
   cal = prof.meta["calibration"]
+  # the mixed slot exchange's passes, timed beside the codec over the same rows: measured, or said why not
+  note = cal["fits"]["codec/slot/bfloat16"]
+  assert (cm.slot_Bps > 0) == (not note.startswith("unmeasurable")), (note, cm)
+  assert {f"slot/bfloat16/{b}" for b in (32 << 10, 256 << 10)} <= set(cal["net_s"])
   assert cal["axis_size"] == 8 and cal["processes"] == 1 and cal["devices"] == 8
   # one process: each repetition's slowest process is that process, so its median is the median fitted
   for k, net in cal["net_s"].items():

@@ -59,6 +59,38 @@ def mixed_head_elems(capacity: int, m: int, dtype) -> int:
   return min((capacity - MIXED_FLAG_BYTES) // np.dtype(dtype).itemsize, m)
 
 
+def own_slots(bits, capacity: int, over):
+  """bits (L, m), the own group's rows as bit patterns -> uint8 (L, C): each row's slot of
+  `exchange_mixed`, its first whole elements that fit before the flag (`mixed_head_elems`) as bytes,
+  zero-padded, and `over`, the sender's overflow flag, in the last ``MIXED_FLAG_BYTES``."""
+  L, m = bits.shape
+  hw = mixed_head_elems(capacity, m, bits.dtype)
+  flag_at = capacity - MIXED_FLAG_BYTES
+  flag = jnp.broadcast_to(jnp.where(over, jnp.uint8(0xFF), jnp.uint8(0)), (L, MIXED_FLAG_BYTES))
+  pad = flag_at - hw * bits.dtype.itemsize  # bytes between the head and the flag
+  return jnp.concatenate([jnp.pad(_byte_view(bits[:, :hw]), ((0, 0), (0, pad))), flag], axis=1)
+
+
+def own_rows(slots, tails, m: int, u):
+  """The inverse of `own_slots`: slots uint8 (L, C) and tails (L, m - hw) of the uint type `u` (None
+  when the rows fit in their slots) -> the rows' bit patterns (L, m)."""
+  hw = mixed_head_elems(slots.shape[1], m, u)
+  got = _words(slots[:, :hw * np.dtype(u).itemsize], u)
+  return got if tails is None else jnp.concatenate([got, tails], axis=1)
+
+
+def slot_passes(rows, capacity: int):
+  """rows (R, m) -> their bit patterns (R, m): what `exchange_mixed` runs over its own group's rows
+  besides the exchange, on every row: into their slots of `capacity` bytes (`own_slots`), back out
+  (`own_rows`), and joined with their tails. :func:`zipccl_jax.calibrate` times it, the rate
+  ``CodecModel.slot_Bps`` that the cost model charges the mixed exchange's own rows."""
+  bits = lax.bitcast_convert_type(rows, uint_of(rows.dtype))
+  m = rows.shape[1]
+  hw = mixed_head_elems(capacity, m, rows.dtype)
+  over = jnp.any(bits[:, 0] == 0)  # traced, as the exchange's overflow flag is
+  return own_rows(own_slots(bits, capacity, over), bits[:, hw:] if hw < m else None, m, bits.dtype)
+
+
 def exchange_mixed(rows, *, grid: TwoLevels, capacity: int, site: str, raw: Callable,
                    finish: Callable = lambda out: out):
   """rows (n, m), row j for rank j = h' L + l' of `grid` (the axes ``(slow, fast)``, or one axis
@@ -86,17 +118,13 @@ def exchange_mixed(rows, *, grid: TwoLevels, capacity: int, site: str, raw: Call
   L = grid.L
   flag_at = capacity - MIXED_FLAG_BYTES                 # C >= 32 (a frame header)
   hw = mixed_head_elems(capacity, m, dt)                # elements of an own-group row in its slot
-  head = hw * dt.itemsize                               # ... as bytes
   # varying over the axes like the data: vmap's dynamic-slice rule combines them with the rows'
   h, l = grid.coords()
   own = jnp.arange(n, dtype=jnp.int32) // L == h        # (n,): rows for / from the own group
   payload, _, over = encode_rows(rows, capacity, own)
   bits = lax.bitcast_convert_type(rows, u)
   mine = lax.dynamic_slice_in_dim(bits, h * L, L, 0)                        # (L, m)
-  flag = jnp.broadcast_to(jnp.where(over, jnp.uint8(0xFF), jnp.uint8(0)), (L, MIXED_FLAG_BYTES))
-  heads = jnp.concatenate([jnp.pad(_byte_view(mine[:, :hw]), ((0, 0), (0, flag_at - head))),
-                           flag], axis=1)                                   # (L, C)
-  slots = lax.dynamic_update_slice_in_dim(payload, heads, h * L, 0)
+  slots = lax.dynamic_update_slice_in_dim(payload, own_slots(mine, capacity, over), h * L, 0)
   recv = lax.all_to_all(slots, grid.axes, 0, 0, tiled=True)                # (n, C): row s from s
   tails = None
   if hw < m:  # (L, m - hw): from (h, l')
@@ -110,9 +138,7 @@ def exchange_mixed(rows, *, grid: TwoLevels, capacity: int, site: str, raw: Call
 
   def coded():
     dec = decode_guarded(recv, fallback, m, rows.dtype, own)                # own group's rows: 0
-    got = _words(lax.dynamic_slice_in_dim(recv, h * L, L, 0)[:, :head], u)  # (L, hw)
-    if tails is not None:
-      got = jnp.concatenate([got, tails], axis=1)                           # (L, m)
+    got = own_rows(lax.dynamic_slice_in_dim(recv, h * L, L, 0), tails, m, u)  # (L, m)
     got = jnp.where((jnp.arange(L, dtype=jnp.int32) == l)[:, None], self_row[None, :], got)
     H = n // L
     out = with_own_row(dec.reshape(H, L * m), lax.bitcast_convert_type(got, rows.dtype).reshape(

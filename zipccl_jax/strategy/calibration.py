@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from zipccl_jax import _exchange, accounting, codec, strategy
+from zipccl_jax import _exchange, _mixed, accounting, codec, strategy
 from zipccl_jax import collectives as zc
 from zipccl_jax._shard import lax_ppermute
 from zipccl_jax.accounting import sent_bytes
@@ -356,8 +356,11 @@ def _codec_programs(h: _Harness, m: int, dt):
   return h.smap(enc_side), h.smap(dec_side)
 
 
-def _codec_jobs(h: _Harness, dtypes, codec_bytes, sample_np, jobs: list, sizes: dict) -> dict:
-  """Appends encode/decode jobs per dtype and size; returns the sample's coded ratio per dtype."""
+def _codec_jobs(h: _Harness, dtypes, codec_bytes, sample_np, jobs: list, sizes: dict, prof: Profile,
+                role: str) -> dict:
+  """Appends encode/decode jobs per dtype and size, and the mixed slot exchange's passes over the same
+  rows at the capacity its exchange would use (`_mixed.slot_passes`); returns the sample's coded
+  ratio per dtype."""
   rng = np.random.default_rng(0)
   ratio_obs: dict[str, float] = {}
   for dname in dtypes:
@@ -371,9 +374,12 @@ def _codec_jobs(h: _Harness, dtypes, codec_bytes, sample_np, jobs: list, sizes: 
       x = h.put(rows)
       enc, dec = _codec_programs(h, m, dt)
       payload, nbytes = enc(x)
+      cap = int(padded_capacity(m, dt, ratio=prof.ratio("capacity_ratio", role, dt)))
       jobs.append((f"enc/{dname}/{size}", enc, (x,)))
       jobs.append((f"dec/{dname}/{size}", dec, (payload,)))
-      sizes[f"enc/{dname}/{size}"] = sizes[f"dec/{dname}/{size}"] = float(h.n * m * dt.itemsize)
+      jobs.append((f"slot/{dname}/{size}", h.smap(lambda v, c=cap: _mixed.slot_passes(v, c)), (x,)))
+      for what in ("enc", "dec", "slot"):
+        sizes[f"{what}/{dname}/{size}"] = float(h.n * m * dt.itemsize)
       if sample_np is not None:
         nb = np.asarray(nbytes.addressable_data(0)).reshape(-1).astype(np.float64)
         ratio_obs[dt.name] = float(nb.sum()) / (nb.size * m * dt.itemsize)
@@ -450,13 +456,14 @@ def _fit_codec(prof: Profile, plat: str, dtypes, codec_bytes, sizes: dict, net, 
   for dname in dtypes:
     dname = np_dtype(dname).name
     side = {}
-    for what in ("enc", "dec"):
+    for what in ("enc", "dec", "slot"):
       ks = [f"{what}/{dname}/{size}" for size in codec_bytes]
       side[what], notes[f"codec/{what}/{dname}"] = fit_bounded(
           [sizes[k] for k in ks], [net(k) for k in ks], max(noise[k] for k in ks))
     if side["enc"] is not None and side["dec"] is not None:
-      e, d = side["enc"], side["dec"]
-      ctab[dname] = CodecModel(e.bandwidth_Bps, d.bandwidth_Bps, e.latency_s, d.latency_s)
+      e, d, sl = side["enc"], side["dec"], side["slot"]  # slot passes not resolved: not measured (0)
+      ctab[dname] = CodecModel(e.bandwidth_Bps, d.bandwidth_Bps, e.latency_s, d.latency_s,
+                               sl.bandwidth_Bps if sl else 0.0, sl.latency_s if sl else 0.0)
     if ratios is not None:
       rs = [v["r"][dname] for v in ratios if dname in v["r"]]
       if rs:
@@ -612,7 +619,7 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
       _link_jobs(lh, collectives, link_bytes, jobs, sizes, prefix=f"link[{lh.akey}]")
     if len(axes) == 2 and level_h:
       _tuple_jobs(h, link_bytes, jobs, sizes)
-  ratio_obs = _codec_jobs(h, dtypes, codec_bytes, sample_np, jobs, sizes) if codec else {}
+  ratio_obs = _codec_jobs(h, dtypes, codec_bytes, sample_np, jobs, sizes, prof, role) if codec else {}
   barrier = h.barrier()
   t, noise, allv = _agree(_paired(_time_all(jobs, reps, warmup, barrier, _job_group)),
                           ratio_obs)

@@ -23,11 +23,19 @@ class CodecModel:
   Bytes are the raw (uncompressed) bytes encoded or decoded. The overheads
   cover the per-call fixed costs of the coded path (FFI launch, header check,
   branch).
+
+  ``slot_Bps`` and ``slot_overhead_s``: the same line for the passes the two-level all_to_all's
+  mixed slot exchange runs over its own host's rows instead of coding them (into their slots as
+  bytes, back out, joined with their tails: ``zipccl_jax._mixed.slot_passes``), per raw byte of
+  those rows. :func:`zipccl_jax.calibrate` measures it beside the codec; ``slot_Bps == 0`` means
+  not measured, and those passes then cost nothing (the defaults, and profiles from before it).
   """
   encode_Bps: float
   decode_Bps: float
   encode_overhead_s: float = 0.0
   decode_overhead_s: float = 0.0
+  slot_Bps: float = 0.0
+  slot_overhead_s: float = 0.0
 
   def encode_time(self, nbytes: float) -> float:
     return self.encode_overhead_s + float(nbytes) / self.encode_Bps
@@ -35,10 +43,16 @@ class CodecModel:
   def decode_time(self, nbytes: float) -> float:
     return self.decode_overhead_s + float(nbytes) / self.decode_Bps
 
+  def slot_time(self, nbytes: float) -> float:
+    """Seconds of the mixed slot exchange's passes over `nbytes` raw bytes of own-host rows (0 where
+    not measured)."""
+    return self.slot_overhead_s + float(nbytes) / self.slot_Bps if self.slot_Bps > 0 else 0.0
+
   def scaled(self, factor: float) -> "CodecModel":
     """This model with every cost `factor` times as large (throughputs divided, overheads times)."""
     return CodecModel(self.encode_Bps / factor, self.decode_Bps / factor,
-                      self.encode_overhead_s * factor, self.decode_overhead_s * factor)
+                      self.encode_overhead_s * factor, self.decode_overhead_s * factor,
+                      self.slot_Bps / factor, self.slot_overhead_s * factor)
 
 
 DEFAULT_CODEC: dict[str, dict[str, CodecModel]] = {

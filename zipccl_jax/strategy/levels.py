@@ -384,14 +384,17 @@ def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
   """Seconds of all_to_all host coded / local raw (`_all_to_all_mixed`): the flat coded exchange
   over the tuple (its link, its wire of n slots of C bytes, its fallback risk) with n - L rows
   coded instead of n - 1, plus a raw all_to_all over `fast` of the own host's row tails (the
-  bytes that do not fit in the slot: about (1 - ratio) of each row)."""
+  bytes that do not fit in the slot: about (1 - ratio) of each row), plus the passes that move the
+  own host's L rows into their slots and back (`CodecModel.slot_time`, as calibrate measured them
+  beside the codec; 0 where it did not. On the 2 x 4 CPU testbed they cost several ms a call:
+  benchmarks/program_passes.py)."""
   H, L = sizes
   n = H * L
   d = decide("all_to_all", dt, chunk, axis_size=n, axis_name=axis_name, role=role,
                       compress=True, profile=prof, platform=plat, log=False, pieces=1)
   cm = prof.codec_model(dt, plat)[0]
   B = chunk * np.dtype(dt).itemsize
-  t = d.est_compressed_s - (L - 1) * (B / cm.encode_Bps + B / cm.decode_Bps)
+  t = d.est_compressed_s - (L - 1) * (B / cm.encode_Bps + B / cm.decode_Bps) + cm.slot_time(L * B)
   tail = chunk - _mixed.mixed_head_elems(d.capacity, chunk, dt)   # elements
   if tail:
     t += decide("all_to_all", dt, tail, axis_size=L, axis_name=fast, role=role,
