@@ -69,7 +69,8 @@ def table(result: dict) -> str:
            + shared.get(top["shared_link"], "")]
   for name, c in result["assumptions"]["codec"].items():
     lines.append(f"codec {name}: encode {c['encode_GB_s']:.4g} GB/s, decode {c['decode_GB_s']:.4g} "
-                 f"GB/s [{c['source']}]")
+                 + (f"GB/s, mixed-slot passes {c['slot_GB_s']:.4g} " if c.get("slot_GB_s") else "")
+                 + f"GB/s [{c['source']}]")
   for r in result["calls"]:
     x = r.get("crossover_inter_Gbit_s")
     lines.append(f"\n{r['name']}: {r['op']} {r['dtype']}, {r['operand_bytes'] / 2**20:.4g} MiB per "

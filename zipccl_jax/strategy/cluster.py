@@ -514,6 +514,8 @@ def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
       src = f"calibrated profile ({src})"
     codec[name] = {"encode_GB_s": cm.encode_Bps / 1e9, "decode_GB_s": cm.decode_Bps / 1e9,
                    "overhead_us": (cm.encode_overhead_s + cm.decode_overhead_s) * 1e6,
+                   # the mixed slot exchange's own-row passes; None: not measured, costed as nothing
+                   "slot_GB_s": cm.slot_Bps / 1e9 if cm.slot_Bps > 0 else None,
                    "source": src}
   return {"codec": codec,
           "capacity_ratio": {c.name: prof.ratio("capacity_ratio", c.role, np.dtype(np_dtype(c.dtype)))
