@@ -63,10 +63,10 @@ _OP = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(?:\([^)]*\)|\S+)\s+([a-z]
 def program(mesh, op: str, variant: str):
     alg, levels, compress = PROGRAMS[variant]
     call = _call(op)
-    order = zc.use_defaults(fixed_order=True) if op in REDUCTIONS else contextlib.nullcontext()
+    order = (lambda: zc.use_defaults(fixed_order=True)) if op in REDUCTIONS else contextlib.nullcontext
 
-    def body(v):
-        with zc.use_algorithm(alg, levels), order:
+    def body(v):  # a fresh context per trace: a context manager is entered once
+        with zc.use_algorithm(alg, levels), order():
             return call(zc, v, compress=compress, name=f"program_passes/{op}/{variant}")
 
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXES), out_specs=P(AXES)))
