@@ -11,7 +11,11 @@ link), interleaved in a shuffled order with a barrier before each, `--reps` time
 * ``host ppermute, 4 pairs``: the same four pairs swapping one message each;
 * ``one pair ppermute``: devices (0, 0) and (1, 0) swapping one message, the others idle;
 * ``flat ring all_gather``: ``jax.lax.all_gather`` over ``("host", "local")``: gloo's ring, whose edge between
-  the hosts is one connection carrying ``n - 1`` shards as a pipeline (two half-chunks in flight).
+  the hosts is one connection carrying ``n - 1`` shards as a pipeline (two half-chunks in flight);
+* ``host all_to_all, 4 pairs``: ``jax.lax.all_to_all`` over ``host`` (calibrate's host-level all_to_all): the
+  four pairs each swapping one row;
+* ``flat all_to_all``: ``jax.lax.all_to_all`` over ``("host", "local")``: every device sends one row to each
+  of the other host's four devices (sixteen messages a direction) while its three local rows stay on the host.
 
 The link probe (`_netns.measure_fabric_MBps`, one TCP stream of 16 MiB) runs before and after, and the
 same bytes move by plain TCP too (`tcp_both_ways`: Python sockets, 1, 4 and 16 connections, each carrying
@@ -97,6 +101,10 @@ def _patterns(jax, lax, np, smap, put, mib: int) -> dict:
                               put(np.zeros((1, d), np.uint8))),
         "flat ring all_gather": (smap(lambda c: lax.all_gather(c, both, tiled=True)[:1]),
                                  put(np.zeros((1, d // (n - 1)), np.uint8))),
+        "host all_to_all, 4 pairs": (smap(lambda c: lax.all_to_all(c, "host", 0, 0, tiled=True)),
+                                     put(np.zeros((HOSTS, d // LOCAL), np.uint8))),
+        "flat all_to_all": (smap(lambda c: lax.all_to_all(c, both, 0, 0, tiled=True)),
+                            put(np.zeros((n, d // (LOCAL * LOCAL)), np.uint8))),
     }
 
 

@@ -44,6 +44,13 @@ FLAT_RUN = RESULTS / "collectives_heldout_se_rule.json"
 # all_to_all:moe_dispatch,all_gather:params_moe_experts,psum_scatter:grads_moe_experts,psum:grads_moe_experts`;
 # the runs before it, mesh_2x4_heldout.json and mesh_2x4_psum.json, timed older programs or one op)
 PROFILE_RUN = RESULTS / "mesh_2x4_all_ops.json"
+# Every 2 x 4 all-ops run of today's decision (one decision per call: a call the plan keeps flat decides with the
+# plan's flat estimates), oldest first: the record the links-only column is judged on (`record`). From
+# per_case on, each calibrated again before each case (`--held-out-per-case`); from slot on, with the mixed
+# slot exchange's passes (`CodecModel.slot_Bps`). Every run of that command is added here, whatever it shows.
+DECISION_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
+    "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
+    "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2"))
 # The profile the training step is predicted from: the 2 x 4 run of the machine and code the step ran on
 # (train_step_4p.json predates the held-out calibration; its compute and timings come from that run).
 STEP_PROFILE_RUN = RESULTS / "mesh_2x4_session7.json"
@@ -385,12 +392,48 @@ def links_verdict(mesh, bound: float = 0.15) -> str:
             + (f" (not: {misses})" if out else ""))
 
 
+def record(runs=DECISION_RUNS) -> list[dict]:
+    """Per timed variant of the 2 x 4 runs (`runs`, names in RESULTS): its links-only error in each run."""
+    rows: dict = {}
+    for name in runs:
+        run = RESULTS / name
+        for r in two_levels(testbed_profile(run), run=run):
+            if r["variant"] != "auto":
+                rows.setdefault((r["collective"], r["variant"]), []).append(r["links_err"])
+    return [{"collective": c, "variant": v, "runs": list(runs), "links_errs": errs} for (c, v), errs in rows.items()]
+
+
+def record_markdown(rows, bound: float = 0.15) -> str:
+    """The links-only column over every run of `record`: each variant's errors (lowest, mean, highest) and in
+    how many runs it is within `bound`; then how many runs have every variant within it."""
+    n = len(rows[0]["runs"])
+    out = [f"| collective | variant | links only, lowest / mean / highest error over {n} runs | runs within "
+           f"{bound:.0%} |", "|---|---|---|---|"]
+    for r in rows:
+        e = r["links_errs"]
+        out.append(f"| {r['collective']} | {r['variant']} | {_pct(min(e))} / {_pct(statistics.mean(e))} / "
+                   f"{_pct(max(e))} | {sum(abs(x) < bound for x in e)} of {n} |")
+    return "\n".join(out)
+
+
+def record_verdict(rows, bound: float = 0.15) -> str:
+    """One line: of every variant in every run of `record`, how many are within `bound`, and the runs with all."""
+    runs = rows[0]["runs"]
+    errs = [r["links_errs"] for r in rows]
+    inside = sum(abs(x) < bound for e in errs for x in e)
+    whole = sum(all(abs(e[i]) < bound for e in errs) for i in range(len(runs)))
+    return (f"links only over {len(runs)} runs: {inside} of {len(runs) * len(rows)} variants within {bound:.0%} "
+            f"of their medians; every variant within it in {whole} of {len(runs)} runs")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write every row here")
     p.add_argument("--scale", action="store_true", help="the README's table of predictions at scale")
     p.add_argument("--two-levels", metavar="RUN_JSON", type=Path, default=PROFILE_RUN,
                    help=f"the 2 x 4 run of the two-level table (its own profiles; default {PROFILE_RUN.name})")
+    p.add_argument("--record", action="store_true",
+                   help=f"also the links-only column over every run of DECISION_RUNS ({len(DECISION_RUNS)} runs)")
     p.add_argument("--capture", metavar="EXAMPLE_JSON",
                    help=f"write the step's calls of an example run's --json to {STEP_WORKLOAD.name}")
     a = p.parse_args(argv)
@@ -409,6 +452,9 @@ def main(argv=None) -> int:
     flat, step = flat_sweep(), training_step(testbed_profile(STEP_PROFILE_RUN))
     print(markdown(flat, mesh, step))
     print("\n" + links_verdict(mesh))
+    if a.record:
+        rows = record()
+        print("\n" + record_markdown(rows) + "\n\n" + record_verdict(rows))
     if a.json:
         Path(a.json).write_text(json.dumps({"flat_sweep": flat, "two_levels": mesh, "training_step": step},
                                            indent=1) + "\n")

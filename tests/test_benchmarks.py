@@ -427,7 +427,8 @@ def test_link_patterns_smoke(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert {x["pattern"] for x in res["records"]} == {"host all_gather, 4 pairs", "host ppermute, 4 pairs",
-                                                      "one pair ppermute", "flat ring all_gather"}
+                                                      "one pair ppermute", "flat ring all_gather",
+                                                      "host all_to_all, 4 pairs", "flat all_to_all"}
     assert all(x["n"] == 2 and x["MBps_per_direction"] > 0 for x in res["records"])
     assert [t["connections"] for t in res["tcp_both_ways"]] == [1, 4, 16] and res["probe_MBps_before"] > 0
     bad = subprocess.run([sys.executable, str(BENCH / "link_patterns.py"), "--mib", "1,x"], capture_output=True,
