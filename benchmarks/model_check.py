@@ -405,7 +405,7 @@ def record(runs=DECISION_RUNS) -> list[dict]:
 
 def record_markdown(rows, bound: float = 0.15) -> str:
     """The links-only column over every run of `record`: each variant's errors (lowest, mean, highest) and in
-    how many runs it is within `bound`; then how many runs have every variant within it."""
+    how many runs it is within `bound`."""
     n = len(rows[0]["runs"])
     out = [f"| collective | variant | links only, lowest / mean / highest error over {n} runs | runs within "
            f"{bound:.0%} |", "|---|---|---|---|"]
@@ -417,13 +417,13 @@ def record_markdown(rows, bound: float = 0.15) -> str:
 
 
 def record_verdict(rows, bound: float = 0.15) -> str:
-    """One line: of every variant in every run of `record`, how many are within `bound`, and the runs with all."""
+    """One line: of every variant in every run of `record`, how many are within `bound`, the runs with all of
+    them within it, and each run's count (oldest first)."""
     runs = rows[0]["runs"]
-    errs = [r["links_errs"] for r in rows]
-    inside = sum(abs(x) < bound for e in errs for x in e)
-    whole = sum(all(abs(e[i]) < bound for e in errs) for i in range(len(runs)))
-    return (f"links only over {len(runs)} runs: {inside} of {len(runs) * len(rows)} variants within {bound:.0%} "
-            f"of their medians; every variant within it in {whole} of {len(runs)} runs")
+    per_run = [sum(abs(r["links_errs"][i]) < bound for r in rows) for i in range(len(runs))]
+    return (f"links only over {len(runs)} runs: {sum(per_run)} of {len(runs) * len(rows)} variants within "
+            f"{bound:.0%} of their medians; every variant within it in {per_run.count(len(rows))} of {len(runs)} "
+            f"runs (per run, oldest first: {', '.join(map(str, per_run))} of {len(rows)})")
 
 
 def main(argv=None) -> int:

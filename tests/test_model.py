@@ -307,9 +307,12 @@ def test_prediction_choice_is_what_auto_runs(op, gbit, shape):
 # --------------------------------------------------------------------------- validation
 
 
+MC = _check_module()  # benchmarks/model_check.py, loaded once
+
+
 @pytest.fixture(scope="module")
 def check():
-  mod = _check_module()
+  mod = MC
   mesh = mod.two_levels(mod.testbed_profile())
   return (mod, mod.flat_sweep(), mesh, mod.training_step(mod.testbed_profile(mod.STEP_PROFILE_RUN)))
 
@@ -426,7 +429,7 @@ def test_links_verdict_names_every_variant_outside_the_bar(check):
 
 
 # The runs with one decision per call (a call the plan keeps flat decides with the plan's flat estimates)
-ONE_DECISION_RUNS = _check_module().DECISION_RUNS
+ONE_DECISION_RUNS = MC.DECISION_RUNS
 # Where `auto` missed the bar, all within 3% + 3 ms (benchmarks/README.md says why): the held-out-grid run's
 # all_gather, a near tie calibrate ranked raw (28.99 ms against 28.93 x 1.02 coded) that the run measured
 # 28.1 against 26.9, and `auto` timed its program at 1.042 of that program's median (29.2 ms, 0.06 ms over)
@@ -447,27 +450,30 @@ FLAT_RING_WIDE = {"mesh_2x4_all_ops_avx2_per_case_repeat.json"}
 FLAT_RING_MISSES = {"mesh_2x4_all_ops_avx2_slot.json"}
 
 
-def test_the_record_is_every_run_of_todays_decision(check):
+@pytest.fixture(scope="module")
+def record_rows(check):
+  return check[0].record()
+
+
+def test_the_record_is_every_run_of_todays_decision(check, record_rows):
   """model_check's record holds every stored `mesh_2x4_all_ops_avx2_*` run (a run of today's decision is
-  added whatever it shows), scores each variant of each run as the two-level table does, and its verdict
-  counts them; the issue's bar (every variant within 15%) holds in some runs and not in others."""
+  added whatever it shows), each run's column is that run's two-level table, and its verdict counts what
+  `links_verdict` says of each run on its own."""
   mod = check[0]
   stored = {p.name for p in mod.RESULTS.glob("mesh_2x4_all_ops_avx2_*.json")}
   assert stored == set(mod.DECISION_RUNS), stored ^ set(mod.DECISION_RUNS)
-  rows = mod.record()
-  assert len(rows) == 20 and all(r["runs"] == list(mod.DECISION_RUNS) for r in rows)
-  last = mod.RESULTS / mod.DECISION_RUNS[-1]
-  mesh = {(r["collective"], r["variant"]): r["links_err"]
-          for r in mod.two_levels(mod.testbed_profile(last), run=last) if r["variant"] != "auto"}
-  assert {(r["collective"], r["variant"]): r["links_errs"][-1] for r in rows} == mesh
-  errs = [r["links_errs"] for r in rows]
-  inside = sum(abs(x) < 0.15 for e in errs for x in e)
-  whole = sum(all(abs(e[i]) < 0.15 for e in errs) for i in range(len(mod.DECISION_RUNS)))
-  n = len(mod.DECISION_RUNS)
-  assert mod.record_verdict(rows) == (f"links only over {n} runs: {inside} of {20 * n} variants within 15% of "
-                                      f"their medians; every variant within it in {whole} of {n} runs")
-  assert 0 < whole < n
-  table = mod.record_markdown(rows).splitlines()
+  assert len(record_rows) == 20 and all(r["runs"] == list(mod.DECISION_RUNS) for r in record_rows)
+  per_run = []
+  for i, name in enumerate(mod.DECISION_RUNS):
+    mesh = mod.two_levels(mod.testbed_profile(mod.RESULTS / name), run=mod.RESULTS / name)
+    assert {(r["collective"], r["variant"]): r["links_err"] for r in mesh if r["variant"] != "auto"} == \
+        {(r["collective"], r["variant"]): r["links_errs"][i] for r in record_rows}, name
+    per_run.append(int(mod.links_verdict(mesh).split()[2]))  # "links only: K of 20 variants ..."
+  n = len(per_run)
+  assert mod.record_verdict(record_rows) == (
+      f"links only over {n} runs: {sum(per_run)} of {20 * n} variants within 15% of their medians; every variant "
+      f"within it in {per_run.count(20)} of {n} runs (per run, oldest first: {', '.join(map(str, per_run))} of 20)")
+  table = mod.record_markdown(record_rows).splitlines()
   assert len(table) == 22 and table[2].startswith("| all_to_all | flat raw | ")
 
 
@@ -565,11 +571,11 @@ def test_auto_runs_within_3_percent_of_the_best_variant_once_decided(check):
   assert missed == BAR_MISSES, missed
 
 
-def test_readme_quotes_the_validation(check):
+def test_readme_quotes_the_validation(check, record_rows):
   mod, flat, mesh, step = check
   text = (REPO / "benchmarks" / "README.md").read_text()  # "How well the model predicts what we measured"
-  rows = mod.record()
-  for line in (mod.markdown(flat, mesh, step) + "\n" + mod.record_markdown(rows)).splitlines():
+  quoted = [mod.markdown(flat, mesh, step), mod.record_markdown(record_rows), mod.record_verdict(record_rows)]
+  for line in "\n".join(quoted).splitlines():
     assert line in text, f"benchmarks/README.md does not quote benchmarks/model_check.py's row:\n{line}"
 
 
