@@ -20,10 +20,11 @@ link), interleaved in a shuffled order with a barrier before each, `--reps` time
 The link probe (`_netns.measure_fabric_MBps`, one TCP stream of 16 MiB) runs before and after, and the
 same bytes move by plain TCP too (`tcp_both_ways`: Python sockets, 1, 4 and 16 connections, each carrying
 both directions at once as gloo's pairs do), to tell gloo's patterns from the link's. What each
-pattern reaches is why the cost model's links-only prediction costs a flat ring's edge with the probe's
-stream rate and the host level's collectives with calibrate's (`strategy.links.ring_link`,
-`model_check._host_level`). Output: one line per pattern and size (median ms [IQR], MB/s per direction),
-and with `--json` the records, the probes, the allocator and the machine load.
+pattern reaches is why the cost model's links-only prediction costs a flat collective's crossings (the ring's
+edge, the flat all_to_all's) at the probe's rate times the flat patterns' measured fill, and the host level's
+collectives with calibrate's (`strategy.links.stream_link`, `model_check.stream_fill`,
+`model_check._host_level`). Output: one line per pattern and size (median ms [IQR], MB/s per direction), and
+with `--json` the records, the probes, the allocator and the machine load.
 """
 from __future__ import annotations
 

@@ -19,9 +19,10 @@ sizes too).
 * **Two levels** (`PROFILE_RUN`, 2 hosts x 4 devices at 1 Gbit/s): every variant, two ways. *Anchored*:
   the run's own profile, whose measured programs the plan costs with (what `auto` decided with in that
   run). *Links only*: a `Topology` of the held-out calibration's per-level links, each level per
-  collective (its all_to_all and its all_gather, as calibrate measured them), the host level's ring (the
-  run's link probe: one TCP stream between the hosts, what a flat ring's edge between them is), and its
-  codec, as at scale, where no program has been measured. A run with `--held-out-per-case` measured that
+  collective (its all_to_all and its all_gather, as calibrate measured them), the host level's stream (what
+  a flat collective's crossings reach: the run's link probe, one TCP stream between the hosts, times
+  `stream_fill`, the flat patterns' share of it in benchmarks/link_patterns.py's runs), and its codec, as at
+  scale, where no program has been measured. A run with `--held-out-per-case` measured that
   calibration again just before each case, and each op reads its own.
 * **Training step** (`train_step_4p.json`, the MoE example on 4 processes): the step's collectives
   (`STEP_WORKLOAD`, captured from the example with `--capture`) plus its compute, taken as the
@@ -30,6 +31,7 @@ sizes too).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -188,15 +190,41 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "
     return rows
 
 
+# The patterns of benchmarks/link_patterns.py that a flat collective's crossings make: gloo's ring (one
+# pipelined stream from host to host) and the flat all_to_all (sixteen messages a direction), at the sizes
+# (MiB a direction) that the 2 x 4 cases send across
+FLAT_PATTERNS = ("flat ring all_gather", "flat all_to_all")
+FILL_MIB = (4, 16)
+
+
+@functools.cache
+def stream_fill() -> float:
+    """The fraction of the link probe's rate (one TCP stream of 16 MiB) that a flat collective's crossings
+    reach on the 2 x 4 testbed: over the link_patterns runs whose probe held (before and after within 5%:
+    not the run under load), the mean of each flat pattern's rate at FILL_MIB over that run's mean probe.
+    Measured in runs of their own by `benchmarks/link_patterns.py`; no 2 x 4 run it is compared with."""
+    fills = []
+    for path in sorted(RESULTS.glob("link_patterns_2x4*.json")):
+        pat = json.loads(path.read_text())
+        before, after = pat["probe_MBps_before"], pat["probe_MBps_after"]
+        if abs(after / before - 1) > 0.05:
+            continue
+        fills += [r["MBps_per_direction"] / ((before + after) / 2) for r in pat["records"]
+                  if r["pattern"] in FLAT_PATTERNS and r["MiB_per_direction"] in FILL_MIB]
+    return statistics.mean(fills)
+
+
 def _host_level(prof, recs: list[dict], per_host: int = 4) -> dict:
-    """The host level's links per collective, as calibrated, and its ring (`links.ring_link`): the run's
-    link probe, one TCP stream from host to host, which a host's `per_host` devices share. A flat ring's
-    edge between hosts is such a stream (gloo's allgather pipelines two half-chunks on one connection), where
-    the host level's calibrated collectives exchange one message per device pair, four pairs at once."""
+    """The host level's links per collective, as calibrated, and its stream (`links.stream_link`): what a
+    flat collective's crossings reach, the run's link probe (one TCP stream from host to host, which a host's
+    `per_host` devices share) times `stream_fill`. The host level's calibrated collectives exchange one
+    message per device pair, four pairs at once, and fill less of the link; a flat ring's edge is one
+    pipelined stream (gloo's allgather keeps two half-chunks in flight on one connection), a flat
+    all_to_all sixteen messages a direction."""
     host = dict(prof.links["host"])
     probe = next((r.get("link_MBps") for r in recs if r["variant"] == "auto"), None)
     if probe:
-        host["ring"] = _link(host["all_gather"].latency_s, probe * 1e6 / per_host)
+        host["stream"] = _link(host["all_gather"].latency_s, stream_fill() * probe * 1e6 / per_host)
     return host
 
 
@@ -426,6 +454,30 @@ def record_verdict(rows, bound: float = 0.15) -> str:
             f"runs (per run, oldest first: {', '.join(map(str, per_run))} of {len(rows)})")
 
 
+def record_picks(runs=DECISION_RUNS) -> dict:
+    """Per run and op of `runs`: the variant links only ranks fastest, whether it is the one measured fastest,
+    and its median over the fastest median (what following links only's ranking would have cost)."""
+    picks = []
+    for name in runs:
+        run = RESULTS / name
+        mesh = [r for r in two_levels(testbed_profile(run), run=run) if r["variant"] != "auto"]
+        for op in dict.fromkeys(r["collective"] for r in mesh):
+            timed = [r for r in mesh if r["collective"] == op]
+            best, pick = min(timed, key=lambda r: r["meas_s"]), min(timed, key=lambda r: r["links_s"])
+            picks.append({"run": name, "collective": op, "pick": pick["variant"], "best": best["variant"],
+                          "over_best": pick["meas_s"] / best["meas_s"]})
+    return picks
+
+
+def picks_verdict(picks) -> str:
+    """One line of `record_picks`: how often links only's fastest is the measured fastest, and the cost of
+    running its pick (mean and largest of its median over the fastest)."""
+    over = [p["over_best"] for p in picks]
+    return (f"links only's fastest variant is the measured fastest in {sum(p['pick'] == p['best'] for p in picks)}"
+            f" of {len(picks)} (run, op); its pick runs at {statistics.mean(over):.3f}x the fastest median on "
+            f"average, {max(over):.3f}x at most")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write every row here")
@@ -455,6 +507,7 @@ def main(argv=None) -> int:
     if a.record:
         rows = record()
         print("\n" + record_markdown(rows) + "\n\n" + record_verdict(rows))
+        print(picks_verdict(record_picks()))
     if a.json:
         Path(a.json).write_text(json.dumps({"flat_sweep": flat, "two_levels": mesh, "training_step": step},
                                            indent=1) + "\n")

@@ -319,28 +319,34 @@ def test_levels_per_collective_cost_each_collective_with_its_own_link():
     Topology(H, L, {"all_gather": ag_h}, intra)
 
 
-def test_a_levels_ring_entry_costs_the_flat_rings_edge_and_nothing_else():
-  """A level's "ring" (the rate a ring's stream crosses it at, per device) is what the flat ring's edge
-  runs at, in place of the level's all_gather link; the level's own collectives, the flat all_to_all and
-  the levels' programs keep theirs. A shared link divides it like every entry (one stream through a
-  host's link, which its L devices share)."""
+def test_a_levels_stream_entry_costs_the_flat_collectives_crossings_and_nothing_else():
+  """A level's "stream" (the rate a flat collective's crossings reach on it, per device) is what the flat
+  ring's edge and the flat all_to_all's crossings run at, in place of the level's all_gather and all_to_all
+  links; the level's own collectives and the levels' programs keep theirs, and so does the fast level's
+  share of the flat all_to_all. A shared link divides it like every entry (one stream through a host's
+  link, which its L devices share)."""
   from zipccl_jax.model import Topology
-  from zipccl_jax.strategy.links import ring_link
+  from zipccl_jax.strategy.links import stream_link
   H, L = 2, 4
-  a2a_h, ag_h, ring_h = LinkModel(1e-4, 2e7), LinkModel(1e-4, 2.4e7), LinkModel(1e-4, 3e7)
+  a2a_h, ag_h, stream_h = LinkModel(1e-4, 2e7), LinkModel(1e-4, 2.4e7), LinkModel(1e-4, 3e7)
   intra = {"all_to_all": LinkModel(1e-5, 3e8), "all_gather": LinkModel(1e-5, 5e8), "*": LinkModel(1e-5, 3e8)}
-  with_ring = {"all_to_all": a2a_h, "all_gather": ag_h, "ring": ring_h, "*": a2a_h}
-  without = {k: v for k, v in with_ring.items() if k != "ring"}
-  assert ring_link(with_ring) == ring_h and ring_link(without) == ag_h and ring_link(ag_h) == ag_h
-  p, q = (Topology(H, L, t, intra, platform="cpu").profile() for t in (with_ring, without))
+  with_stream = {"all_to_all": a2a_h, "all_gather": ag_h, "stream": stream_h, "*": a2a_h}
+  without = {k: v for k, v in with_stream.items() if k != "stream"}
+  assert stream_link(with_stream, "all_gather") == stream_link(with_stream, "all_to_all") == stream_h
+  assert stream_link(without, "all_gather") == ag_h and stream_link(without, "all_to_all") == a2a_h
+  assert stream_link(ag_h, "all_to_all") == ag_h  # one link for every collective
+  p, q = (Topology(H, L, t, intra, platform="cpu").profile() for t in (with_stream, without))
   flat_p, flat_q = p.links["host,local"], q.links["host,local"]
-  assert flat_p["all_gather"] == flat_links(H, L, ring_h, intra["all_gather"])["all_gather"]
-  s = 3.5e6  # a stream 1.25x faster crosses in 1/1.25 of the time, where the host edge binds
+  assert flat_p["all_gather"] == flat_links(H, L, stream_h, intra["all_gather"])["all_gather"]
+  assert flat_p["all_to_all"] == flat_links(H, L, stream_h, intra["all_to_all"])["all_to_all"]
+  s = 3.5e6  # a stream 1.25x (1.5x) faster crosses in 1/1.25 (1/1.5) of the time, where the host edge binds
   assert flat_q["all_gather"].time(s) / flat_p["all_gather"].time(s) == pytest.approx(1.25, rel=0.01)
-  assert flat_p["all_to_all"] == flat_q["all_to_all"]
-  assert p.link("host", "all_gather", "cpu")[0] == ag_h  # the level's all_gather is still its own
-  shared = Topology(H, L, with_ring, intra, platform="cpu", shared_link="host").profile()
-  assert shared.links["host"]["ring"].bandwidth_Bps == pytest.approx(3e7 / L)
+  assert flat_q["all_to_all"].time(s) / flat_p["all_to_all"].time(s) == pytest.approx(1.5, rel=0.01)
+  assert p.link("host", "all_gather", "cpu")[0] == ag_h  # the level's own collectives are still its own
+  assert p.link("host", "all_to_all", "cpu")[0] == a2a_h
+  assert flat_p["ppermute"] == flat_q["ppermute"] and flat_p["psum"] == flat_q["psum"]
+  shared = Topology(H, L, with_stream, intra, platform="cpu", shared_link="host").profile()
+  assert shared.links["host"]["stream"].bandwidth_Bps == pytest.approx(3e7 / L)
   assert Profile.from_json(p.to_json()).links == p.links
 
 

@@ -396,7 +396,9 @@ def test_two_levels_links_only_is_held_out_and_within_20_percent(check):
 def test_links_only_reads_each_cases_own_held_out_calibration(check, tmp_path):
   """A run with `--held-out-per-case` stores the held-out calibration measured just before each case in that
   case's `auto` record: links only predicts each op from its own (here: psum's with every host link twice as
-  slow), and a run with one calibration (the same in every record) reads the same profile for all."""
+  slow: every variant that crosses the host level's own links; the flat ones cross at the run's stream,
+  its link probe's, and do not move), and a run with one calibration (the same in every record) reads the
+  same profile for all."""
   mod = check[0]
   recs = json.loads(mod.PROFILE_RUN.read_text())
   for r in recs:
@@ -410,9 +412,9 @@ def test_links_only_reads_each_cases_own_held_out_calibration(check, tmp_path):
   moved = {(r["collective"], r["variant"]): r.get("links_s")
            for r in mod.two_levels(mod.testbed_profile(), run=run)}
   for key, t in base.items():
-    if key[0] != "psum" or t is None:
+    if key[0] != "psum" or t is None or key[1].startswith("flat"):
       assert moved[key] == t, key
-    else:  # every variant crosses the host level (1.44-1.73x here)
+    else:  # every two-level variant crosses the host level (1.44-1.73x here)
       assert moved[key] > 1.3 * t, (key, t, moved[key])
 
 
@@ -439,20 +441,15 @@ ONE_DECISION_RUNS = MC.DECISION_RUNS
 BAR_MISSES = ({("mesh_2x4_all_ops_avx2_held_out_7.json", "all_gather", v) for v in ("auto", "one_axis_auto")}
               | {("mesh_2x4_all_ops_avx2_slot_repeat3.json", "psum_scatter", "one_axis_auto")})
 # Where links only puts the flat coded all_gather 15% or more from its median: the third repeat (load 4.2-5.6,
-# the others 2.3-3.8), whose coded programs all ran slower than calibrated (benchmarks/README.md), and the
-# fourth slot run (-16.1%, its all_gather case at load 5.1)
-RING_MISSES = {"mesh_2x4_all_ops_avx2_once_repeat3.json", "mesh_2x4_all_ops_avx2_slot_repeat3.json"}
+# the others 2.3-3.8), whose coded programs all ran slower than calibrated (benchmarks/README.md)
+RING_MISSES = {"mesh_2x4_all_ops_avx2_once_repeat3.json"}
 ALL_OPS_RUNS = ("mesh_2x4_all_ops.json", "mesh_2x4_all_ops_lone_flow.json", "mesh_2x4_all_ops_iqr_rule.json",
                 "mesh_2x4_all_ops_dense.json", "mesh_2x4_all_ops_avx2.json") + ONE_DECISION_RUNS
-# The runs with the AVX-512BW tier, on a CPU that binds at 1 Gbit/s: the flat raw all_gather lands under its
-# median there (-14.8% at 1 Gbit/s, -13.2% at 0.25), within the 15% of the links-only column, not within 10%
+# The runs with the AVX-512BW tier, on a CPU that binds at 1 Gbit/s, at 1 and 0.25 Gbit/s
 BW_TIER_RUNS = ("mesh_2x4_all_ops_avx512bw.json", "mesh_2x4_all_ops_250mbit.json")
-# And where it does on this EPYC: the second run calibrated before each case, -12.1% from the calibration just
-# before the all_gather, -6.5% from the one before the run's first case (benchmarks/README.md)
-FLAT_RING_WIDE = {"mesh_2x4_all_ops_avx2_per_case_repeat.json"}
-# And past 15%: the first run that times the mixed slot exchange's passes, -16.2%, whose all_gather case ran at
-# load 6.1 (its highest) and every all_gather program 10-20% over the other EPYC runs' medians (raw ones too)
-FLAT_RING_MISSES = {"mesh_2x4_all_ops_avx2_slot.json"}
+# The runs whose codec does not bind (a VBMI2 tier at 1 Gbit/s, the AVX-512BW tier at 0.25 Gbit/s): there the
+# flat coded all_gather's codec hides behind the link, and calibrate's in-situ codec lands nearer its median
+CODEC_HIDDEN_RUNS = {"mesh_2x4_all_ops.json", "mesh_2x4_all_ops_lone_flow.json", "mesh_2x4_all_ops_250mbit.json"}
 
 
 @pytest.fixture(scope="module")
@@ -480,6 +477,9 @@ def test_the_record_is_every_run_of_todays_decision(check, record_rows):
       f"within it in {per_run.count(20)} of {n} runs (per run, oldest first: {', '.join(map(str, per_run))} of 20)")
   table = mod.record_markdown(record_rows).splitlines()
   assert len(table) == 22 and table[2].startswith("| all_to_all | flat raw | ")
+  picks = mod.record_picks()  # one per run and op; the fastest measured is never slower than a pick
+  assert len(picks) == 4 * n and all(p["over_best"] >= 1 and (p["over_best"] == 1) == (p["pick"] == p["best"])
+                                     for p in picks)
 
 
 def test_the_flat_all_to_all_crosses_hosts_faster_than_the_host_levels(check):
@@ -496,42 +496,58 @@ def test_the_flat_all_to_all_crosses_hosts_faster_than_the_host_levels(check):
       assert rate[("flat all_to_all", mib)] > 0.9 * rate[("flat ring all_gather", mib)], (name, mib)
 
 
-def test_links_only_costs_the_flat_ring_as_the_stream_it_is(check):
-  """The flat ring all_gather's edge between hosts is one pipelined stream (gloo's allgather), which the run's
-  link probe measures: links only costs it so and lands within 15% of the flat raw all_gather's median in
-  every 2 x 4 all-ops run but FLAT_RING_MISSES (within 17% there), and within 10% in all of ALL_OPS_RUNS but
-  FLAT_RING_WIDE and FLAT_RING_MISSES (with the host level's all_gather as its edge: +8% to +22%); the
-  AVX-512BW tier's runs (BW_TIER_RUNS) are the others outside 10%. The recorded patterns say why: the ring
-  reaches the probe's rate, the host level's four pairs do not."""
+def test_links_only_costs_flat_crossings_as_the_stream_they_are(check, monkeypatch):
+  """A flat collective's crossings between hosts fill the link as one TCP stream does (gloo's ring all_gather:
+  one pipelined stream; the flat all_to_all: sixteen messages a direction), where the host level's calibrated
+  collectives, four pairs of one message each, fill less of it (benchmarks/link_patterns.py). Links only costs
+  them at the run's link probe times `stream_fill`, the flat patterns' share of the probe in the link_patterns
+  runs (0.89): the flat raw all_gather and all_to_all land within 15% of their medians in every 2 x 4 all-ops
+  run (before: the host level's all_to_all link put the flat all_to_all at -5% to +23%, the probe alone the
+  flat ring at -16% to +0.5%), and nearer them on mean |error| than either (4.4%, against 8.7% with the probe
+  alone and 10.8% with the host level's own links)."""
   mod = check[0]
-  wide, missed = set(), set()
-  for name in ALL_OPS_RUNS + BW_TIER_RUNS:
-    run = mod.RESULTS / name
-    rows = mod.two_levels(mod.testbed_profile(run), run=run, ops=("all_gather",))
-    flat = next(r for r in rows if r["variant"] == "flat raw")
-    assert abs(flat["links_err"]) < 0.17, (name, flat)
-    if abs(flat["links_err"]) >= 0.15:
-      missed.add(name)
-    elif abs(flat["links_err"]) >= 0.10:
-      wide.add(name)
-  assert missed == FLAT_RING_MISSES, missed
-  assert wide == set(BW_TIER_RUNS) | FLAT_RING_WIDE, wide
+  flat = ("flat raw",)
+
+  def errors():
+    out = {}
+    for name in ALL_OPS_RUNS + BW_TIER_RUNS:
+      run = mod.RESULTS / name
+      for r in mod.two_levels(mod.testbed_profile(run), run=run, ops=("all_to_all", "all_gather")):
+        if r["variant"] in flat:
+          out[(name, r["collective"])] = r["links_err"]
+    return out
+
+  def mean_abs(errs):
+    return sum(map(abs, errs.values())) / len(errs)
+
+  stream = errors()
+  assert max(map(abs, stream.values())) < 0.15, stream
+  fill = mod.stream_fill()
+  assert 0.85 < fill < 0.95, fill
+  monkeypatch.setattr(mod, "stream_fill", lambda: 1.0)   # the probe's rate itself
+  probe = errors()
+  host = mod._host_level
+  monkeypatch.setattr(mod, "_host_level", lambda prof, recs, per_host=4: dict(prof.links["host"]))
+  levels = errors()   # the host level's own all_to_all and all_gather links
+  monkeypatch.setattr(mod, "_host_level", host)
+  assert mean_abs(stream) < min(mean_abs(probe), mean_abs(levels)), (stream, probe, levels)
   pat = json.loads((mod.RESULTS / "link_patterns_2x4.json").read_text())
   rate = {(r["pattern"], r["MiB_per_direction"]): r["MBps_per_direction"] for r in pat["records"]}
-  probe = min(pat["probe_MBps_before"], pat["probe_MBps_after"])
-  for mib in (4, 16):
-    assert rate[("flat ring all_gather", mib)] > 0.9 * probe
+  for mib in mod.FILL_MIB:  # the flat all_to_all's patterns: test_the_flat_all_to_all_crosses_hosts_faster...
+    assert rate[("flat ring all_gather", mib)] > 0.9 * min(pat["probe_MBps_before"], pat["probe_MBps_after"])
     assert rate[("host all_gather, 4 pairs", mib)] < 0.9 * rate[("flat ring all_gather", mib)]
     assert rate[("one pair ppermute", mib)] < rate[("host all_gather, 4 pairs", mib)]
-  assert min(t["MBps_per_direction"] for t in pat["tcp_both_ways"]) > 0.9 * probe  # the link is not the cause
+  assert min(t["MBps_per_direction"] for t in pat["tcp_both_ways"]) > 0.9 * min(
+      pat["probe_MBps_before"], pat["probe_MBps_after"])  # the link is not the cause: gloo's patterns are
 
 
 def test_links_only_decodes_the_flat_ring_all_at_once(check, monkeypatch):
   """The flat coded all_gather is a ring: every device receives its last row in the same step and decodes its
   n - 1 rows at once, with no peer's wait to hide the codec, so its links-only cost has the codec as measured
-  alone (`Profile.phase_codecs`), not calibrate's in-situ scale. In every 2 x 4 all-ops run that lands nearer
-  its median than the in-situ scale does (19.8-34.4% under in the nine runs whose codec binds), and
-  within 15% in all but RING_MISSES."""
+  alone (`Profile.phase_codecs`), not calibrate's in-situ scale. In every 2 x 4 all-ops run whose codec binds
+  that lands nearer its median than the in-situ scale does (13.8-29.9% under there), nearer on mean |error|
+  over all of them, and within 15% in all but RING_MISSES; where the codec hides behind the link
+  (CODEC_HIDDEN_RUNS) the in-situ scale is nearer."""
   mod = check[0]
   from zipccl_jax.strategy.profile import Profile
 
@@ -547,8 +563,8 @@ def test_links_only_decodes_the_flat_ring_all_at_once(check, monkeypatch):
   monkeypatch.setattr(Profile, "phase_codecs",
                       lambda self, dtype, platform, phases, n: [self.codec_model(dtype, platform)[0]] * len(phases))
   in_situ = errors()
-  for name, err in alone.items():
-    assert abs(err) <= abs(in_situ[name]), (name, err, in_situ[name])
+  assert {name for name, err in alone.items() if abs(err) > abs(in_situ[name])} == CODEC_HIDDEN_RUNS, alone
+  assert sum(map(abs, alone.values())) < 0.5 * sum(map(abs, in_situ.values())), (alone, in_situ)
   assert {name for name, err in alone.items() if abs(err) >= 0.15} == RING_MISSES, alone
 
 
@@ -579,7 +595,8 @@ def test_auto_runs_within_3_percent_of_the_best_variant_once_decided(check):
 def test_readme_quotes_the_validation(check, record_rows):
   mod, flat, mesh, step = check
   text = (REPO / "benchmarks" / "README.md").read_text()  # "How well the model predicts what we measured"
-  quoted = [mod.markdown(flat, mesh, step), mod.record_markdown(record_rows), mod.record_verdict(record_rows)]
+  quoted = [mod.markdown(flat, mesh, step), mod.record_markdown(record_rows), mod.record_verdict(record_rows),
+            mod.picks_verdict(mod.record_picks())]
   for line in "\n".join(quoted).splitlines():
     assert line in text, f"benchmarks/README.md does not quote benchmarks/model_check.py's row:\n{line}"
 
@@ -609,9 +626,10 @@ SLOT_RUNS = ONE_DECISION_RUNS[ONE_DECISION_RUNS.index("mesh_2x4_all_ops_avx2_slo
 def test_links_only_charges_the_mixed_exchange_its_own_rows_passes(check, monkeypatch):
   """In the runs that measured it, links only costs all_to_all host coded / local raw with the passes over
   its own host's rows (into their slots and back), as calibrate timed them beside the codec: that program
-  lands within 5% of its median in every such run and nearer it on average than without them (where the nine
-  runs before put it 3.9-15.8% under; the fourth slot run, -1.4% without them, +2.7% with them:
-  benchmarks/README.md), and no other variant moves."""
+  lands nearer its median in every such run than without them (6.6-14.0% under with them, 9.6-17.4% without)
+  and within 15%, and no other variant moves. It stays under: its crossings run at the stream's rate, as the
+  flat exchange's do, and like the flat coded all_to_all (1.4-9.3% under in those runs) the rest of its data
+  movement (frames into one buffer, the decoded rows out; benchmarks/program_passes.py) is not in the model."""
   mod = check[0]
   from zipccl_jax.strategy.codec_cost import CodecModel as Codec
 
@@ -641,7 +659,7 @@ def test_links_only_charges_the_mixed_exchange_its_own_rows_passes(check, monkey
   mixed = "hierarchical host:compressed local:raw"
   for key, err in charged.items():
     if key[1:] == ("all_to_all", mixed):
-      assert abs(err) < 0.05 and err > free[key], (key, err, free[key])
+      assert abs(err) < 0.15 and err > free[key], (key, err, free[key])
     else:
       assert err == free[key], key
   ours = [k for k in charged if k[1:] == ("all_to_all", mixed)]

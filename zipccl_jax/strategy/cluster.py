@@ -35,8 +35,9 @@ axis             link model (``t = latency + bytes one device sends / bandwidth`
 
 A level given per collective (``{"all_to_all": ..., "all_gather": ..., "*": ...}``, what
 :func:`zipccl_jax.calibrate` measures per level) costs each collective with its own link, and the
-flat collectives compose the levels' links of their kind; a ``"ring"`` entry, where given, is the
-rate a ring's stream crosses the level at (`links.ring_link`), and the flat ring uses it.
+flat collectives compose the levels' links of their kind; a ``"stream"`` entry, where given, is the
+rate a flat collective's crossings reach on the level (`links.stream_link`): the flat ring's edge
+and the flat all_to_all's crossings use it.
 
 Every collective pays the slower level's latency once (one launch; per-message costs inside a
 collective are not modelled). A training step is its collectives, one after another, plus

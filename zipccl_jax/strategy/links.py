@@ -82,20 +82,21 @@ def level_link(level, op: str) -> LinkModel:
   return level.get(op, level["*"]) if isinstance(level, dict) else level
 
 
-def ring_link(level) -> LinkModel:
-  """The link a ring's stream crosses `level` at, per device: the level's ``"ring"`` entry where it
-  has one, else its all_gather link.
+def stream_link(level, op: str) -> LinkModel:
+  """The link a flat collective's crossings of `level` run at, per device: the level's ``"stream"``
+  entry where it has one, else its `op` link (`level_link`).
 
-  A level's collectives, timed over that level alone, need not move bytes the way a ring over
-  several levels does. On the two-level CPU testbed (gloo over TCP), the host level's all_gather is
-  four two-rank exchanges of one message per pair at once, which fill about four fifths of the shaped
-  link; a flat ring's edge between hosts is one pipelined stream (gloo's allgather keeps two
-  half-chunks in flight on one connection), which fills it as one TCP stream does
-  (``benchmarks/link_patterns.py``). A level given ``"ring"`` (the stream's rate, per device) costs
-  a ring's edge with that."""
-  if isinstance(level, dict) and "ring" in level:
-    return level["ring"]
-  return level_link(level, "all_gather")
+  A level's collectives, timed over that level alone, need not move bytes the way a flat collective
+  over several levels does. On the two-level CPU testbed (gloo over TCP), the host level's all_gather
+  and all_to_all are four two-rank exchanges of one message per pair at once, which reach 0.71-0.84
+  of the rate one TCP stream reaches through the shaped link; a flat ring's edge between hosts is
+  one pipelined stream (gloo's allgather keeps two half-chunks in flight on one connection), and a
+  flat all_to_all sends sixteen messages a direction: both reach 0.83-0.93 of it
+  (``benchmarks/link_patterns.py``). A level given ``"stream"`` (the flat patterns' rate, per device)
+  costs the flat ring's edge and the flat all_to_all's crossings with it."""
+  if isinstance(level, dict) and "stream" in level:
+    return level["stream"]
+  return level_link(level, op)
 
 
 def flat_links(H: int, L: int, inter, intra) -> dict:
@@ -103,17 +104,17 @@ def flat_links(H: int, L: int, inter, intra) -> dict:
   zipccl_jax.model's docstring). Each is its levels running at once (`_slowest`): lines give a
   line, measured links (``points``) give the composed curve at their measured sizes. `inter` and
   `intra` are each a level's link, or its links per collective (`level_link`): the flat
-  all_to_all composes the levels' all_to_all links, the flat all_gather their ring links
-  (`ring_link`: a level's ``"ring"`` entry, else its all_gather link)."""
+  all_to_all composes the levels' all_to_all links, the flat all_gather their all_gather links; a
+  level's ``"stream"`` entry, where given, replaces both (`stream_link`)."""
   n = H * L
   # all_to_all: of n - 1 rows, n - L cross hosts and L - 1 stay; both at once
   cross, stay = (n - L) / (n - 1), (L - 1) / (n - 1)
-  x, y = level_link(inter, "all_to_all"), level_link(intra, "all_to_all")
+  x, y = stream_link(inter, "all_to_all"), stream_link(intra, "all_to_all")
   a2a = _slowest(((x, cross), (y, stay)), max(x.latency_s, y.latency_s),
                  1.0 / max(cross / x.bandwidth_Bps, stay / y.bandwidth_Bps))
   # ring all_gather: every edge of the ring carries n - 1 shards, a host's edge out of it through
   # its L devices' links together (one ring per device's link, each a 1/L slice)
-  x, y = ring_link(inter), ring_link(intra)
+  x, y = stream_link(inter, "all_gather"), stream_link(intra, "all_gather")
   ag = _slowest(((x, 1.0 / L), (y, 1.0)), max(x.latency_s, y.latency_s),
                 min(L * x.bandwidth_Bps, y.bandwidth_Bps))
   return {"all_to_all": a2a, "all_gather": ag, "*": a2a,  # ppermute's rounds and flag psums cross

@@ -167,8 +167,8 @@ class Profile:
       ``collective`` is ``"all_to_all"``, ``"all_gather"``, ``"ppermute"``,
       ``"psum"`` or ``"*"`` (any). Missing entries fall back to ``"*"``, then
       to :data:`DEFAULT_LINKS` for the platform. A level may also hold
-      ``"ring"``, the rate a ring's stream crosses it at
-      (:func:`~zipccl_jax.strategy.links.ring_link`).
+      ``"stream"``, the rate a flat collective's crossings reach on it
+      (:func:`~zipccl_jax.strategy.links.stream_link`).
     codec: ``{platform: {dtype name: CodecModel}}`` (platform ``"cpu"``,
       ``"gpu"``, ``"tpu"``); missing entries fall back to float16 <->
       bfloat16, then to :data:`DEFAULT_CODEC`.
