@@ -52,7 +52,8 @@ PROFILE_RUN = RESULTS / "mesh_2x4_all_ops.json"
 # slot exchange's passes (`CodecModel.slot_Bps`). Every run of that command is added here, whatever it shows.
 DECISION_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
-    "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2", "slot_repeat3", "slot_repeat4"))
+    "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2", "slot_repeat3", "slot_repeat4",
+    "slot_repeat5"))
 # The profile the training step is predicted from: the 2 x 4 run of the machine and code the step ran on
 # (train_step_4p.json predates the held-out calibration; its compute and timings come from that run).
 STEP_PROFILE_RUN = RESULTS / "mesh_2x4_session7.json"
