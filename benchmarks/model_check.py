@@ -49,11 +49,15 @@ PROFILE_RUN = RESULTS / "mesh_2x4_all_ops.json"
 # Every 2 x 4 all-ops run of today's decision (one decision per call: a call the plan keeps flat decides with the
 # plan's flat estimates), oldest first: the record the links-only column is judged on (`record`). From
 # per_case on, each calibrated again before each case (`--held-out-per-case`); from slot on, with the mixed
-# slot exchange's passes (`CodecModel.slot_Bps`). Every run of that command is added here, whatever it shows.
+# slot exchange's passes (`CodecModel.slot_Bps`); slot_once, the default command (one calibration) with them.
+# Every run of that command is added here, whatever it shows.
 DECISION_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
     "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2", "slot_repeat3", "slot_repeat4",
-    "slot_repeat5"))
+    "slot_repeat5", "slot_once"))
+# The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
+# codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
+SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
 # The profile the training step is predicted from: the 2 x 4 run of the machine and code the step ran on
 # (train_step_4p.json predates the held-out calibration; its compute and timings come from that run).
 STEP_PROFILE_RUN = RESULTS / "mesh_2x4_session7.json"
@@ -509,6 +513,7 @@ def main(argv=None) -> int:
         rows = record()
         print("\n" + record_markdown(rows) + "\n\n" + record_verdict(rows))
         print(picks_verdict(record_picks()))
+        print("calibrated as today (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
     if a.json:
         Path(a.json).write_text(json.dumps({"flat_sweep": flat, "two_levels": mesh, "training_step": step},
                                            indent=1) + "\n")

@@ -596,7 +596,8 @@ def test_readme_quotes_the_validation(check, record_rows):
   mod, flat, mesh, step = check
   text = (REPO / "benchmarks" / "README.md").read_text()  # "How well the model predicts what we measured"
   quoted = [mod.markdown(flat, mesh, step), mod.record_markdown(record_rows), mod.record_verdict(record_rows),
-            mod.picks_verdict(mod.record_picks())]
+            mod.picks_verdict(mod.record_picks()),
+            "calibrated as today (SLOT_RUNS): " + mod.record_verdict(mod.record(mod.SLOT_RUNS))]
   for line in "\n".join(quoted).splitlines():
     assert line in text, f"benchmarks/README.md does not quote benchmarks/model_check.py's row:\n{line}"
 
@@ -620,7 +621,7 @@ def test_an_uncoded_dtype_says_it_is_not_compressed(capsys):
 
 
 # The runs whose calibration timed the mixed slot exchange's own-row passes (CodecModel.slot_Bps)
-SLOT_RUNS = ONE_DECISION_RUNS[ONE_DECISION_RUNS.index("mesh_2x4_all_ops_avx2_slot.json"):]
+SLOT_RUNS = MC.SLOT_RUNS
 
 
 def test_links_only_charges_the_mixed_exchange_its_own_rows_passes(check, monkeypatch):
@@ -643,10 +644,10 @@ def test_links_only_charges_the_mixed_exchange_its_own_rows_passes(check, monkey
     return out
 
   charged = rows()
-  for name in SLOT_RUNS:
+  for name in mod.DECISION_RUNS:  # SLOT_RUNS are exactly the runs that timed the passes
     prof = mod.run_profile(next(r for r in json.loads((mod.RESULTS / name).read_text())
                                 if r["variant"] == "auto")["model_profile"])
-    assert prof.codec["cpu"]["bfloat16"].slot_Bps > 0, name
+    assert (prof.codec["cpu"]["bfloat16"].slot_Bps > 0) == (name in SLOT_RUNS), name
   plain = mod.run_profile
 
   def unmeasured(summary):
