@@ -459,7 +459,7 @@ def record_verdict(rows, bound: float = 0.15) -> str:
             f"runs (per run, oldest first: {', '.join(map(str, per_run))} of {len(rows)})")
 
 
-def record_picks(runs=DECISION_RUNS) -> dict:
+def record_picks(runs=DECISION_RUNS) -> list[dict]:
     """Per run and op of `runs`: the variant links only ranks fastest, whether it is the one measured fastest,
     and its median over the fastest median (what following links only's ranking would have cost)."""
     picks = []
