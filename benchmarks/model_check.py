@@ -49,12 +49,12 @@ PROFILE_RUN = RESULTS / "mesh_2x4_all_ops.json"
 # Every 2 x 4 all-ops run of today's decision (one decision per call: a call the plan keeps flat decides with the
 # plan's flat estimates), oldest first: the record the links-only column is judged on (`record`). From
 # per_case on, each calibrated again before each case (`--held-out-per-case`); from slot on, with the mixed
-# slot exchange's passes (`CodecModel.slot_Bps`); slot_once, the default command (one calibration) with them.
+# slot exchange's passes (`CodecModel.slot_Bps`); slot_once and its repeats, the default command (one calibration) with them.
 # Every run of that command is added here, whatever it shows.
 DECISION_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
     "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2", "slot_repeat3", "slot_repeat4",
-    "slot_repeat5", "slot_once"))
+    "slot_repeat5", "slot_once", "slot_once_repeat", "slot_once_repeat2"))
 # The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
 # codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
 SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
@@ -483,6 +483,114 @@ def picks_verdict(picks) -> str:
             f"average, {max(over):.3f}x at most")
 
 
+# The two-level pair a near tie of the 2 x 4 runs is between: the slow level coded, against both levels raw
+NEAR_TIE = ("hierarchical host:compressed local:raw", "hierarchical host:raw local:raw")
+# The ops whose two-level programs calibrate times as one pair (psum runs psum_scatter's, then all_gather's)
+PAIRED_OPS = ("all_to_all", "all_gather", "psum_scatter")
+
+
+def _own_decision(recs: list[dict], op: str, min_gain: float | None = None):
+    """The LevelPlan `auto` decided `op` with in a 2 x 4 run (`recs`), from that op's own calibration (a run
+    with `--held-out-per-case` calibrated before each case), with the profile's margin or `min_gain`."""
+    from zipccl_jax.strategy import levels as two_level
+    by = {r["variant"]: r for r in recs if r["collective"] == op}
+    prof, r0 = run_profile(by["auto"]["profile"]), by["flat_raw"]
+    if min_gain is not None:
+        prof.min_gain = min_gain
+    dt = np.dtype(_np_dtype(r0["dtype"]))
+    return two_level.choose(op, dt, math.prod(r0["global_shape"]) // 8, ("host", "local"), ("host", "local"),
+                            (2, 4), "auto", _role(r0["payload"], op), profile=prof, platform="cpu",
+                            fixed_order=FIXED_ORDER)
+
+
+def ratio_drift(runs=DECISION_RUNS) -> list[dict]:
+    """Per run and op of `PAIRED_OPS`, `NEAR_TIE`'s ratio (slow level coded over both raw) three ways: as
+    calibrate ranked it at the case's size (the estimates `auto` decided with), as the median of calibrate's
+    ratios at each of its sizes from 1 MB (three sizes, three times the repetitions), and as the run measured it
+    (the two variants' medians). If calibrate's sampling limited the decision, the pooled ratio would land nearer."""
+    rows = []
+    for name in runs:
+        recs = json.loads((RESULTS / name).read_text())
+        for op in PAIRED_OPS:
+            by = {r["variant"]: r for r in recs if r["collective"] == op}
+            est = dict(_own_decision(recs, op).candidates)
+            net, order = by["auto"]["profile"]["net_s"], "_fixed_order" if op == "psum_scatter" and FIXED_ORDER else ""
+            raw = {k.rsplit("/", 1)[1]: v for k, v in net.items() if k.startswith(f"link/hierarchical_{op}{order}/")}
+            coded = f"link/hierarchical_{op}_slow_coded{order}/"
+            pooled = statistics.median(net[coded + s] / t for s, t in raw.items() if int(s) >= 1 << 20)
+            rows.append({"run": name, "collective": op, "calibrated": est[NEAR_TIE[0]] / est[NEAR_TIE[1]],
+                         "pooled": pooled, "measured": by["hierarchical_compressed"]["median_s"]
+                         / by["hierarchical_raw"]["median_s"]})
+    return rows
+
+
+def drift_verdict(rows) -> str:
+    """One line of `ratio_drift`: the measured ratio less each calibrated one, mean and standard deviation."""
+    def stats(k):
+        d = [r["measured"] - r[k] for r in rows]
+        return f"mean {statistics.mean(d):+.1%}, sd {statistics.stdev(d):.1%}"
+    return (f"host coded / both raw, measured less calibrated over {len(rows)} (run, op): at the case's size "
+            f"{stats('calibrated')}; pooled over calibrate's sizes from 1 MB {stats('pooled')}")
+
+
+def _best_s(by: dict) -> float:
+    """The fastest median among a run's timed variants of one op (`by`: variant -> record), jax.lax's call
+    included, `auto`'s own timings of the programs it picked aside."""
+    return min(r["median_s"] for v, r in by.items() if not v.endswith("auto"))
+
+
+def auto_bar(runs=DECISION_RUNS) -> list[dict]:
+    """Per run, op and `auto` variant (over the tuple; over one axis, where the run has it): its median, the
+    fastest variant's (`_best_s`), and whether it is within 3% + 1.5 ms of it (the testbed's bar)."""
+    rows = []
+    for name in runs:
+        recs = json.loads((RESULTS / name).read_text())
+        for op in ("all_to_all", "all_gather", "psum_scatter", "psum"):
+            by = {r["variant"]: r for r in recs if r["collective"] == op}
+            best = _best_s(by)
+            rows += [{"run": name, "collective": op, "variant": v, "median_s": by[v]["median_s"], "best_s": best,
+                      "within": by[v]["median_s"] <= 1.03 * best + 1.5e-3}
+                     for v in ("auto", "one_axis_auto") if v in by]
+    return rows
+
+
+def bar_verdict(rows) -> str:
+    """One line of `auto_bar`: how many `auto` timings are within 3% + 1.5 ms, and how far over the others are."""
+    out = [r for r in rows if not r["within"]]
+    over = "; ".join(f"{r['run'].removeprefix('mesh_2x4_all_ops_avx2_').removesuffix('.json')} {r['collective']}"
+                     f"{' over one axis' if r['variant'] == 'one_axis_auto' else ''} "
+                     f"{(r['median_s'] - 1.03 * r['best_s'] - 1.5e-3) * 1e3:.2f} ms over" for r in out)
+    return (f"auto within 3% + 1.5 ms of the fastest variant in {len(rows) - len(out)} of {len(rows)} (run, op, "
+            f"tuple or one axis)" + (f"; outside: {over}" if out else ""))
+
+
+def margin_whatif(gains=(0.0, 0.01, 0.02), runs=DECISION_RUNS) -> list[dict]:
+    """Per `min_gain` in `gains`: the variant each run's own calibration picks for each op with that margin
+    (`_own_decision`), and that variant's median over the fastest timed variant's (`auto`'s own timing aside):
+    how many exceed 3% + 1.5 ms, and the mean and largest ratio."""
+    by_name = {v: k for k, v in MESH_VARIANTS.items()}
+    out = []
+    for g in gains:
+        over, misses = [], 0
+        for name in runs:
+            recs = json.loads((RESULTS / name).read_text())
+            for op in ("all_to_all", "all_gather", "psum_scatter", "psum"):
+                by = {r["variant"]: r for r in recs if r["collective"] == op}
+                t = by[by_name[_own_decision(recs, op, g).candidates[0][0]]]["median_s"]
+                best = _best_s(by)
+                over.append(t / best)
+                misses += t > 1.03 * best + 1.5e-3
+        out.append({"min_gain": g, "decisions": len(over), "misses": misses,
+                    "mean_over_best": statistics.mean(over), "max_over_best": max(over)})
+    return out
+
+
+def margin_verdict(rows) -> str:
+    return "; ".join(f"min_gain {r['min_gain']:g}: {r['misses']} of {r['decisions']} over 3% + 1.5 ms, "
+                     f"{r['mean_over_best']:.4f}x the fastest on average, {r['max_over_best']:.3f}x at most"
+                     for r in rows)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write every row here")
@@ -514,6 +622,9 @@ def main(argv=None) -> int:
         print("\n" + record_markdown(rows) + "\n\n" + record_verdict(rows))
         print(picks_verdict(record_picks()))
         print("calibrated as today (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
+        print(bar_verdict(auto_bar()))
+        print(drift_verdict(ratio_drift()))
+        print("the decision with another margin: " + margin_verdict(margin_whatif()))
     if a.json:
         Path(a.json).write_text(json.dumps({"flat_sweep": flat, "two_levels": mesh, "training_step": step},
                                            indent=1) + "\n")
