@@ -386,3 +386,52 @@ def test_the_mixed_exchange_costs_its_own_rows_slot_passes():
   assert after[(True, False)] - before[(True, False)] == pytest.approx(1e-4 + L * row_bytes / 3e8)
   assert {k: v for k, v in after.items() if k != (True, False)} == {
       k: v for k, v in before.items() if k != (True, False)}
+
+
+def _tied_profile(timed_gain: float, coded_key: str) -> Profile:
+  """A 2 x 4 profile whose flat raw all_gather of a 512 KiB shard takes 30 ms and whose program `coded_key`
+  (calibrate's timing over the tuple) takes 29.7 ms: a near tie, 1% apart."""
+  sent = (H * L - 1) * (256 << 10) * 2
+  p = Profile(timed_gain=timed_gain)
+  p.links = {"host": {"*": LinkModel(1e-4, 3e7)}, "local": {"*": LinkModel(1e-5, 2e8)},
+             "host,local": {"*": LinkModel(0.0, sent / 30e-3), coded_key: LinkModel(0.0, sent / 29.7e-3)}}
+  p.codec = {"cpu": {"bfloat16": CodecModel(2e8, 3e8, 1e-4, 1e-4)}}
+  return p
+
+
+@pytest.mark.parametrize("coded_key, pick", [("hierarchical_all_gather_slow_coded", "hierarchical host:compressed local:raw"),
+                                             ("flat_all_gather_coded", "flat compressed")],
+                         ids=["slow-level-coded", "flat-compressed"])
+def test_a_timed_compressed_program_competes_at_its_time(coded_key, pick):
+  """A compressed program calibrate timed over the tuple is ranked at its time (`Profile.timed_gain`, 0 by
+  default): 1% ahead of raw, the plan runs it; with timed_gain 0.02 (the margin a modelled estimate needs) it
+  stays raw. A flat plan hands its margin to the flat path, which decides as the plan ranked."""
+  bf16 = np.dtype(ml_dtypes.bfloat16)
+
+  def plan(gain):
+    return two_level.choose("all_gather", bf16, 256 << 10, AXES, AXES, (H, L), "auto", "activation",
+                            profile=_tied_profile(gain, coded_key), platform="cpu")
+
+  today, margin = plan(0.0), plan(0.02)
+  assert today.candidates[0] == (pick, pytest.approx(29.7e-3, rel=1e-9)), today.candidates
+  assert margin.candidates[0] == ("flat raw", pytest.approx(30e-3, rel=1e-9)), margin.candidates
+  assert "timed x (1+0)" in today.reason and "compressed x (1+0.02)" in today.reason
+  assert two_level._timed("all_gather", bf16, AXES, "host", "local", _tied_profile(0.0, coded_key)) == {pick}
+  assert two_level._timed("all_gather", np.dtype(np.float32), AXES, "host", "local",
+                          _tied_profile(0.0, coded_key)) == set()   # timed on bfloat16 only
+  if pick == "flat compressed":
+    for lp, compressed in ((today, True), (margin, False)):
+      assert lp.algorithm == "flat" and lp.flat_estimates()[2] == lp.flat_gain
+      d = decide("all_gather", bf16, 256 << 10, axis_size=H * L, axis_name=AXES, compress="auto",
+                 profile=_tied_profile(lp.flat_gain, coded_key), platform="cpu", log=False,
+                 flat_est=lp.flat_estimates())
+      assert d.compress is compressed, d.reason
+
+
+def test_timed_gain_round_trips_and_is_absent_where_it_is_zero():
+  p = Profile()
+  assert "timed_gain" not in p.to_dict()
+  q = Profile(timed_gain=0.02)
+  assert Profile.from_dict(q.to_dict()).timed_gain == 0.02 and q.fingerprint() != p.fingerprint()
+  with pytest.raises(ValueError, match="timed_gain"):
+    Profile(timed_gain=-0.01).validate()

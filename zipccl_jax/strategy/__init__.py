@@ -65,7 +65,10 @@ Solving for the bandwidth gives the crossover of a phase-uniform link::
   bw* = (B_raw - (1 + g) B_wire) / ((1 + g) (L_comp + K) - L_raw)
 
 with ``B`` the sent bytes, ``L`` the latencies, ``K`` the codec time and
-``g = min_gain``: links slower than ``bw*`` compress, faster ones stay raw.
+``g = min_gain``: links slower than ``bw*`` compress, faster ones stay raw. A two-level plan
+(:mod:`.levels`) ranks a compressed program that :func:`zipccl_jax.calibrate` timed over the tuple
+at its time with ``timed_gain`` (default 0) instead: its estimate is a measurement beside the raw
+program's, not the model whose error ``min_gain`` covers.
 
 Capacity (padded transport, ``compress="auto"``, no explicit ``capacity=``):
 

@@ -177,7 +177,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
            platform: str | None = None, log: bool = True,
            raw_reason: str | None = None, algorithm: str | None = None,
            pieces: int | None = None, message_elems: int | None = None,
-           fixed_order: bool = False, flat_est: tuple[float, float] | None = None) -> Decision:
+           fixed_order: bool = False, flat_est: tuple[float, float, float] | None = None) -> Decision:
   """The cost-model decision for one call (pure: same inputs, same answer).
 
   Args:
@@ -203,9 +203,11 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
     pieces: K pinned (:func:`choose_pieces`); None: the model's K.
     message_elems: psum only: the operand's elements (default ``n * chunk_elems``).
     fixed_order: reductions: raw is zipccl's fixed-order program, not jax.lax's ring.
-    flat_est: ``(raw, compressed)`` seconds of this flat call as a two-level plan costed them
-      (`levels.choose`: measured programs where calibrate timed them over the tuple); they replace
-      the model's, so a call the plan kept flat is decided as the plan ranked it, once.
+    flat_est: ``(raw, compressed, margin)`` of this flat call as a two-level plan costed and
+      ranked them (`levels.choose`: seconds, measured programs where calibrate timed them over the
+      tuple; the margin compressed was ranked with, ``timed_gain`` for a timed program); they
+      replace the model's and ``min_gain``, so a call the plan kept flat is decided as the plan
+      ranked it, once.
   """
   prof = profile if profile is not None else get_profile()
   plat = platform_key(platform) if platform is not None else current_platform()
@@ -281,7 +283,7 @@ def decide(op: str, dtype, chunk_elems: int, *, axis_size: int, axis_name=None,
     return out(False, 0, transport, t_c, wire, src, "axis of size 1")
   if cap >= raw_chunk:
     return out(False, 0, transport, t_c, wire, src, "capacity saves nothing")
-  g, how = prof.min_gain, "model" if flat_est is None else "two-level plan's flat estimates"
+  g, how = (prof.min_gain, "model") if flat_est is None else (flat_est[2], "two-level plan's flat estimates")
   wins = t_c * (1 + g) < t_raw
   return out(wins, cap, tr_best if wins else transport, t_c, wire, src,
              f"{how}: {t_c * 1e3:.3f} ms x (1+{g:g}) {'<' if wins else '>='} raw {t_raw * 1e3:.3f} ms")

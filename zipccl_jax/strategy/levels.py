@@ -14,7 +14,7 @@ the cheapest:
 
 * ``compress="auto"``: flat raw (the ``jax.lax`` call as written), flat compressed, and
   hierarchical with at least one phase compressed (compressed candidates must win by the
-  profile's ``min_gain``);
+  profile's ``min_gain``; one calibrate timed over the tuple, by its ``timed_gain``, default 0);
 * ``compress=True``: flat compressed or hierarchical with both phases compressed;
 * ``compress=False``: flat raw.
 
@@ -40,7 +40,7 @@ from zipccl_jax import _mixed
 from zipccl_jax._shard import axis_size, batched, check_vma_on, level_groups
 from zipccl_jax.capacity import CODED_DTYPES
 from zipccl_jax.strategy.decision import Decision, decide, log_decision
-from zipccl_jax.strategy.profile import axis_key, current_platform, get_profile
+from zipccl_jax.strategy.profile import Profile, axis_key, current_platform, get_profile
 
 __all__ = ["LevelPlan", "plan", "choose", "use_algorithm", "use_levels", "pinned", "levels_of",
            "level_groups", "hierarchical_key", "flat_coded_key", "PROGRAM_DTYPE", "OPS",
@@ -233,14 +233,15 @@ class LevelPlan:
   role: str = "activation"       # the data's statistics (capacity ratios), as strategy.plan's
   fixed_order: bool = False      # psum_scatter's phases: raw is fixed-order, not jax.lax's call
   axis: object = None            # the one mesh axis `slow` and `fast` split (`use_levels`), or None
+  flat_gain: float = Profile.min_gain  # the margin flat compressed was ranked with (`choose`)
 
-  def flat_estimates(self) -> tuple[float, float] | None:
-    """(flat raw, flat compressed) seconds as this plan costed them, where it costed both: the flat
-    path of an "auto" call decides with them (`strategy.decide`'s ``flat_est``), so a call that
-    stays flat is decided once, as the plan ranked it."""
+  def flat_estimates(self) -> tuple[float, float, float] | None:
+    """(flat raw, flat compressed, the margin compressed was ranked with) as this plan costed them,
+    where it costed both: the flat path of an "auto" call decides with them (`strategy.decide`'s
+    ``flat_est``), so a call that stays flat is decided once, as the plan ranked it."""
     est = dict(self.candidates)
     if "flat raw" in est and "flat compressed" in est:
-      return est["flat raw"], est["flat compressed"]
+      return est["flat raw"], est["flat compressed"], self.flat_gain
     return None
 
 
@@ -257,6 +258,31 @@ _PHASES = {
 
 _FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n,
                "all_to_all": lambda m, n: m // n, "psum": lambda m, n: -(-m // n)}
+
+
+def _programs_timed(op, dt, axis_name, slow, prof, fixed_order=False):
+  """(the tuple's link table, then calibrate's models of `op`'s programs over it, each None where
+  not measured: hierarchical raw, hierarchical with the slow level coded, flat compressed). The
+  table is read with `slow` first only (none: measured the other way); coded programs only for
+  `PROGRAM_DTYPE`, the dtype they were timed on."""
+  tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
+  same_dtype = dt == PROGRAM_DTYPE
+  return (tab, tab.get(hierarchical_key(op, fixed_order=fixed_order)),
+          tab.get(hierarchical_key(op, True, fixed_order)) if same_dtype else None,
+          tab.get(flat_coded_key(op)) if same_dtype else None)
+
+
+def _timed(op, dt, axis_name, slow, fast, prof, fixed_order=False) -> set:
+  """The compressed candidates whose estimate is calibrate's timing of that very program, beside
+  its raw program (`calibration._paired`), not a model: the slow level coded over the tuple, flat
+  compressed over it; psum's two-level variants where both its programs are (psum_scatter's and
+  all_gather's). `choose` ranks them with ``Profile.timed_gain``, the others with ``min_gain``."""
+  if op == "psum":
+    both = [_timed(o, dt, axis_name, slow, fast, prof, fixed_order) for o in ("psum_scatter", "all_gather")]
+    return (both[0] & both[1]) - {"flat compressed"}
+  _, _, coded, flat_coded = _programs_timed(op, dt, axis_name, slow, prof, fixed_order)
+  return ({f"hierarchical {slow}:compressed {fast}:raw"} if coded is not None else set()) | \
+      ({"flat compressed"} if flat_coded is not None else set())
 
 
 def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=None,
@@ -289,11 +315,7 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=
                             fixed_order)
   model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat,
                                    fixed_order)
-  tab = prof.links.get(axis_key(axis_name), {}) if str(axis_name[0]) == str(slow) else {}
-  measured = tab.get(hierarchical_key(op, fixed_order=fixed_order))  # none: measured the other way
-  same_dtype = dt == PROGRAM_DTYPE
-  coded = tab.get(hierarchical_key(op, True, fixed_order)) if same_dtype else None
-  flat_coded = tab.get(flat_coded_key(op)) if same_dtype else None
+  tab, measured, coded, flat_coded = _programs_timed(op, dt, axis_name, slow, prof, fixed_order)
   if flat_coded is not None:
     flat = {**flat, True: flat_coded.time(flat_sent)}
   base = measured.time(flat_sent) - model[(False, False)] if measured is not None else 0.0
@@ -319,7 +341,7 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=
     note += ", slow phase coded measured"
   if flat_coded is not None:
     note += ", flat compressed measured"
-  if not same_dtype and (hierarchical_key(op, True, fixed_order) in tab or flat_coded_key(op) in tab):
+  if dt != PROGRAM_DTYPE and (hierarchical_key(op, True, fixed_order) in tab or flat_coded_key(op) in tab):
     note += f", coded programs modelled ({dt.name}: measured on {PROGRAM_DTYPE.name})"
   return est, note
 
@@ -505,15 +527,18 @@ def choose(op: str, dtype, x_elems: int, axis_name, levels, sizes, compress, rol
   allowed = _allowed(compress, forced_alg, forced_levels, slow, fast, fixed_order)
   cands, note = _candidates(op, dt, int(x_elems), axis_name, slow, fast, (H, L), role, allowed,
                             profile=prof, platform=platform, fixed_order=fixed_order)
-  g = prof.min_gain
-  score = {k: t * (1 + g if any(cs.values()) else 1) for k, (t, _, cs) in cands.items()}
-  order = sorted(cands, key=lambda k: (score[k], k))
+  g, gt = prof.min_gain, prof.timed_gain
+  timed = _timed(op, dt, axis_name, slow, fast, prof, fixed_order) & set(cands)
+  gain = {k: (gt if k in timed else g) if any(cs.values()) else 0.0 for k, (_, _, cs) in cands.items()}
+  order = sorted(cands, key=lambda k: (cands[k][0] * (1 + gain[k]), k))
   best = order[0]
   t, alg, cs = cands[best]
-  why = ("use_algorithm" if forced_alg != "auto" else f"model (compressed x (1+{g:g}); {note})") \
+  margins = f"compressed x (1+{g:g})" + (f", timed x (1+{gt:g})" if timed else "")
+  why = ("use_algorithm" if forced_alg != "auto" else f"model ({margins}; {note})") \
       + ": " + ", ".join(f"{k} {cands[k][0] * 1e3:.3f} ms" for k in order)
   return LevelPlan(op, site, str(slow), str(fast), (H, L), alg, cs, float(t),
-                   tuple((k, float(cands[k][0])) for k in order), why, role, fixed_order)
+                   tuple((k, float(cands[k][0])) for k in order), why, role, fixed_order,
+                   flat_gain=gain.get("flat compressed", g))
 
 
 def _log(lp: LevelPlan, dt, m: int, role: str, mode) -> None:

@@ -35,7 +35,7 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
          transport: str = "auto", raw_reason: str | None = None, algorithm: str | None = None,
          pieces: int | None = None, message_elems: int | None = None,
          frame_may_exceed_raw: bool = False, fixed_order: bool = False,
-         flat_est: tuple[float, float] | None = None) -> Plan:
+         flat_est: tuple[float, float, float] | None = None) -> Plan:
   """The single place that decides raw vs. compressed for one call, and logs it.
 
   Args:
@@ -58,7 +58,7 @@ def plan(op: str, dtype, chunk_elems: int, *, axis_size: int, compress, capacity
       the raw chunk (hierarchical's mixed slots, which have no raw plan of their own).
     fixed_order: psum_scatter/psum: raw is zipccl's fixed-order program, not jax.lax's call
       (:func:`decide`).
-    flat_est: the (raw, compressed) seconds a two-level plan costed this flat call with
+    flat_est: the (raw, compressed, margin) a two-level plan costed and ranked this flat call with
       (`levels.LevelPlan.flat_estimates`), which ``"auto"`` decides with (:func:`decide`).
 
   ``compress=True`` and ``False`` are obeyed as given (capacity from ``capacity=`` or
