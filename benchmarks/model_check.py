@@ -49,12 +49,16 @@ PROFILE_RUN = RESULTS / "mesh_2x4_all_ops.json"
 # Every 2 x 4 all-ops run of today's decision (one decision per call: a call the plan keeps flat decides with the
 # plan's flat estimates), oldest first: the record the links-only column is judged on (`record`). From
 # per_case on, each calibrated again before each case (`--held-out-per-case`); from slot on, with the mixed
-# slot exchange's passes (`CodecModel.slot_Bps`); slot_once and its repeats, the default command (one calibration) with them.
-# Every run of that command is added here, whatever it shows.
-DECISION_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
+# slot exchange's passes (`CodecModel.slot_Bps`); slot_once and its repeats, the default command (one
+# calibration) with them; slot_timed_*, the default command once `Profile.timed_gain` ranked calibrate's timed
+# compressed programs at their time (the runs before it, MARGIN_ON_TIMED_RUNS, with the 2% margin of a modelled
+# estimate: `RUNS_TIMED_GAIN`). Every run of that command is added here, whatever it shows.
+MARGIN_ON_TIMED_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
     "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2", "slot_repeat3", "slot_repeat4",
     "slot_repeat5", "slot_once", "slot_once_repeat", "slot_once_repeat2"))
+DECISION_RUNS = MARGIN_ON_TIMED_RUNS + tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
+    "slot_timed_once", "slot_timed_once_repeat", "slot_timed_once_repeat2"))
 # The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
 # codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
 SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
@@ -489,15 +493,20 @@ NEAR_TIE = ("hierarchical host:compressed local:raw", "hierarchical host:raw loc
 PAIRED_OPS = ("all_to_all", "all_gather", "psum_scatter")
 
 
-# The margin the stored runs ranked a timed compressed program with: the profile's min_gain, as any compressed
-# estimate (`Profile.timed_gain` came after them; today's default is 0)
+# The margin the runs of MARGIN_ON_TIMED_RUNS ranked a timed compressed program with: the profile's min_gain, as
+# any compressed estimate (`Profile.timed_gain` came after them; its default is 0)
 RUNS_TIMED_GAIN = 0.02
+
+
+def decided_timed_gain(name: str) -> float:
+    """The margin run `name` ranked calibrate's timed compressed programs with."""
+    return RUNS_TIMED_GAIN if name in MARGIN_ON_TIMED_RUNS else 0.0
 
 
 def _own_decision(recs: list[dict], op: str, timed_gain: float | None = None):
     """The LevelPlan of `op` in a 2 x 4 run (`recs`) from that op's own calibration (a run with
     `--held-out-per-case` calibrated before each case), as `auto` decides today or with `timed_gain` (the
-    runs' own decisions: `RUNS_TIMED_GAIN`)."""
+    run's own decision: `decided_timed_gain`)."""
     from zipccl_jax.strategy import levels as two_level
     by = {r["variant"]: r for r in recs if r["collective"] == op}
     prof, r0 = run_profile(by["auto"]["profile"]), by["flat_raw"]
@@ -572,9 +581,9 @@ def bar_verdict(rows) -> str:
 
 def margin_whatif(gains=(RUNS_TIMED_GAIN, 0.01, 0.0), runs=DECISION_RUNS) -> list[dict]:
     """Per `timed_gain` in `gains`: the variant each run's own calibration picks for each op with that margin
-    on its timed compressed programs (`_own_decision`; `RUNS_TIMED_GAIN`: the run's own pick), and that
-    variant's median over the fastest timed variant's (`auto`'s own timing aside): how many exceed
-    3% + 1.5 ms, and the mean and largest ratio."""
+    on its timed compressed programs (`_own_decision`; `RUNS_TIMED_GAIN`: the rule before), and that variant's
+    median over the fastest timed variant's (`auto`'s own timing aside): how many exceed 3% + 1.5 ms, and the
+    mean and largest ratio."""
     by_name = {v: k for k, v in MESH_VARIANTS.items()}
     out = []
     for g in gains:
@@ -593,7 +602,7 @@ def margin_whatif(gains=(RUNS_TIMED_GAIN, 0.01, 0.0), runs=DECISION_RUNS) -> lis
 
 
 def margin_verdict(rows) -> str:
-    return "; ".join(f"timed_gain {r['timed_gain']:g}{' (the runs)' if r['timed_gain'] == RUNS_TIMED_GAIN else ''}"
+    return "; ".join(f"timed_gain {r['timed_gain']:g}{' (before)' if r['timed_gain'] == RUNS_TIMED_GAIN else ''}"
                      f"{' (today)' if r['timed_gain'] == 0 else ''}: {r['misses']} of {r['decisions']} over 3% + 1.5 ms, "
                      f"{r['mean_over_best']:.4f}x the fastest on average, {r['max_over_best']:.3f}x at most"
                      for r in rows)
