@@ -81,6 +81,20 @@ MESH_VARIANTS = {"flat_raw": "flat raw", "flat_compressed": "flat compressed",
                  "hierarchical_all_compressed": "hierarchical host:compressed local:compressed"}
 
 
+# The ops of the 2 x 4 all-ops runs, in the order they ran
+OPS = ("all_to_all", "all_gather", "psum_scatter", "psum")
+
+
+def _records(name: str) -> list[dict]:
+    """The records of stored run `name` (in RESULTS)."""
+    return json.loads((RESULTS / name).read_text())
+
+
+def _by_variant(recs: list[dict], op: str) -> dict:
+    """A run's records of `op`, by variant."""
+    return {r["variant"]: r for r in recs if r["collective"] == op}
+
+
 def _zs():
     """zipccl_jax.model, imported when first needed: benchmarks/collectives.py imports this file in its
     workers before they set XLA_FLAGS, and importing zipccl_jax imports jax."""
@@ -163,7 +177,7 @@ def _np_dtype(name):
     return np_dtype(name)
 
 
-def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "psum_scatter", "psum")) -> list[dict]:
+def two_levels(prof, run: Path = PROFILE_RUN, ops=OPS) -> list[dict]:
     """Every variant of a 2 x 4 run (`run`, of `ops`): the anchored and the links-only prediction against the
     median. Links only reads the run's held-out profile where it has one (calibrated at sizes no case has)."""
     zm = _zs()
@@ -171,7 +185,7 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=("all_to_all", "all_gather", "
     recs = json.loads(run.read_text())
     rows = []
     for op in ops:
-        by = {r["variant"]: r for r in recs if r["collective"] == op}
+        by = _by_variant(recs, op)
         held = by["auto"].get("model_profile")  # one per run, or measured before each case (--held-out-per-case)
         lp_ = run_profile(held) if held else prof
         top = zm.Topology(2, 4, _host_level(lp_, recs), dict(lp_.links["local"]), platform="cpu",
@@ -508,7 +522,7 @@ def _own_decision(recs: list[dict], op: str, timed_gain: float | None = None):
     `--held-out-per-case` calibrated before each case), as `auto` decides today or with `timed_gain` (the
     run's own decision: `decided_timed_gain`)."""
     from zipccl_jax.strategy import levels as two_level
-    by = {r["variant"]: r for r in recs if r["collective"] == op}
+    by = _by_variant(recs, op)
     prof, r0 = run_profile(by["auto"]["profile"]), by["flat_raw"]
     if timed_gain is not None:
         prof.timed_gain = timed_gain
@@ -525,9 +539,9 @@ def ratio_drift(runs=DECISION_RUNS) -> list[dict]:
     (the two variants' medians). If calibrate's sampling limited the decision, the pooled ratio would land nearer."""
     rows = []
     for name in runs:
-        recs = json.loads((RESULTS / name).read_text())
+        recs = _records(name)
         for op in PAIRED_OPS:
-            by = {r["variant"]: r for r in recs if r["collective"] == op}
+            by = _by_variant(recs, op)
             est = dict(_own_decision(recs, op).candidates)
             net, order = by["auto"]["profile"]["net_s"], "_fixed_order" if op == "psum_scatter" and FIXED_ORDER else ""
             raw = {k.rsplit("/", 1)[1]: v for k, v in net.items() if k.startswith(f"link/hierarchical_{op}{order}/")}
@@ -559,9 +573,9 @@ def auto_bar(runs=DECISION_RUNS) -> list[dict]:
     fastest variant's (`_best_s`), and whether it is within 3% + 1.5 ms of it (the testbed's bar)."""
     rows = []
     for name in runs:
-        recs = json.loads((RESULTS / name).read_text())
-        for op in ("all_to_all", "all_gather", "psum_scatter", "psum"):
-            by = {r["variant"]: r for r in recs if r["collective"] == op}
+        recs = _records(name)
+        for op in OPS:
+            by = _by_variant(recs, op)
             best = _best_s(by)
             rows += [{"run": name, "collective": op, "variant": v, "median_s": by[v]["median_s"], "best_s": best,
                       "within": by[v]["median_s"] <= 1.03 * best + 1.5e-3}
@@ -585,25 +599,24 @@ def margin_whatif(gains=(RUNS_TIMED_GAIN, 0.01, 0.0), runs=DECISION_RUNS) -> lis
     median over the fastest timed variant's (`auto`'s own timing aside): how many exceed 3% + 1.5 ms, and the
     mean and largest ratio."""
     by_name = {v: k for k, v in MESH_VARIANTS.items()}
-    out = []
-    for g in gains:
-        over, misses = [], 0
-        for name in runs:
-            recs = json.loads((RESULTS / name).read_text())
-            for op in ("all_to_all", "all_gather", "psum_scatter", "psum"):
-                by = {r["variant"]: r for r in recs if r["collective"] == op}
-                t = by[by_name[_own_decision(recs, op, g).candidates[0][0]]]["median_s"]
-                best = _best_s(by)
-                over.append(t / best)
-                misses += t > 1.03 * best + 1.5e-3
-        out.append({"timed_gain": g, "decisions": len(over), "misses": misses,
-                    "mean_over_best": statistics.mean(over), "max_over_best": max(over)})
-    return out
+    picked: dict = {g: [] for g in gains}   # (the pick's median, the fastest median) per decision
+    for name in runs:
+        recs = _records(name)
+        for op in OPS:
+            by = _by_variant(recs, op)
+            for g in gains:
+                picked[g].append((by[by_name[_own_decision(recs, op, g).candidates[0][0]]]["median_s"], _best_s(by)))
+    return [{"timed_gain": g, "decisions": len(tb), "misses": sum(t > 1.03 * b + 1.5e-3 for t, b in tb),
+             "mean_over_best": statistics.mean(t / b for t, b in tb), "max_over_best": max(t / b for t, b in tb)}
+            for g, tb in picked.items()]
 
 
 def margin_verdict(rows) -> str:
+    """One line of `margin_whatif`; the rule before and today's default (`Profile.timed_gain`) named."""
+    from zipccl_jax.strategy.profile import Profile
+    today = Profile.timed_gain
     return "; ".join(f"timed_gain {r['timed_gain']:g}{' (before)' if r['timed_gain'] == RUNS_TIMED_GAIN else ''}"
-                     f"{' (today)' if r['timed_gain'] == 0 else ''}: {r['misses']} of {r['decisions']} over 3% + 1.5 ms, "
+                     f"{' (today)' if r['timed_gain'] == today else ''}: {r['misses']} of {r['decisions']} over 3% + 1.5 ms, "
                      f"{r['mean_over_best']:.4f}x the fastest on average, {r['max_over_best']:.3f}x at most"
                      for r in rows)
 

@@ -420,12 +420,12 @@ def test_a_timed_compressed_program_competes_at_its_time(coded_key, pick):
   assert two_level._timed("all_gather", np.dtype(np.float32), AXES, "host", "local",
                           _tied_profile(0.0, coded_key)) == set()   # timed on bfloat16 only
   if pick == "flat compressed":
-    for lp, compressed in ((today, True), (margin, False)):
-      assert lp.algorithm == "flat" and lp.flat_estimates()[2] == lp.flat_gain
+    for gain, lp, compressed in ((0.0, today, True), (0.02, margin, False)):
+      assert lp.algorithm == "flat" and lp.flat_estimates()[2] == gain
       d = decide("all_gather", bf16, 256 << 10, axis_size=H * L, axis_name=AXES, compress="auto",
-                 profile=_tied_profile(lp.flat_gain, coded_key), platform="cpu", log=False,
+                 profile=_tied_profile(gain, coded_key), platform="cpu", log=False,
                  flat_est=lp.flat_estimates())
-      assert d.compress is compressed, d.reason
+      assert d.compress is compressed and f"x (1+{gain:g})" in d.reason, d.reason
 
 
 def test_timed_gain_round_trips_and_is_absent_where_it_is_zero():

@@ -433,7 +433,7 @@ def test_links_verdict_names_every_variant_outside_the_bar(check):
 
 # The runs with one decision per call (a call the plan keeps flat decides with the plan's flat estimates)
 ONE_DECISION_RUNS = MC.DECISION_RUNS
-OPS = ("all_to_all", "all_gather", "psum_scatter", "psum")
+OPS = MC.OPS
 # Where `auto` missed the bar, all within 3% + 3 ms (benchmarks/README.md says why): the held-out-grid run's
 # all_gather, a near tie calibrate ranked raw (28.99 ms against 28.93 x 1.02 coded) that the run measured
 # 28.1 against 26.9, and `auto` timed its program at 1.042 of that program's median (29.2 ms, 0.06 ms over);
@@ -582,7 +582,7 @@ def test_auto_runs_within_3_percent_of_the_best_variant_once_decided(check):
   missed = {(r["run"], r["collective"], r["variant"]) for r in rows if not r["within"]}
   assert all(r["median_s"] <= 1.03 * r["best_s"] + 3e-3 for r in rows), rows
   for name in ONE_DECISION_RUNS:
-    recs = json.loads((mod.RESULTS / name).read_text())
+    recs = mod._records(name)
     for op in OPS:
       by = {r["variant"]: r for r in recs if r["collective"] == op}
       assert all(r["best_s"] <= by[v]["median_s"] for v in by if not v.endswith("auto")
@@ -607,12 +607,12 @@ def test_each_ops_stored_calibration_decides_what_its_run_ran(check):
   the calibrated ratio `ratio_drift` reports is the one the run's plan printed."""
   mod = check[0]
   for name in mod.DECISION_RUNS:
-    recs = json.loads((mod.RESULTS / name).read_text())
+    recs = mod._records(name)
     for op in OPS:
       auto = next(r for r in recs if r["collective"] == op and r["variant"] == "auto")
       assert _chosen(mod._own_decision(recs, op, mod.decided_timed_gain(name))) == auto["chosen"], (name, op)
   for row in mod.ratio_drift():
-    auto = next(r for r in json.loads((mod.RESULTS / row["run"]).read_text())
+    auto = next(r for r in mod._records(row["run"])
                 if r["collective"] == row["collective"] and r["variant"] == "auto")
     printed = {k: float(v) for k, v in re.findall(r"(hierarchical host:\w+ local:\w+) ([\d.]+) ms", auto["plan"][0])}
     assert row["calibrated"] == pytest.approx(printed[mod.NEAR_TIE[0]] / printed[mod.NEAR_TIE[1]], abs=1e-4)
@@ -626,7 +626,7 @@ def test_today_decides_as_the_runs_did_but_near_ties_go_to_the_timed_program(che
   mod = check[0]
   changed = []
   for name in mod.DECISION_RUNS:
-    recs = json.loads((mod.RESULTS / name).read_text())
+    recs = mod._records(name)
     for op in OPS:
       was, now = mod._own_decision(recs, op, mod.RUNS_TIMED_GAIN), mod._own_decision(recs, op)
       if _chosen(now) != _chosen(was):

@@ -184,9 +184,9 @@ class Profile:
     timed_gain: the same margin for a compressed program :func:`zipccl_jax.calibrate` timed
       over a tuple of axes beside its raw program (a two-level plan's slow level coded, its flat
       compressed program), whose estimate is that timing, not a model. Default 0: on the 2 x 4
-      testbed such a ratio moved by 3.3% (standard deviation) between calibration and run, 1.1%
-      in compression's favour on average, so a margin only kept near ties raw
-      (benchmarks/README.md, "Near ties").
+      testbed such a ratio moves between calibration and run by a few percent either way, a
+      little in compression's favour on average, so a margin only kept near ties raw (the
+      figures: benchmarks/README.md, "Near ties").
     fallback_risk: expected fraction of calls taking the raw fallback; adds
       ``fallback_risk * t_raw`` to the compressed estimate.
     codec_in_situ: ``{platform: factor}``, what :func:`zipccl_jax.calibrate` scaled that
