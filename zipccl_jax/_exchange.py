@@ -473,8 +473,14 @@ def _encode_sized(rows, capacity: int, skip=None):
 # --------------------------------------------------------------------------- #
 
 def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, site: str,
-                  raw: Callable, finish: Callable = lambda out: out, pieces: int = 1):
+                  raw: Callable, finish: Callable = lambda out: out, pieces: int = 1,
+                  own: bool = True):
   """rows (n, m), row j for rank j -> `finish(got)`, got (n, m) with row s from rank s.
+
+  Not `own`: got's own row is whatever the path left there (padded and coded: zeros; raw or
+  ragged: the row itself), for a caller that reads it from `rows` where it consumes got
+  (`own_of`; psum_scatter's sum): the select that puts it in place is a pass over the n rows,
+  which a conditional between the decode and the sum keeps XLA from fusing into either.
 
   Padded transport: `raw()` is the fallback branch (the `jax.lax` collective on the operand's
   bits), traced in the fallback scope; it must return what `finish` returns. Ragged transport:
@@ -489,8 +495,9 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
       fallback, got = decode_pieces(rows, pieces, capacity,
                                     lambda r, cap: _send_rows(r, axis_name, n, cap))
       accounting.count(site, fallback)
-      return unless_fallback(fallback, raw, finish(put_own_row(got, rows, axis_name)))
-    fallback, coded = exchange_chain(rows, axis_name, n, capacity)
+      return unless_fallback(fallback, raw,
+                             finish(put_own_row(got, rows, axis_name) if own else got))
+    fallback, coded = exchange_chain(rows, axis_name, n, capacity, own=own)
     accounting.count(site, fallback)
     return cond_bits(fallback, lambda: in_fallback(raw), lambda: finish(coded()))
 
@@ -521,14 +528,26 @@ def _send_rows(rows, axis_name, n: int, capacity: int):
   return codec.any_overflow(recv, capacity), recv, skip, payload
 
 
-def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False):
+def exchange_chain(rows, axis_name, n: int, capacity: int, eager: bool = False, own: bool = True):
   """Encode -> all-to-all -> (fallback flag, thunk decoding the rows (n, m), row s from rank s);
-  `eager`: the decode runs outside the fallback's conditional (`decode_any`)."""
+  `eager`: the decode runs outside the fallback's conditional (`decode_any`); not `own`: the own
+  row comes out as zeros (not coded, not sent), for a caller that reads it from its operand where
+  it consumes the rows (`own_of`)."""
   fallback, recv, skip, _ = _send_rows(rows, axis_name, n, capacity)
   m = rows.shape[1]
   dec = (lambda: decode_any(recv, m, rows.dtype, skip)) if eager else \
       (lambda: decode_guarded(recv, fallback, m, rows.dtype, skip))
-  return fallback, lambda: with_own_row(dec(), rows, skip)
+  return fallback, (lambda: with_own_row(dec(), rows, skip)) if own else dec
+
+
+def own_of(rows, axis_name, n: int):
+  """(the (n,) mask of this rank's own row, `rows` (n, m)): what a caller of an exchange without
+  its own row (``own=False``) reads in its place, row j of `rows` where the mask is set (a static
+  row, read where the caller consumes the rows; a dynamic slice of the own row is a pass of its
+  own, fused with whatever produced `rows`: 2.4 ms a call where that was the hierarchical
+  program's transpose, benchmarks/program_passes.py). Inside `code_own_row` the mask is all False
+  (the own row was coded and sent like any other)."""
+  return own_row(axis_name, n), rows
 
 
 def ragged_rows(rows, axis_name, n: int, capacity: int):

@@ -21,7 +21,7 @@ from jax import lax
 
 from zipccl_jax import accounting
 from zipccl_jax._bits import uint_of
-from zipccl_jax._exchange import (by_transport, cond_bits, exchange_chain, in_fallback,
+from zipccl_jax._exchange import (by_transport, cond_bits, exchange_chain, in_fallback, own_of,
                                   ragged_rows, zero_after)
 from zipccl_jax.capacity import piece_capacities
 
@@ -37,17 +37,25 @@ def _add_pinned(acc, x):
   return jnp.where(jnp.isnan(acc), acc, jnp.where(jnp.isnan(x), x, acc + x))
 
 
-def ordered_sum(rows, dtype):
+def ordered_sum(rows, dtype, own=None):
   """((f32(r0) + f32(r1)) + ...) in ascending row order, rounded once to `dtype`; a NaN result is
-  the first NaN in row order (`_add_pinned`), so every compilation of the sum gives the same bits."""
+  the first NaN in row order (`_add_pinned`), so every compilation of the sum gives the same bits.
+
+  `own`: (mask (n,), operand (n, m)) from `_exchange.own_of`: the row flagged in the mask is read
+  from the operand (this rank's own, which a coded exchange does not send), selected inside the
+  sum's loop (in float32 after an exact widening, so every bit is kept), not in a pass of its own."""
   n = rows.shape[0]
+
+  def row(j):
+    r = rows[j].astype(jnp.float32)
+    return r if own is None else jnp.where(own[0][j], own[1][j].astype(jnp.float32), r)
+
   if n <= _UNROLL_MAX:
-    acc = rows[0].astype(jnp.float32)
+    acc = row(0)
     for j in range(1, n):
-      acc = _add_pinned(acc, rows[j].astype(jnp.float32))
+      acc = _add_pinned(acc, row(j))
   else:
-    acc = lax.fori_loop(1, n, lambda j, a: _add_pinned(a, rows[j].astype(jnp.float32)),
-                        rows[0].astype(jnp.float32))
+    acc = lax.fori_loop(1, n, lambda j, a: _add_pinned(a, row(j)), row(0))
   return acc.astype(dtype)
 
 
@@ -68,8 +76,8 @@ def reduce_rows(rows, *, axis_name, n: int, capacity: int, transport: str, site:
 
   def padded(rows):
     def coded(r, cap):
-      fallback, got = exchange_chain(r, axis_name, n, cap, eager=True)
-      return fallback, ordered_sum(got(), dt)
+      fallback, got = exchange_chain(r, axis_name, n, cap, eager=True, own=False)
+      return fallback, ordered_sum(got(), dt, own=own_of(r, axis_name, n))
 
     fallback, summed = _in_sequence(rows, pieces, capacity, coded)
     accounting.count(site, fallback)

@@ -405,14 +405,14 @@ def _reduce_scatter_rows(rows, axis_name, n, call: Call):
   if call.capacity and call.pieces > 1 and call.op in SEQUENTIAL_OPS:  # one piece alive at a time
     return _reduce.reduce_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity, raw=raw,
                                transport=call.transport, site=call.site, pieces=call.pieces)
-  if call.capacity:
-    got = _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity,
-                                  transport=call.transport, site=call.site,
-                                  raw=lambda: raw(rows), pieces=call.pieces)
-  else:
-    got = raw(rows)
+  if not call.capacity:
     accounting.count(call.site, jnp.bool_(False))
-  return _reduce.ordered_sum(got, rows.dtype)
+    return _reduce.ordered_sum(raw(rows), rows.dtype)
+  own = _exchange.own_of(rows, axis_name, n)  # read inside the sum, which runs in each branch
+  total = lambda got: _reduce.ordered_sum(got, rows.dtype, own=own)
+  return _exchange.exchange_rows(rows, axis_name=axis_name, n=n, capacity=call.capacity, own=False,
+                                 transport=call.transport, site=call.site, pieces=call.pieces,
+                                 raw=lambda: total(raw(rows)), finish=total)
 
 
 def _psum_scatter_impl(call: Call, x):
