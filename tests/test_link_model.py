@@ -146,36 +146,6 @@ def test_the_fast_level_costs_the_codec_as_measured_alone(op):
     assert flat == flat_same
 
 
-@pytest.mark.parametrize("op,copied", [("psum_scatter", lambda m, H, L: m), ("all_gather", lambda m, H, L: H * L * m),
-                                       ("all_to_all", None), ("psum", None)])
-def test_a_coded_fast_phase_pays_the_reorder_it_materializes(op, copied):
-  """psum_scatter's and all_gather's two-level programs reorder between the levels' layouts; a coded fast
-  phase materializes the reorder (the operand before encoding, the result after decoding), costed at the
-  measured copy rate (the isolated codec's: a fast-level phase), and nothing else changes. all_to_all's
-  rounds and psum's phases (one layout throughout) copy nothing; a profile without the rate costs none."""
-  dt, m, sizes = np.dtype(ml_dtypes.bfloat16), 1 << 20, (2, 4)
-  with_copy = _in_situ_profile(0.5)
-  with_copy.codec["cpu"]["bfloat16"].copy_Bps, with_copy.codec["cpu"]["bfloat16"].copy_overhead_s = 4e8, 2e-5
-  without = _in_situ_profile(0.5)
-  if op == "psum":
-    kw = dict(platform="cpu", fixed_order=True)
-    allowed = two_level._allowed("auto", "auto", None, "host", "local", True)
-    a, b = (two_level._candidates(op, dt, m, ("host", "local"), "host", "local", sizes, "gradient", allowed,
-                                  profile=p_, **kw)[0] for p_ in (with_copy, without))
-    assert len(a) == 6 and {k: v[0] for k, v in a.items()} == {k: v[0] for k, v in b.items()}
-    return
-  args = (op, dt, m, ("host", "local"), "host", "local", sizes, "activation")
-  model, flat, _ = two_level._models(*args, with_copy, "cpu")
-  plain, flat_plain, _ = two_level._models(*args, without, "cpu")
-  alone = with_copy.isolated_codec().codec["cpu"]["bfloat16"]
-  extra = alone.copy_time(copied(m, *sizes) * dt.itemsize) if copied else 0.0
-  assert alone.copy_Bps == pytest.approx(2e8) and (extra > 0) == (copied is not None)
-  for cs in (False, True):
-    assert model[(cs, True)] == pytest.approx(plain[(cs, True)] + extra, rel=1e-12)
-    assert model[(cs, False)] == plain[(cs, False)]
-  assert flat == flat_plain
-
-
 def test_a_ring_all_gather_costs_the_codec_as_measured_alone():
   """Calibrate's in-situ scale, measured inside a coded all_to_all whose devices finish one by one, applies to
   the phases shaped so: all_to_all, ppermute, an all_gather between two devices. An all_gather over more is a

@@ -179,24 +179,20 @@ def test_python_dash_m_runs_the_command(tmp_path):
   assert res["assumptions"]["links"].startswith("per device, inter: --inter, intra: --intra")
 
 
-def test_the_command_names_the_pass_rates_where_a_profile_measured_them(tmp_path, capsys):
-  """A calibrated profile's rates for the mixed slot exchange's own-row passes and for the two-level
-  programs' reorder copies are assumptions the command prints beside the codec's (text and JSON); without
-  them it says None (those passes cost nothing)."""
+def test_the_command_names_the_slot_rate_where_a_profile_measured_one(tmp_path, capsys):
+  """A calibrated profile's rate for the mixed slot exchange's own-row passes is an assumption the command
+  prints beside the codec's (text and JSON); without one it says None (those passes cost nothing)."""
   base = ["--hosts", "2", "--per-host", "4", "--intra", "450GB/s", "--inter", "1Gbit/s", "--device", "cpu"]
   prof = zipccl_jax.Profile()
-  prof.codec["cpu"] = {"bfloat16": CodecModel(1e9, 1.5e9, 30e-6, 30e-6, 4e8, 2e-5, 9e8, 1e-5)}
+  prof.codec["cpu"] = {"bfloat16": CodecModel(1e9, 1.5e9, 30e-6, 30e-6, 4e8, 2e-5)}
   path, out = tmp_path / "p.json", tmp_path / "out.json"
   prof.save(path)
   assert zm.main(base + ["--profile", str(path), "--json", str(out)]) == 0
-  assert ("codec bfloat16: encode 1 GB/s, decode 1.5 GB/s, mixed-slot passes 0.4 GB/s, reorder copies 0.9 GB/s ["
-          in capsys.readouterr().out)
-  codec = json.loads(out.read_text())["assumptions"]["codec"]["bfloat16"]
-  assert codec["slot_GB_s"] == pytest.approx(0.4) and codec["copy_GB_s"] == pytest.approx(0.9)
+  assert "codec bfloat16: encode 1 GB/s, decode 1.5 GB/s, mixed-slot passes 0.4 GB/s [" in capsys.readouterr().out
+  assert json.loads(out.read_text())["assumptions"]["codec"]["bfloat16"]["slot_GB_s"] == pytest.approx(0.4)
   assert zm.main(base + ["--json", str(out)]) == 0
-  assert "mixed-slot" not in (text := capsys.readouterr().out) and "reorder" not in text
-  codec = json.loads(out.read_text())["assumptions"]["codec"]["bfloat16"]
-  assert codec["slot_GB_s"] is None and codec["copy_GB_s"] is None
+  assert "mixed-slot" not in capsys.readouterr().out
+  assert json.loads(out.read_text())["assumptions"]["codec"]["bfloat16"]["slot_GB_s"] is None
 
 
 def test_codec_flag_changes_the_prediction():

@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from zipccl_jax import _exchange, _mixed, accounting, codec, hierarchical, strategy
+from zipccl_jax import _exchange, _mixed, accounting, codec, strategy
 from zipccl_jax import collectives as zc
 from zipccl_jax._shard import lax_ppermute
 from zipccl_jax.accounting import sent_bytes
@@ -32,9 +32,6 @@ from zipccl_jax.strategy.profile import (Profile, axis_key, get_profile, np_dtyp
 
 __all__ = ["calibrate", "fit_bounded", "monotone_points"]
 
-# The codec side's jobs per dtype and size: encode, decode, the mixed slot exchange's passes, a copy of
-# the rows into another order (each fits its line of `CodecModel`)
-_PASSES = ("enc", "dec", "slot", "copy")
 _MIN_FIT_TIME_S = 1e-6  # net times below this (after the null program's) are not resolved: floor them
 # What a fit may return (bytes/s and seconds): a 1 MB/s link or codec is broken, a 10 TB/s one is a
 # measurement lost in noise, and a per-call latency over 0.1 s is a stall. Outside: "unmeasurable".
@@ -359,11 +356,6 @@ def _codec_programs(h: _Harness, m: int, dt):
   return h.smap(enc_side), h.smap(dec_side)
 
 
-def _reordered(rows):
-  """rows (n, m), n even, as `hierarchical.by_second` reorders (2, n / 2, m): one copy of the rows."""
-  return hierarchical.by_second(rows.reshape((2, -1) + rows.shape[1:])).reshape(rows.shape)
-
-
 def _codec_jobs(h: _Harness, dtypes, codec_bytes, sample_np, jobs: list, sizes: dict, prof: Profile,
                 role: str) -> dict:
   """Appends encode/decode jobs per dtype and size, and the mixed slot exchange's passes over the same
@@ -386,11 +378,7 @@ def _codec_jobs(h: _Harness, dtypes, codec_bytes, sample_np, jobs: list, sizes: 
       jobs.append((f"enc/{dname}/{size}", enc, (x,)))
       jobs.append((f"dec/{dname}/{size}", dec, (payload,)))
       jobs.append((f"slot/{dname}/{size}", h.smap(lambda v, c=cap: _mixed.slot_passes(v, c)), (x,)))
-      # the rows' halves interleaved as a two-level program reorders between its levels' layouts
-      # (`hierarchical.by_second`, what `CodecModel.copy_Bps` costs); an odd axis has no such reorder
-      if h.n % 2 == 0:
-        jobs.append((f"copy/{dname}/{size}", h.smap(_reordered), (x,)))
-      for what in _PASSES:
+      for what in ("enc", "dec", "slot"):
         sizes[f"{what}/{dname}/{size}"] = float(h.n * m * dt.itemsize)
       if sample_np is not None:
         nb = np.asarray(nbytes.addressable_data(0)).reshape(-1).astype(np.float64)
@@ -468,18 +456,14 @@ def _fit_codec(prof: Profile, plat: str, dtypes, codec_bytes, sizes: dict, net, 
   for dname in dtypes:
     dname = np_dtype(dname).name
     side = {}
-    for what in _PASSES:
+    for what in ("enc", "dec", "slot"):
       ks = [f"{what}/{dname}/{size}" for size in codec_bytes]
-      if ks[0] not in sizes:  # not timed (the reorder, on an odd axis)
-        side[what] = None
-        continue
       side[what], notes[f"codec/{what}/{dname}"] = fit_bounded(
           [sizes[k] for k in ks], [net(k) for k in ks], max(noise[k] for k in ks))
     if side["enc"] is not None and side["dec"] is not None:
-      e, d, sl, cp = side["enc"], side["dec"], side["slot"], side["copy"]  # passes not resolved: 0
+      e, d, sl = side["enc"], side["dec"], side["slot"]  # slot passes not resolved: not measured (0)
       ctab[dname] = CodecModel(e.bandwidth_Bps, d.bandwidth_Bps, e.latency_s, d.latency_s,
-                               sl.bandwidth_Bps if sl else 0.0, sl.latency_s if sl else 0.0,
-                               cp.bandwidth_Bps if cp else 0.0, cp.latency_s if cp else 0.0)
+                               sl.bandwidth_Bps if sl else 0.0, sl.latency_s if sl else 0.0)
     if ratios is not None:
       rs = [v["r"][dname] for v in ratios if dname in v["r"]]
       if rs:
@@ -558,9 +542,8 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   Codec: per dtype, every device encodes (then, separately, decodes)
   ``axis_size`` frames totalling about ``codec_bytes`` raw bytes at once, as a
   coded all_to_all does (so devices sharing cores slow each other down as in
-  a real call); the fit gives throughput and per-call overhead per side. The
-  same rows also time the mixed slot exchange's passes and a copy of the rows
-  in reverse order (`CodecModel.slot_Bps`, `CodecModel.copy_Bps`). Data: Gaussian (std 0.02), or ``sample`` (resized; its dtype replaces
+  a real call); the fit gives throughput and per-call overhead per side.
+  Data: Gaussian (std 0.02), or ``sample`` (resized; its dtype replaces
   ``dtypes``), whose mean coded ratio then also goes to
   ``profile.expected_ratio[role]``.
 

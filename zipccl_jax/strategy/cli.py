@@ -70,7 +70,6 @@ def table(result: dict) -> str:
   for name, c in result["assumptions"]["codec"].items():
     lines.append(f"codec {name}: encode {c['encode_GB_s']:.4g} GB/s, decode {c['decode_GB_s']:.4g} "
                  + (f"GB/s, mixed-slot passes {c['slot_GB_s']:.4g} " if c.get("slot_GB_s") else "")
-                 + (f"GB/s, reorder copies {c['copy_GB_s']:.4g} " if c.get("copy_GB_s") else "")
                  + f"GB/s [{c['source']}]")
   for r in result["calls"]:
     x = r.get("crossover_inter_Gbit_s")

@@ -517,8 +517,6 @@ def assumptions(top: Topology, prof: Profile, calls: list[Call]) -> dict:
                    "overhead_us": (cm.encode_overhead_s + cm.decode_overhead_s) * 1e6,
                    # the mixed slot exchange's own-row passes; None: not measured, costed as nothing
                    "slot_GB_s": cm.slot_Bps / 1e9 if cm.slot_Bps > 0 else None,
-                   # the reorder a two-level program's coded fast phase copies; None: as nothing
-                   "copy_GB_s": cm.copy_Bps / 1e9 if cm.copy_Bps > 0 else None,
                    "source": src}
   return {"codec": codec,
           "capacity_ratio": {c.name: prof.ratio("capacity_ratio", c.role, np.dtype(np_dtype(c.dtype)))

@@ -29,12 +29,6 @@ class CodecModel:
   bytes, back out, joined with their tails: ``zipccl_jax._mixed.slot_passes``), per raw byte of
   those rows. :func:`zipccl_jax.calibrate` measures it beside the codec; ``slot_Bps == 0`` means
   not measured, and those passes then cost nothing (the defaults, and profiles from before it).
-
-  ``copy_Bps`` and ``copy_overhead_s``: the line of a pass that copies rows into another order, per
-  byte copied: the reorder between a two-level psum_scatter's or all_gather's layouts, which a raw
-  fast phase fuses into the slices it sends or receives and a coded one materializes (the encoder
-  reads, and the decoder writes, one contiguous buffer). :func:`zipccl_jax.calibrate` measures it
-  beside the codec; ``copy_Bps == 0``: not measured, costed as nothing (as ``slot_Bps``).
   """
   encode_Bps: float
   decode_Bps: float
@@ -42,8 +36,6 @@ class CodecModel:
   decode_overhead_s: float = 0.0
   slot_Bps: float = 0.0
   slot_overhead_s: float = 0.0
-  copy_Bps: float = 0.0
-  copy_overhead_s: float = 0.0
 
   def encode_time(self, nbytes: float) -> float:
     return self.encode_overhead_s + float(nbytes) / self.encode_Bps
@@ -56,16 +48,11 @@ class CodecModel:
     not measured)."""
     return self.slot_overhead_s + float(nbytes) / self.slot_Bps if self.slot_Bps > 0 else 0.0
 
-  def copy_time(self, nbytes: float) -> float:
-    """Seconds of a pass copying `nbytes` into another order (0 where not measured)."""
-    return self.copy_overhead_s + float(nbytes) / self.copy_Bps if self.copy_Bps > 0 else 0.0
-
   def scaled(self, factor: float) -> "CodecModel":
     """This model with every cost `factor` times as large (throughputs divided, overheads times)."""
     return CodecModel(self.encode_Bps / factor, self.decode_Bps / factor,
                       self.encode_overhead_s * factor, self.decode_overhead_s * factor,
-                      self.slot_Bps / factor, self.slot_overhead_s * factor,
-                      self.copy_Bps / factor, self.copy_overhead_s * factor)
+                      self.slot_Bps / factor, self.slot_overhead_s * factor)
 
 
 DEFAULT_CODEC: dict[str, dict[str, CodecModel]] = {

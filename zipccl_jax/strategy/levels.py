@@ -256,13 +256,6 @@ _PHASES = {
                    ("slow", "ppermute", lambda m, H, L: m // (H * L))),  # x (H - 1) L rounds
 }  # (all_to_all host coded / local raw is not these phases: `_mixed_model`)
 
-# The elements a coded fast phase copies between the levels' layouts (`CodecModel.copy_time`, which
-# calibrate times on that very reorder, `hierarchical.by_second`), per device:
-# `hierarchical._psum_scatter` orders its operand by destination (L, H, c) before encoding,
-# `hierarchical._all_gather` its result by rank (H, L, ...) after decoding. A raw phase fuses the
-# reorder into the slices its collective sends or the concatenation it receives.
-_REORDERED = {"psum_scatter": lambda m, H, L: m, "all_gather": lambda m, H, L: H * L * m}
-
 _FLAT_CHUNK = {"all_gather": lambda m, n: m, "psum_scatter": lambda m, n: m // n,
                "all_to_all": lambda m, n: m // n, "psum": lambda m, n: -(-m // n)}
 
@@ -293,7 +286,7 @@ def _timed(op, dt, axis_name, slow, fast, prof, fixed_order=False) -> set:
 
 
 def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=None,
-                platform=None, fixed_order=False, reorder=True):
+                platform=None, fixed_order=False):
   """{name: (estimate s, algorithm, {level: compress})} for the `allowed` compression patterns,
   and a note on where the hierarchical estimates come from.
 
@@ -321,7 +314,7 @@ def _candidates(op, dt, m, axis_name, slow, fast, sizes, role, allowed, profile=
     return _psum_candidates(dt, m, axis_name, slow, fast, sizes, role, allowed, prof, plat,
                             fixed_order)
   model, flat, flat_sent = _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat,
-                                   fixed_order, reorder)
+                                   fixed_order)
   tab, measured, coded, flat_coded = _programs_timed(op, dt, axis_name, slow, prof, fixed_order)
   if flat_coded is not None:
     flat = {**flat, True: flat_coded.time(flat_sent)}
@@ -366,7 +359,6 @@ def _psum_candidates(dt, m, axis_name, slow, fast, sizes, role, allowed, prof, p
   flat = {False: d.est_raw_s, True: d.est_compressed_s}
   hier = {a for a in allowed if a[0] == "hier"}
   kw = dict(profile=prof, platform=plat, fixed_order=fixed_order)
-  kw["reorder"] = False  # `_psum` keeps one layout through its phases
   rs, note = _candidates("psum_scatter", dt, n * c, axis_name, slow, fast, sizes, role, hier, **kw)
   ag, _ = _candidates("all_gather", dt, c, axis_name, slow, fast, sizes, role, hier, **kw)
   est = {f"flat {'compressed' if cf else 'raw'}": (flat[cf], "flat", {"flat": cf})
@@ -375,14 +367,11 @@ def _psum_candidates(dt, m, axis_name, slow, fast, sizes, role, allowed, prof, p
   return est, "psum_scatter then all_gather: " + note
 
 
-def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat, fixed_order=False,
-            reorder=True):
+def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat, fixed_order=False):
   """({(slow coded, fast coded): modelled seconds}, {compress: flat estimate}, bytes one device
   sends in the flat raw collective): each hierarchical variant as the sum of its phases'
   `strategy.decide` models, all_to_all's slow phase as its (H - 1) L rounds, except all_to_all host
-  coded / local raw, which runs the mixed-slot exchange (`_mixed_model`). With `reorder`, a coded
-  fast phase of psum_scatter or all_gather also copies its operand or result between the levels'
-  layouts (`_REORDERED`)."""
+  coded / local raw, which runs the mixed-slot exchange (`_mixed_model`)."""
   H, L = sizes
   # The fast level's codec runs with nothing to hide behind (no slow link whose wait its peers'
   # codecs fill), so it costs the codec as measured alone; calibrate's in-situ scale, measured over
@@ -399,10 +388,6 @@ def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat, fixed_ord
   flat, flat_sent = both(op, _FLAT_CHUNK[op](m, H * L), axis_name, H * L)
   phases = [(lvl, both(o, f(m, H, L), slow, H)[0] if lvl == "slow" else
              both(o, f(m, H, L), fast, L, isolated)[0]) for lvl, o, f in _PHASES[op]]
-  if reorder and op in _REORDERED:
-    i = next(i for i, (lvl, *_) in enumerate(_PHASES[op]) if lvl == "fast")
-    copy = isolated.codec_model(dt, plat)[0].copy_time(_REORDERED[op](m, H, L) * dt.itemsize)
-    phases[i] = ("fast", {**phases[i][1], True: phases[i][1][True] + copy})
   if op == "all_to_all":  # R = (H - 1) L rounds, one encode, one decode and one flag psum
     r = (H - 1) * L
     cm = prof.codec_model(dt, plat)[0]

@@ -109,14 +109,13 @@ _DEFAULT_EXPECTED_RATIO = {
 def _fields(model) -> dict:
   """A model's fields (plain dataclasses of scalars) as a dict: dataclasses.asdict without its deep
   copies and field introspection (fingerprint() runs once per traced collective). A link model
-  without points, and a codec model without a measured slot or copy rate, serialise as before those
-  fields existed (same JSON, same fingerprint)."""
+  without points, and a codec model without a measured slot rate, serialise as before those fields
+  existed (same JSON, same fingerprint)."""
   d = dict(vars(model))
   if d.get("points", None) == ():
     del d["points"]
-  for what in ("slot", "copy"):
-    if d.get(f"{what}_Bps", None) == 0.0 and d.get(f"{what}_overhead_s", None) == 0.0:
-      del d[f"{what}_Bps"], d[f"{what}_overhead_s"]
+  if d.get("slot_Bps", None) == 0.0 and d.get("slot_overhead_s", None) == 0.0:
+    del d["slot_Bps"], d["slot_overhead_s"]
   return d
 
 
@@ -389,8 +388,7 @@ class Profile:
       for dt, m in tab.items():
         if not (m.encode_Bps > 0 and m.decode_Bps > 0 and m.encode_overhead_s >= 0
                 and m.decode_overhead_s >= 0 and 0 <= m.slot_Bps < math.inf
-                and 0 <= m.slot_overhead_s < math.inf and 0 <= m.copy_Bps < math.inf
-                and 0 <= m.copy_overhead_s < math.inf):
+                and 0 <= m.slot_overhead_s < math.inf):
           raise ValueError(f"zipccl_jax: profile codec [{pl}][{dt}] is not sane: {m}")
     if not (0 <= self.margin < 1 and self.min_gain >= 0 and self.timed_gain >= 0
             and 0 <= self.fallback_risk <= 1):
