@@ -685,8 +685,8 @@ def test_links_only_charges_the_mixed_exchange_its_own_rows_passes(check, monkey
   """In the runs that measured it, links only costs all_to_all host coded / local raw with the passes over
   its own host's rows (into their slots and back), as calibrate timed them beside the codec: that program
   lands higher in every such run than without them (18.4% under to 0.2% over with them, 20.1-4.0% under
-  without), within 15% but in MIXED_MISSES, nearer its medians overall, and no other variant moves. It stays under: its crossings run at the stream's rate, as the
-  flat exchange's do, and (like the flat coded all_to_all, from 9.3% under to 5.7% over in those runs) the
+  without), within 15% but in MIXED_MISSES, nearer its medians overall, and no other variant moves. It
+  stays under: its crossings run at the stream's rate, as the flat exchange's do, and (like the flat coded all_to_all, from 9.3% under to 5.7% over in those runs) the
   rest of its data movement (frames into one buffer, the decoded rows out; benchmarks/program_passes.py) is
   not in the model."""
   mod = check[0]

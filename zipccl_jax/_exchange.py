@@ -486,9 +486,9 @@ def exchange_rows(rows, *, axis_name, n: int, capacity: int, transport: str, sit
   bits), traced in the fallback scope; it must return what `finish` returns. Ragged transport:
   no fallback and no conditional, a row that does not fit travels raw (`ragged_rows`).
   `pieces` > 1 codes the columns in that many independent chains (`_pieces`); padded, one
-  fallback for the call. The reductions sum `got` after the conditional, not inside a branch:
-  summed in two places, XLA may order an addition's operands differently, and the sign and
-  payload of a sum of NaNs follow that order (x86), so the coded and raw results would differ.
+  fallback for the call. psum_scatter sums inside each branch (`finish` and `raw`): its sum pins
+  a NaN result to the first NaN in row order (`_reduce.ordered_sum`), so the two compilations
+  give the same bits, and the coded branch's sum reads the decoded rows where they are written.
   """
   def padded(rows):
     if pieces > 1:

@@ -179,10 +179,8 @@ def by_second(a):
   writes, one contiguous buffer); a raw phase keeps the transpose, which XLA fuses into the slices its
   collective sends or the concatenation it receives (a concatenation there is a pass of its own). On the
   bit patterns: XLA:CPU moves 16- and 8-bit floats through float32, which rewrites NaN payloads."""
-  float_ = jnp.issubdtype(a.dtype, jnp.floating)
-  u = lax.bitcast_convert_type(a, uint_of(a.dtype)) if float_ else a
-  out = jnp.concatenate([u[:, b][None] for b in range(a.shape[1])])
-  return lax.bitcast_convert_type(out, a.dtype) if float_ else out
+  rows = lambda u: jnp.concatenate([u[:, b][None] for b in range(u.shape[1])])  # noqa: E731
+  return _exchange.raw_bits(rows, a) if jnp.issubdtype(a.dtype, jnp.floating) else rows(a)
 
 
 def _psum_scatter(x, args, H, L, phase, fast_coded: bool):
