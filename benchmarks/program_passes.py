@@ -60,10 +60,13 @@ COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "coll
 _OP = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(?:\([^)]*\)|\S+)\s+([a-z][\w\-]*)\(")
 
 
-def program(mesh, op: str, variant: str):
+def program(mesh, op: str, variant: str, fixed_order: bool | None = None):
+    """`variant` of `op`, jitted over `mesh`; a reduction runs zipccl's fixed order (as the 2 x 4 runs) unless
+    `fixed_order` is False (jax.lax's reduce-scatter where a phase is raw)."""
     alg, levels, compress = PROGRAMS[variant]
     call = _call(op)
-    order = (lambda: zc.use_defaults(fixed_order=True)) if op in REDUCTIONS else contextlib.nullcontext
+    fixed = op in REDUCTIONS if fixed_order is None else fixed_order
+    order = (lambda: zc.use_defaults(fixed_order=True)) if fixed else contextlib.nullcontext
 
     def body(v):  # a fresh context per trace: a context manager is entered once
         with zc.use_algorithm(alg, levels), order():

@@ -320,15 +320,17 @@ def test_program_passes_benchmark_smoke(tmp_path):
 
 def test_coded_passes_ab_compares_two_programs_with_the_same_bits(tmp_path):
     """Each pair compiles today's program and the one before (the own row selected in a pass of its own; the
-    levels' reorder as a transpose) from the same code, different programs with the same bits (the script
-    asserts the bits)."""
+    levels' reorder as a transpose; the fast level's all_gather along axis 1) from the same code, different
+    programs with the same bits (the script asserts the bits)."""
     out = tmp_path / "ab.json"
     r = subprocess.run([sys.executable, str(BENCH / "coded_passes_ab.py"), "--shape", "65536", "--reps", "2",
                         "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     pairs = json.loads(out.read_text())["pairs"]
     assert [(x["change"], x["op"]) for x in pairs] == [("own row", "psum_scatter"), ("reorder", "psum_scatter"),
-                                                       ("reorder", "all_gather")]
+                                                       ("reorder", "all_gather"), ("reorder", "psum_scatter"),
+                                                       ("gather rows", "all_gather"), ("gather rows", "all_gather")]
+    assert [x["order"] for x in pairs if x["op"] == "psum_scatter"] == ["fixed", "fixed", "jax.lax"]
     assert all(x["bit_identical"] and x["programs_differ"] and x["ratio"] > 0 for x in pairs), pairs
 
 

@@ -14,8 +14,8 @@ collective      hierarchical phases (device ``(h, l)``)         bytes over the s
 ==============  ==============================================  ===============================
 all_gather      1. all_gather over ``slow`` of the device's     the device's own shard, to
                 own shard; 2. all_gather over ``fast`` of the   ``H - 1`` peers (a flat ring
-                ``H`` shards (at axis 1: rank order, no copy)   sends ``n - 1`` shards past a
-                                                                host boundary)
+                ``H`` shards (rows, put in rank order by        sends ``n - 1`` shards past a
+                ``by_second``)                                  host boundary)
 psum_scatter    1. psum_scatter over ``fast`` (the host's       ``(H - 1)`` chunks of the
                 partial sums of the chunks of every device      result size, against
                 ``(h', l)``); 2. psum_scatter over ``slow``     ``(H - 1) L`` flat
@@ -136,9 +136,9 @@ def run(lp: LevelPlan, x, args, fns: dict, *, capacity, transport: str, backward
                    transport=transport, name=f"{lp.site}/{part}{axis}", **where, **kw)
 
   if lp.op == "all_gather":
-    return _all_gather(x, args, H, L, phase, lp.compress[lp.fast])
+    return _all_gather(x, args, H, L, phase)
   if lp.op == "psum_scatter":
-    return _psum_scatter(x, args, H, L, phase, lp.compress[lp.fast])
+    return _psum_scatter(x, args, H, L, phase, fused=lp.fixed_order and not lp.compress[lp.fast])
   if lp.op == "psum":
     return _psum(x, H, L, phase, invariant=lp.axis is None and check_vma_on())
   c = lp.compress[lp.slow]
@@ -157,13 +157,10 @@ def _grid(lp: LevelPlan) -> TwoLevels:
   return TwoLevels(lp.slow, lp.fast, *lp.sizes, lp.axis)
 
 
-def _all_gather(x, args, H, L, phase, fast_coded: bool):
+def _all_gather(x, args, H, L, phase):
   axis, tiled, _ = args
   g = phase("all_gather", x, "slow", axis=0, tiled=False)          # (H, *x): (h', l) for every h'
-  if fast_coded:  # decoded as rows (L, H, *x), then reordered (`by_second`)
-    g = by_second(phase("all_gather", g, "fast", axis=0, tiled=False))
-  else:
-    g = phase("all_gather", g, "fast", axis=1, tiled=False)        # (H, L, *x): [h', l']
+  g = _gather_fast(phase, g)                                       # (H, L, *x): [h', l']
   g = g.reshape((H * L,) + x.shape)                                # rank order h * L + l
   if not tiled:
     return jnp.moveaxis(g, 0, axis)
@@ -171,26 +168,37 @@ def _all_gather(x, args, H, L, phase, fast_coded: bool):
   return g.reshape(x.shape[:axis] + (H * L * x.shape[axis],) + x.shape[axis + 1:])
 
 
+def _gather_fast(phase, g):
+  """The fast level's all_gather of `g` (H, *x), as (H, L, *x): gathered as rows (L, H, *x), then
+  reordered (`by_second`). Gathered along axis 1, XLA:CPU gathers rows and transposes them element by
+  element, a pass as long as the whole result (2 x 4 CPU devices, 4 MiB a device:
+  benchmarks/coded_passes_ab.py)."""
+  return by_second(phase("all_gather", g, "fast", axis=0, tiled=False))
+
+
 def by_second(a):
   """`a` (A, B, ...) as (B, A, ...): ``swapaxes(a, 0, 1)``, written as the concatenation of its B static
   slices, which XLA:CPU copies row by row where it emits a transpose element by element (2 x 4 CPU
   devices, bfloat16, 4 MiB a device, all devices at once: 4.9 against 13.2 ms a call). For the reorder
-  between the levels' layouts where a coded fast phase materializes it (the encoder reads, the decoder
-  writes, one contiguous buffer); a raw phase keeps the transpose, which XLA fuses into the slices its
-  collective sends or the concatenation it receives (a concatenation there is a pass of its own). On the
-  bit patterns: XLA:CPU moves 16- and 8-bit floats through float32, which rewrites NaN payloads."""
+  between the levels' layouts wherever it is a pass of its own: before or after a coded phase (the
+  encoder reads, the decoder writes, one contiguous buffer), around jax.lax's all_gather and
+  reduce-scatter. zipccl's raw fixed-order psum_scatter keeps the transpose, which XLA fuses into the
+  slices its all-to-all sends. On the bit patterns: XLA:CPU moves 16- and 8-bit floats through float32,
+  which rewrites NaN payloads."""
   rows = lambda u: jnp.concatenate([u[:, b][None] for b in range(u.shape[1])])  # noqa: E731
   return _exchange.raw_bits(rows, a) if jnp.issubdtype(a.dtype, jnp.floating) else rows(a)
 
 
-def _psum_scatter(x, args, H, L, phase, fast_coded: bool):
+def _psum_scatter(x, args, H, L, phase, fused: bool):
+  """`fused`: the fast phase is zipccl's raw fixed-order exchange, into whose slices XLA fuses the
+  reorder (`by_second` otherwise)."""
   dim, tiled = args
   n = H * L
   xs = jnp.moveaxis(x, dim, 0)
   rest = xs.shape[1:]
   c = xs.shape[0] // n
   r = xs.reshape((H, L, c) + rest)                                 # [dest h', dest l']
-  r = (by_second(r) if fast_coded else jnp.swapaxes(r, 0, 1))      # grouped by destination l'
+  r = (jnp.swapaxes(r, 0, 1) if fused else by_second(r))          # grouped by destination l'
   r = r.reshape((L * H * c,) + rest)
   p = phase("psum_scatter", r, "fast", scatter_dimension=0, tiled=True)   # (H c): host partials
   y = phase("psum_scatter", p, "slow", scatter_dimension=0, tiled=True)   # (c): my chunk
