@@ -53,15 +53,17 @@ PROFILE_RUN = RESULTS / "mesh_2x4_all_ops.json"
 # calibration) with them; slot_timed_*, the default command once `Profile.timed_gain` ranked calibrate's timed
 # compressed programs at their time (the runs before it, MARGIN_ON_TIMED_RUNS, with the 2% margin of a modelled
 # estimate: `RUNS_TIMED_GAIN`); slot_passes_*, the same once the coded reductions read their own row inside the
-# sum and a coded fast phase reorders by row concatenation (benchmarks/coded_passes_ab.py). Every run of that
-# command is added here, whatever it shows.
+# sum and a coded fast phase reorders by row concatenation (benchmarks/coded_passes_ab.py); slot_rows_*, the same
+# once all_gather's raw fast level gathers rows (no element-wise transpose). Every run of that command is added
+# here, whatever it shows.
 MARGIN_ON_TIMED_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
     "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2", "slot_repeat3", "slot_repeat4",
     "slot_repeat5", "slot_once", "slot_once_repeat", "slot_once_repeat2"))
 DECISION_RUNS = MARGIN_ON_TIMED_RUNS + tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "slot_timed_once", "slot_timed_once_repeat", "slot_timed_once_repeat2", "slot_passes_once",
-    "slot_passes_once_repeat", "slot_passes_once_repeat2"))
+    "slot_passes_once_repeat", "slot_passes_once_repeat2", "slot_rows_once", "slot_rows_once_repeat",
+    "slot_rows_once_repeat2"))
 # The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
 # codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
 SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
