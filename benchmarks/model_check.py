@@ -482,6 +482,51 @@ def record_verdict(rows, bound: float = 0.15) -> str:
             f"runs (per run, oldest first: {', '.join(map(str, per_run))} of {len(rows)})")
 
 
+# The variants of the 2 x 4 runs whose programs calibrate times over the tuple, each with its own curve in the
+# held-out profile: variant -> (slow level coded, the flat program)
+TIMED_PROGRAMS = {"hierarchical_raw": (False, False), "hierarchical_compressed": (True, False),
+                  "flat_compressed": (True, True)}
+
+
+def held_out_programs(runs=DECISION_RUNS) -> list[dict]:
+    """Per run, op of PAIRED_OPS and variant of TIMED_PROGRAMS: the held-out calibration's own timing of that
+    very program (its curve over the held-out sizes, interpolated at the case's size, as `LinkModel` reads
+    it) against the run's median, beside links only's error for the variant. A direct measurement of the same
+    program, minutes before its case and at other sizes: how close the testbed lets any prediction come."""
+    from zipccl_jax.accounting import sent_bytes
+    from zipccl_jax.strategy import levels as two_level
+    from zipccl_jax.strategy.links import LinkModel
+    rows = []
+    for name in runs:
+        run = RESULTS / name
+        recs = json.loads(run.read_text())
+        links = {(r["collective"], r["variant"]): r["links_err"]
+                 for r in two_levels(testbed_profile(run), run=run) if r["variant"] != "auto"}
+        for op in PAIRED_OPS:
+            by = _by_variant(recs, op)
+            r0 = by["flat_raw"]
+            nbytes = math.prod(r0["global_shape"]) // 8 * np.dtype(_np_dtype(r0["dtype"])).itemsize
+            tab = by["auto"]["model_profile"]["links"]["host,local"]
+            for variant, (coded, flat) in TIMED_PROGRAMS.items():
+                key = (two_level.flat_coded_key(op) if flat else
+                       two_level.hierarchical_key(op, coded, FIXED_ORDER))
+                t = LinkModel(**tab[key]).time(sent_bytes(op, nbytes, 8))
+                rows.append({"run": name, "collective": op, "variant": MESH_VARIANTS[variant],
+                             "program_err": _err(t, by[variant]["median_s"]),
+                             "links_err": links[(op, MESH_VARIANTS[variant])]})
+    return rows
+
+
+def held_out_verdict(rows, bound: float = 0.15) -> str:
+    """One line of `held_out_programs`: how often the program's own held-out timing, and links only, are
+    within `bound` of the run's median."""
+    within = lambda k: sum(abs(r[k]) < bound for r in rows)  # noqa: E731
+    return (f"the held-out calibration's own timing of the same programs (all_to_all, all_gather, psum_scatter: "
+            f"two-level raw, host coded, flat compressed; interpolated at the case's size): {within('program_err')}"
+            f" of {len(rows)} within {bound:.0%} of the medians; links only, on those variants: "
+            f"{within('links_err')} of {len(rows)}")
+
+
 def record_picks(runs=DECISION_RUNS) -> list[dict]:
     """Per run and op of `runs`: the variant links only ranks fastest, whether it is the one measured fastest,
     and its median over the fastest median (what following links only's ranking would have cost)."""
@@ -657,6 +702,7 @@ def main(argv=None) -> int:
         print("\n" + record_markdown(rows) + "\n\n" + record_verdict(rows))
         print(picks_verdict(record_picks()))
         print("calibrated as today (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
+        print(held_out_verdict(held_out_programs()))
         print(bar_verdict(auto_bar()))
         print(drift_verdict(ratio_drift()))
         print("the decisions with another margin on timed programs: " + margin_verdict(margin_whatif()))
