@@ -63,7 +63,8 @@ MARGIN_ON_TIMED_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
 DECISION_RUNS = MARGIN_ON_TIMED_RUNS + tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "slot_timed_once", "slot_timed_once_repeat", "slot_timed_once_repeat2", "slot_passes_once",
     "slot_passes_once_repeat", "slot_passes_once_repeat2", "slot_rows_once", "slot_rows_once_repeat",
-    "slot_rows_once_repeat2", "slot_rows_once_repeat3"))
+    "slot_rows_once_repeat2", "slot_rows_once_repeat3", "slot_rows_once_repeat4",
+    "slot_rows_once_repeat5"))
 # The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
 # codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
 SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
@@ -192,9 +193,7 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=OPS) -> list[dict]:
     for op in ops:
         by = _by_variant(recs, op)
         held = by["auto"].get("model_profile")  # one per run, or measured before each case (--held-out-per-case)
-        lp_ = run_profile(held) if held else prof
-        top = zm.Topology(2, 4, _host_level(lp_, recs), dict(lp_.links["local"]), platform="cpu",
-                          base=_without_programs(lp_))  # each level per collective, as calibrated
+        top = _links_topology(run_profile(held) if held else prof, recs)
         r0 = by["flat_raw"]
         dt = np.dtype(_np_dtype(r0["dtype"]))
         elems = math.prod(r0["global_shape"]) // 8
@@ -204,9 +203,7 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=OPS) -> list[dict]:
         anchored = dict(lp.candidates)
         links = zm.predict_call(top, zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, role),
                                 fixed_order=FIXED_ORDER)
-        alone = {v["name"]: v["time_s"] for v in links["variants"]}
-        alone["flat raw"] = links["zipccl_raw_time_s"]
-        alone["flat compressed"] = alone["flat compressed K=1"]
+        alone = _links_only_times(links)
         for variant, name in MESH_VARIANTS.items():
             meas = by[variant]["median_s"]
             rows.append({"collective": op, "variant": name, "meas_s": meas,
@@ -216,6 +213,15 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=OPS) -> list[dict]:
                      "anchored_choice": lp.candidates[0][0],
                      "links_choice": links["auto_choice"]})
     return rows
+
+
+def _links_only_times(links: dict) -> dict:
+    """{variant name of MESH_VARIANTS: seconds} of a `predict_call` result: flat raw is zipccl's (the runs'
+    fixed order), flat compressed its one-piece program."""
+    alone = {v["name"]: v["time_s"] for v in links["variants"]}
+    alone["flat raw"] = links["zipccl_raw_time_s"]
+    alone["flat compressed"] = alone["flat compressed K=1"]
+    return alone
 
 
 # The patterns of benchmarks/link_patterns.py that a flat collective's crossings make: gloo's ring (one
@@ -254,6 +260,13 @@ def _host_level(prof, recs: list[dict], per_host: int = 4) -> dict:
     if probe:
         host["stream"] = _link(host["all_gather"].latency_s, stream_fill() * probe * 1e6 / per_host)
     return host
+
+
+def _links_topology(prof, recs: list[dict]):
+    """The 2 x 4 testbed as links only costs it from `prof`: each level per collective, as calibrated, the host
+    level's stream from the run's probe (`_host_level`), no measured two-level program."""
+    return _zs().Topology(2, 4, _host_level(prof, recs), dict(prof.links["local"]), platform="cpu",
+                          base=_without_programs(prof))
 
 
 def _without_programs(prof):
@@ -498,8 +511,7 @@ def held_out_programs(runs=DECISION_RUNS) -> list[dict]:
     from zipccl_jax.strategy.links import LinkModel
     rows = []
     for name in runs:
-        run = RESULTS / name
-        recs = json.loads(run.read_text())
+        run, recs = RESULTS / name, _records(name)
         links = {(r["collective"], r["variant"]): r["links_err"]
                  for r in two_levels(testbed_profile(run), run=run) if r["variant"] != "auto"}
         for op in PAIRED_OPS:
@@ -515,6 +527,59 @@ def held_out_programs(runs=DECISION_RUNS) -> list[dict]:
                              "program_err": _err(t, by[variant]["median_s"]),
                              "links_err": links[(op, MESH_VARIANTS[variant])]})
     return rows
+
+
+# The runs since all_gather's fast level stopped transposing its result (hierarchical._gather_fast): their
+# programs are today's
+ROWS_RUNS = tuple(name for name in DECISION_RUNS if "_slot_rows_" in name)
+# The held-out size (bytes one device sends in the flat raw collective) nearest the cases' 3.5-4.6 MB
+COMPOSED_AT = 5 << 19
+
+
+def composed_vs_programs(runs=ROWS_RUNS, at: int = COMPOSED_AT) -> list[dict]:
+    """Per run, op of PAIRED_OPS and variant of TIMED_PROGRAMS: links only's composition of the variant at the
+    held-out size `at` against the same calibration's timing of that program there. One calibration, minutes
+    before any case, so no drift between the two: what differs is the composition's own error (phases timed
+    as programs of their own, summed)."""
+    zm = _zs()
+    from zipccl_jax.strategy import levels as two_level
+    rows = []
+    for name in runs:
+        recs = _records(name)
+        for op in PAIRED_OPS:
+            by = _by_variant(recs, op)
+            held = by["auto"]["model_profile"]
+            r0 = by["flat_raw"]
+            dt = np.dtype(_np_dtype(r0["dtype"]))
+            elems = round(at / dt.itemsize / (7 if op == "all_gather" else 7 / 8))  # sent_bytes of 8 ranks
+            elems -= elems % 64  # a whole row per rank, as calibrate's programs have
+            links = zm.predict_call(_links_topology(run_profile(held), recs),
+                                    zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, _role(r0["payload"], op)),
+                                    fixed_order=FIXED_ORDER)
+            alone = _links_only_times(links)
+            tab = held["links"]["host,local"]
+            for variant, (coded, flat) in TIMED_PROGRAMS.items():
+                key = (two_level.flat_coded_key(op) if flat else
+                       two_level.hierarchical_key(op, coded, FIXED_ORDER))
+                # the point calibrate measured at `at` (its sizes round to whole elements per rank)
+                x, t = min(tab[key]["points"], key=lambda p: abs(p[0] - at))
+                assert abs(x / at - 1) < 1e-3, (name, key, x)
+                rows.append({"run": name, "collective": op, "variant": MESH_VARIANTS[variant], "program_s": t,
+                             "composed_err": _err(alone[MESH_VARIANTS[variant]], t)})
+    return rows
+
+
+def composed_verdict(rows) -> str:
+    """One line of `composed_vs_programs`: per op and variant, the mean and the spread (sd) of the composition's
+    error against the program's own timing."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["collective"], r["variant"]), []).append(r["composed_err"])
+    parts = [f"{op} {v.replace('hierarchical ', '')} {_pct(statistics.mean(e))} (sd {statistics.stdev(e):.1%})"
+             for (op, v), e in by.items()]
+    return (f"links only's composition against the same held-out calibration's timing of the program, at "
+            f"{COMPOSED_AT / 1e6:.1f} MB, over the {len({r['run'] for r in rows})} runs since the reorders went: "
+            + "; ".join(parts))
 
 
 def held_out_verdict(rows, bound: float = 0.15) -> str:
@@ -703,6 +768,7 @@ def main(argv=None) -> int:
         print(picks_verdict(record_picks()))
         print("calibrated as today (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
         print(held_out_verdict(held_out_programs()))
+        print(composed_verdict(composed_vs_programs()))
         print(bar_verdict(auto_bar()))
         print(drift_verdict(ratio_drift()))
         print("the decisions with another margin on timed programs: " + margin_verdict(margin_whatif()))

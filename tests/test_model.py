@@ -452,15 +452,18 @@ BAR_MISSES = ({("mesh_2x4_all_ops_avx2_held_out_7.json", "all_gather", v) for v 
               | {run + ("auto",) for run in DISTURBED})
 # Where links only puts a flat raw collective 15% or more from its median: the last timed-gain run's all_gather,
 # whose link probe (what the flat crossings are costed at) read 114 MB/s, against 115-121 in the runs around it;
-# the disturbed case
-STREAM_MISSES = {("mesh_2x4_all_ops_avx2_slot_timed_once_repeat2.json", "all_gather")} | DISTURBED
+# the sixth slot_rows run's all_gather (+16.0%: every all_gather variant of that run ran 8-17% under links only,
+# benchmarks/README.md); the disturbed case
+STREAM_MISSES = {("mesh_2x4_all_ops_avx2_slot_timed_once_repeat2.json", "all_gather"),
+                 ("mesh_2x4_all_ops_avx2_slot_rows_once_repeat5.json", "all_gather")} | DISTURBED
 # Where links only puts the flat coded all_gather 15% or more from its median: the third repeat (load 4.2-5.6,
 # the others 2.3-3.8), whose coded programs all ran slower than calibrated (benchmarks/README.md)
 RING_MISSES = {"mesh_2x4_all_ops_avx2_once_repeat3.json"} | {run for run, op in DISTURBED if op == "all_gather"}
-# A run whose codec binds where the in-situ scale still lands nearer the flat coded all_gather's median: the third
-# slot_rows run, whose all_gather programs all ran faster than links only puts them (flat raw +14.3%), the codec
-# as measured alone +14.6% where the in-situ scale gives -0.1%
-IN_SITU_NEARER = {"mesh_2x4_all_ops_avx2_slot_rows_once_repeat2.json"}
+# The runs whose codec binds where the in-situ scale still lands nearer the flat coded all_gather's median: the
+# third, fifth and sixth slot_rows runs, whose all_gather programs all ran faster than links only puts them (flat
+# raw +14.3%, +9.9% and +16.0%), the codec as measured alone +14.6%, +14.1% and +8.0% where the in-situ scale
+# gives -0.1%, +4.9% and -3.0%
+IN_SITU_NEARER = {f"mesh_2x4_all_ops_avx2_slot_rows_once_{r}.json" for r in ("repeat2", "repeat4", "repeat5")}
 ALL_OPS_RUNS = ("mesh_2x4_all_ops.json", "mesh_2x4_all_ops_lone_flow.json", "mesh_2x4_all_ops_iqr_rule.json",
                 "mesh_2x4_all_ops_dense.json", "mesh_2x4_all_ops_avx2.json") + ONE_DECISION_RUNS
 # The runs with the AVX-512BW tier, on a CPU that binds at 1 Gbit/s, at 1 and 0.25 Gbit/s
@@ -687,13 +690,29 @@ def test_links_only_lands_within_15_percent_as_often_as_the_programs_own_held_ou
     assert r["links_err"] == record[(r["collective"], r["variant"])][mod.DECISION_RUNS.index(r["run"])]
 
 
+def test_the_composition_is_compared_with_its_own_calibrations_program(check):
+  """`composed_vs_programs` reads, for each program, the time its run's held-out calibration measured at a size
+  it timed (no interpolation), and composes links only from that same profile at that size: the two differ by
+  the composition alone. Every run since the reorders, every op calibrate times as a pair and each program."""
+  mod = check[0]
+  rows = mod.composed_vs_programs()
+  assert set(mod.ROWS_RUNS) <= set(mod.DECISION_RUNS) and len(mod.ROWS_RUNS) >= 5
+  assert len(rows) == len(mod.ROWS_RUNS) * len(mod.PAIRED_OPS) * len(mod.TIMED_PROGRAMS)
+  for r in rows:
+    held = next(x for x in mod._records(r["run"]) if x["collective"] == r["collective"] and x["variant"] == "auto")
+    curves = held["model_profile"]["links"]["host,local"].values()
+    assert any(abs(x / mod.COMPOSED_AT - 1) < 1e-3 and t == r["program_s"] for c in curves for x, t in c["points"])
+    assert r["composed_err"] != 0
+
+
 def test_readme_quotes_the_validation(check, record_rows):
   mod, flat, mesh, step = check
   text = (REPO / "benchmarks" / "README.md").read_text()  # "How well the model predicts what we measured"
   quoted = [mod.markdown(flat, mesh, step), mod.record_markdown(record_rows), mod.record_verdict(record_rows),
             mod.picks_verdict(mod.record_picks()),
             "calibrated as today (SLOT_RUNS): " + mod.record_verdict(mod.record(mod.SLOT_RUNS)),
-            mod.held_out_verdict(mod.held_out_programs()), mod.bar_verdict(mod.auto_bar()),
+            mod.held_out_verdict(mod.held_out_programs()), mod.composed_verdict(mod.composed_vs_programs()),
+            mod.bar_verdict(mod.auto_bar()),
             mod.drift_verdict(mod.ratio_drift()),
             "the decisions with another margin on timed programs: " + mod.margin_verdict(mod.margin_whatif())]
   for line in "\n".join(quoted).splitlines():
