@@ -1,6 +1,7 @@
 """How fast gloo's transfer patterns cross the 2 x 4 testbed's shaped link, beside one TCP stream.
 
     python benchmarks/link_patterns.py --json benchmarks/results/link_patterns_2x4.json   # root, ~1 min
+    python benchmarks/link_patterns.py --phases --mib 1,2,4 --json OUT.json   # all_gather's two-level phases
 
 Two hosts (a `_netns.Fabric`, tbf at `--rate` Gbit/s both ways) of four CPU devices each, under
 `jax.distributed` as `collectives.py --mesh 2x4` runs them. Per size (MiB crossing each direction of the host
@@ -16,6 +17,9 @@ link), interleaved in a shuffled order with a barrier before each, `--reps` time
   four pairs each swapping one row;
 * ``flat all_to_all``: ``jax.lax.all_to_all`` over ``("host", "local")``: every device sends one row to each
   of the other host's four devices (sixteen messages a direction) while its three local rows stay on the host.
+
+`--phases` times all_gather's two-level raw program instead, phase by phase (`_phase_patterns`): whether its
+phases, each timed alone as calibrate times a level's link, cost what they do together.
 
 The link probe (`_netns.measure_fabric_MBps`, one TCP stream of 16 MiB) runs before and after, and the
 same bytes move by plain TCP too (`tcp_both_ways`: Python sockets, 1, 4 and 16 connections, each carrying
@@ -109,6 +113,33 @@ def _patterns(jax, lax, np, smap, put, mib: int) -> dict:
     }
 
 
+def _phase_patterns(jax, lax, np, smap, put, mib: int) -> dict:
+    """`--phases`: all_gather's two-level raw program, phase by phase (each device's shard `d / 4` bytes, as
+    the host level's all_gather pattern sends): each level's all_gather alone (the local one on the host
+    phase's result, `2 d / 4` bytes a device), the two in one program, and the two with every device
+    synchronised between them (a one-element psum over both levels that the local phase waits for), so
+    that no device starts the local ring before the last host-level flow has ended."""
+    d = mib * MiB
+    both = ("host", "local")
+
+    def two(c, sync: bool):
+        g = lax.all_gather(c, "host", tiled=True)
+        if sync:
+            g, _ = lax.optimization_barrier((g, lax.psum(g[:1].astype(np.uint32), both)))
+        return lax.all_gather(g, "local", tiled=True)[:1]
+
+    return {
+        "phases: host all_gather": (smap(lambda c: lax.all_gather(c, "host", tiled=True)[:1]),
+                                    put(np.zeros((d // LOCAL,), np.uint8))),
+        "phases: local all_gather": (smap(lambda c: lax.all_gather(c, "local", tiled=True)[:1]),
+                                     put(np.zeros((HOSTS * d // LOCAL,), np.uint8))),
+        "phases: host then local": (smap(lambda c: two(c, False)), put(np.zeros((d // LOCAL,), np.uint8))),
+        "phases: host, sync, local": (smap(lambda c: two(c, True)), put(np.zeros((d // LOCAL,), np.uint8))),
+        "phases: sync alone": (smap(lambda c: lax.psum(c[:1].astype(np.uint32), both).astype(np.uint8)),
+                               put(np.zeros((d // LOCAL,), np.uint8))),
+    }
+
+
 def worker(args) -> None:
     import jax
     import numpy as np
@@ -134,7 +165,8 @@ def worker(args) -> None:
         full = np.broadcast_to(rows[None], (HOSTS * LOCAL,) + rows.shape).reshape(shape)
         return jax.make_array_from_callback(shape, sharding, lambda i: full[i])
 
-    jobs = {(name, mib): job for mib in args.mib for name, job in _patterns(jax, lax, np, smap, put, mib).items()}
+    patterns = _phase_patterns if args.phases else _patterns
+    jobs = {(name, mib): job for mib in args.mib for name, job in patterns(jax, lax, np, smap, put, mib).items()}
     barrier = smap(lambda v: lax.psum(v, ("host", "local")))
     bx = put(np.ones((1, 1), np.float32))
     for f, x in jobs.values():
@@ -164,6 +196,8 @@ def main(argv=None) -> int:
     p.add_argument("--mib", default="1,4,16", help="MiB crossing each direction, comma-separated")
     p.add_argument("--reps", type=int, default=31)
     p.add_argument("--json", help="write the records here")
+    p.add_argument("--phases", action="store_true",
+                   help="time all_gather's two-level phases alone, together, and together with a sync between")
     p.add_argument("--timeout", type=float, default=600.0, help="hard limit for the workers, seconds")
     p.add_argument("--allocator", default="auto", choices=_netns.ALLOCATORS,
                    help="the workers' malloc (benchmarks/README.md; recorded)")
@@ -187,7 +221,7 @@ def main(argv=None) -> int:
         before = _netns.measure_fabric_MBps(fabric)
         out = tmp / "records.json"
         common = ["--worker", "--coordinator", f"{fabric.address(0)}:{PORT}", "--reps", str(args.reps),
-                  "--mib", ",".join(map(str, args.mib)), "--out", str(out)]
+                  "--mib", ",".join(map(str, args.mib)), "--out", str(out)] + (["--phases"] if args.phases else [])
         argvs = [[sys.executable, str(Path(__file__).resolve()), *common, "--rank", str(i), "--gloo-host",
                   fabric.address(i)] for i in range(HOSTS)]
         workers = held.enter_context(_netns.Workers(argvs, netns=fabric, logdir=tmp,

@@ -434,8 +434,8 @@ def test_the_bound_patch_still_applies_to_the_code():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the fabric's network namespaces need root")
 def test_link_patterns_smoke(tmp_path):
-    """benchmarks/link_patterns.py on a real two-host fabric, tiny: every pattern and TCP line recorded; a bad
-    --mib is refused before any namespace is made."""
+    """benchmarks/link_patterns.py on a real two-host fabric, tiny: every pattern and TCP line recorded, and with
+    --phases all_gather's two-level phases; a bad --mib is refused before any namespace is made."""
     out = tmp_path / "patterns.json"
     cmd = [sys.executable, str(BENCH / "link_patterns.py"), "--mib", "1", "--reps", "2", "--allocator", "glibc",
            "--json", str(out)]
@@ -447,6 +447,12 @@ def test_link_patterns_smoke(tmp_path):
                                                       "host all_to_all, 4 pairs", "flat all_to_all"}
     assert all(x["n"] == 2 and x["MBps_per_direction"] > 0 for x in res["records"])
     assert [t["connections"] for t in res["tcp_both_ways"]] == [1, 4, 16] and res["probe_MBps_before"] > 0
+    r = subprocess.run(cmd + ["--phases"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    phases = {x["pattern"]: x for x in json.loads(out.read_text())["records"]}
+    assert set(phases) == {"phases: host all_gather", "phases: local all_gather", "phases: host then local",
+                           "phases: host, sync, local", "phases: sync alone"}
+    assert all(x["n"] == 2 and x["median_s"] > 0 for x in phases.values())
     bad = subprocess.run([sys.executable, str(BENCH / "link_patterns.py"), "--mib", "1,x"], capture_output=True,
                          text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 2 and "--mib takes whole MiB" in bad.stderr
