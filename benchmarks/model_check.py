@@ -501,31 +501,36 @@ TIMED_PROGRAMS = {"hierarchical_raw": (False, False), "hierarchical_compressed":
                   "flat_compressed": (True, True)}
 
 
-def held_out_programs(runs=DECISION_RUNS) -> list[dict]:
+def _program_key(op: str, variant: str) -> str:
+    """The key of `variant`'s (of TIMED_PROGRAMS) program among a calibrated tuple's links."""
+    from zipccl_jax.strategy import levels as two_level
+    coded, flat = TIMED_PROGRAMS[variant]
+    return two_level.flat_coded_key(op) if flat else two_level.hierarchical_key(op, coded, FIXED_ORDER)
+
+
+def held_out_programs(runs=DECISION_RUNS, record_rows=None) -> list[dict]:
     """Per run, op of PAIRED_OPS and variant of TIMED_PROGRAMS: the held-out calibration's own timing of that
     very program (its curve over the held-out sizes, interpolated at the case's size, as `LinkModel` reads
-    it) against the run's median, beside links only's error for the variant. A direct measurement of the same
-    program, minutes before its case and at other sizes: how close the testbed lets any prediction come."""
+    it) against the run's median, beside links only's error for the variant (`record_rows`, `record(runs)`'s
+    rows, computed if not given). A direct measurement of the same program, minutes before its case and at
+    other sizes: how close the testbed lets any prediction come."""
     from zipccl_jax.accounting import sent_bytes
-    from zipccl_jax.strategy import levels as two_level
     from zipccl_jax.strategy.links import LinkModel
+    record_rows = record(runs) if record_rows is None else record_rows
+    links = {(r["collective"], r["variant"]): dict(zip(r["runs"], r["links_errs"])) for r in record_rows}
     rows = []
     for name in runs:
-        run, recs = RESULTS / name, _records(name)
-        links = {(r["collective"], r["variant"]): r["links_err"]
-                 for r in two_levels(testbed_profile(run), run=run) if r["variant"] != "auto"}
+        recs = _records(name)
         for op in PAIRED_OPS:
             by = _by_variant(recs, op)
             r0 = by["flat_raw"]
             nbytes = math.prod(r0["global_shape"]) // 8 * np.dtype(_np_dtype(r0["dtype"])).itemsize
             tab = by["auto"]["model_profile"]["links"]["host,local"]
-            for variant, (coded, flat) in TIMED_PROGRAMS.items():
-                key = (two_level.flat_coded_key(op) if flat else
-                       two_level.hierarchical_key(op, coded, FIXED_ORDER))
-                t = LinkModel(**tab[key]).time(sent_bytes(op, nbytes, 8))
+            for variant in TIMED_PROGRAMS:
+                t = LinkModel(**tab[_program_key(op, variant)]).time(sent_bytes(op, nbytes, 8))
                 rows.append({"run": name, "collective": op, "variant": MESH_VARIANTS[variant],
                              "program_err": _err(t, by[variant]["median_s"]),
-                             "links_err": links[(op, MESH_VARIANTS[variant])]})
+                             "links_err": links[(op, MESH_VARIANTS[variant])][name]})
     return rows
 
 
@@ -542,7 +547,7 @@ def composed_vs_programs(runs=ROWS_RUNS, at: int = COMPOSED_AT) -> list[dict]:
     before any case, so no drift between the two: what differs is the composition's own error (phases timed
     as programs of their own, summed)."""
     zm = _zs()
-    from zipccl_jax.strategy import levels as two_level
+    from zipccl_jax.accounting import sent_bytes
     rows = []
     for name in runs:
         recs = _records(name)
@@ -551,19 +556,17 @@ def composed_vs_programs(runs=ROWS_RUNS, at: int = COMPOSED_AT) -> list[dict]:
             held = by["auto"]["model_profile"]
             r0 = by["flat_raw"]
             dt = np.dtype(_np_dtype(r0["dtype"]))
-            elems = round(at / dt.itemsize / (7 if op == "all_gather" else 7 / 8))  # sent_bytes of 8 ranks
+            elems = round(at / sent_bytes(op, float(dt.itemsize), 8))  # an operand whose flat raw sends `at`
             elems -= elems % 64  # a whole row per rank, as calibrate's programs have
             links = zm.predict_call(_links_topology(run_profile(held), recs),
                                     zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, _role(r0["payload"], op)),
                                     fixed_order=FIXED_ORDER)
             alone = _links_only_times(links)
             tab = held["links"]["host,local"]
-            for variant, (coded, flat) in TIMED_PROGRAMS.items():
-                key = (two_level.flat_coded_key(op) if flat else
-                       two_level.hierarchical_key(op, coded, FIXED_ORDER))
+            for variant in TIMED_PROGRAMS:
                 # the point calibrate measured at `at` (its sizes round to whole elements per rank)
-                x, t = min(tab[key]["points"], key=lambda p: abs(p[0] - at))
-                assert abs(x / at - 1) < 1e-3, (name, key, x)
+                x, t = min(tab[_program_key(op, variant)]["points"], key=lambda p: abs(p[0] - at))
+                assert abs(x / at - 1) < 1e-3, (name, op, variant, x)
                 rows.append({"run": name, "collective": op, "variant": MESH_VARIANTS[variant], "program_s": t,
                              "composed_err": _err(alone[MESH_VARIANTS[variant]], t)})
     return rows
@@ -767,7 +770,7 @@ def main(argv=None) -> int:
         print("\n" + record_markdown(rows) + "\n\n" + record_verdict(rows))
         print(picks_verdict(record_picks()))
         print("calibrated as today (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
-        print(held_out_verdict(held_out_programs()))
+        print(held_out_verdict(held_out_programs(record_rows=rows)))
         print(composed_verdict(composed_vs_programs()))
         print(bar_verdict(auto_bar()))
         print(drift_verdict(ratio_drift()))
