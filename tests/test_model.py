@@ -704,6 +704,24 @@ def test_the_composition_is_compared_with_its_own_calibrations_program(check):
     assert r["composed_err"] != 0
 
 
+def test_the_composition_by_size_is_the_same_gap_in_ms(check):
+  """`composed_by_size` prints, per two-level program, `composed_vs_programs`' gap in ms at each held-out size:
+  at COMPOSED_AT it is the mean of error x program time there; every stored run of today's programs timed
+  every one of those sizes (no interpolation)."""
+  import statistics
+  mod = check[0]
+  assert mod.COMPOSED_AT in mod.HELD_OUT_SIZES
+  line = mod.composed_by_size()
+  k = mod.HELD_OUT_SIZES.index(mod.COMPOSED_AT)
+  rows = [r for r in mod.composed_vs_programs() if r["variant"].startswith("hierarchical")]
+  for op, v in {(r["collective"], r["variant"]) for r in rows}:
+    gap = statistics.mean(r["composed_err"] * r["program_s"] * 1e3 for r in rows
+                          if (r["collective"], r["variant"]) == (op, v))
+    cell = line.split(f"{op} {v.replace('hierarchical ', '')} ")[1].split(";")[0]
+    assert cell.split("/")[k] == f"{gap:+.1f}", (op, v, cell)
+    assert len(cell.split("/")) == len(mod.HELD_OUT_SIZES)
+
+
 def test_readme_quotes_the_validation(check, record_rows):
   mod, flat, mesh, step = check
   text = (REPO / "benchmarks" / "README.md").read_text()  # "How well the model predicts what we measured"
@@ -712,6 +730,7 @@ def test_readme_quotes_the_validation(check, record_rows):
             "calibrated as today (SLOT_RUNS): " + mod.record_verdict(mod.record(mod.SLOT_RUNS)),
             mod.held_out_verdict(mod.held_out_programs(record_rows=record_rows)),
             mod.composed_verdict(mod.composed_vs_programs()),
+            mod.composed_by_size(),
             mod.bar_verdict(mod.auto_bar()),
             mod.drift_verdict(mod.ratio_drift()),
             "the decisions with another margin on timed programs: " + mod.margin_verdict(mod.margin_whatif())]
