@@ -121,22 +121,23 @@ def _phase_patterns(jax, lax, np, smap, put, mib: int) -> dict:
     that no device starts the local ring before the last host-level flow has ended. Then what the local
     phase costs inside a program that it does not alone: after that psum (not the program's first
     collective; less the psum alone, the lead-in a program pays once), and after a copy that writes its
-    input (the program's own, fresh, as the host phase writes it); and the host level's all_gather on
-    rows, the shape calibrate and the default patterns time."""
+    input (the program's own, fresh, as the host phase writes it); the host level's all_gather on rows,
+    the shape calibrate and the default patterns time; that all_gather twice in one program (right after a
+    transfer); and the phases in psum_scatter's order, local then host."""
     d = mib * MiB
     both = ("host", "local")
 
     def two(c, sync: bool):
         g = lax.all_gather(c, "host", tiled=True)
         if sync:
-            g = _after_sync(g)
+            g = after_sync(g)
         return lax.all_gather(g, "local", tiled=True)[:1]
 
-    def _after_sync(g):  # `g`, once a one-element psum over both levels has ended on every device
+    def after_sync(g):  # `g`, once a one-element psum over both levels has ended on every device
         g, _ = lax.optimization_barrier((g, lax.psum(g[:1].astype(np.uint32), both)))
         return g
 
-    def _copied(g):  # `g` written anew by the program (as the host phase writes the local phase's input)
+    def copied(g):  # `g` written anew by the program (as the host phase writes the local phase's input)
         return lax.optimization_barrier(g[::-1])[::-1]
 
     return {
@@ -148,13 +149,19 @@ def _phase_patterns(jax, lax, np, smap, put, mib: int) -> dict:
         "phases: host, sync, local": (smap(lambda c: two(c, True)), put(np.zeros((d // LOCAL,), np.uint8))),
         "phases: sync alone": (smap(lambda c: lax.psum(c[:1].astype(np.uint32), both).astype(np.uint8)),
                                put(np.zeros((d // LOCAL,), np.uint8))),
-        "phases: sync then local": (smap(lambda c: lax.all_gather(_after_sync(c), "local", tiled=True)[:1]),
+        "phases: sync then local": (smap(lambda c: lax.all_gather(after_sync(c), "local", tiled=True)[:1]),
                                     put(np.zeros((HOSTS * d // LOCAL,), np.uint8))),
-        "phases: copy alone": (smap(lambda c: _copied(c)[:1]), put(np.zeros((HOSTS * d // LOCAL,), np.uint8))),
-        "phases: copy then local": (smap(lambda c: lax.all_gather(_copied(c), "local", tiled=True)[:1]),
+        "phases: copy alone": (smap(lambda c: copied(c)[:1]), put(np.zeros((HOSTS * d // LOCAL,), np.uint8))),
+        "phases: copy then local": (smap(lambda c: lax.all_gather(copied(c), "local", tiled=True)[:1]),
                                     put(np.zeros((HOSTS * d // LOCAL,), np.uint8))),
         "phases: host all_gather, rows": (smap(lambda c: lax.all_gather(c, "host", tiled=True)[:1]),
                                           put(np.zeros((1, d // LOCAL), np.uint8))),
+        "phases: host twice": (smap(lambda c: lax.all_gather(lax.optimization_barrier(
+            lax.all_gather(c, "host", tiled=True)[:1] + c), "host", tiled=True)[:1]),
+                               put(np.zeros((1, d // LOCAL), np.uint8))),
+        "phases: local then host": (smap(lambda c: lax.all_gather(lax.optimization_barrier(
+            lax.all_gather(c, "local", tiled=True)[:1, :d // LOCAL]), "host", tiled=True)[:1]),
+                                    put(np.zeros((1, 2 * d // LOCAL), np.uint8))),
     }
 
 

@@ -452,7 +452,8 @@ def test_link_patterns_smoke(tmp_path):
     phases = {x["pattern"]: x for x in json.loads(out.read_text())["records"]}
     assert set(phases) == {"phases: host all_gather", "phases: local all_gather", "phases: host then local",
                            "phases: host, sync, local", "phases: sync alone", "phases: sync then local",
-                           "phases: copy alone", "phases: copy then local", "phases: host all_gather, rows"}
+                           "phases: copy alone", "phases: copy then local", "phases: host all_gather, rows",
+                           "phases: host twice", "phases: local then host"}
     assert all(x["n"] == 2 and x["median_s"] > 0 for x in phases.values())
     bad = subprocess.run([sys.executable, str(BENCH / "link_patterns.py"), "--mib", "1,x"], capture_output=True,
                          text=True, timeout=60, cwd=REPO)
