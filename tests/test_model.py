@@ -671,15 +671,21 @@ def test_today_decides_as_the_runs_did_but_near_ties_go_to_the_timed_program(che
 
 def test_links_only_lands_within_15_percent_as_often_as_the_programs_own_held_out_timing(check, record_rows):
   """Each run's held-out calibration timed the very programs of three variants per op (two-level raw, host
-  coded, flat compressed), at sizes no case sends: read at the case's size, that direct measurement is no
-  closer to the run's median than links only's composition of per-level links and codec. Both are compared
-  with the same medians, so what both miss is the testbed's drift between a calibration and its case."""
+  coded, flat compressed), at sizes no case sends: read at the case's size, that direct measurement is a floor
+  for any prediction from the calibration. Before today's programs (ROWS_RUNS) links only's composition of
+  per-level links and codec landed within 15% at least as often; since, it misses more, and every variant it
+  misses where the program's own timing does not is one of all_gather's two-level programs (the composition's
+  own bias, benchmarks/README.md). What both miss is the testbed's drift between a calibration and its case."""
   mod = check[0]
   rows = mod.held_out_programs(record_rows=record_rows)
   assert len(rows) == 3 * len(mod.PAIRED_OPS) * len(mod.DECISION_RUNS)
   assert all(r["program_err"] != 0 for r in rows)  # never the case's own measurement
   within = {k: sum(abs(r[k]) < 0.15 for r in rows) for k in ("program_err", "links_err")}
-  assert within["links_err"] >= within["program_err"]
+  before = [r for r in rows if r["run"] not in mod.ROWS_RUNS]
+  assert sum(abs(r["links_err"]) < 0.15 for r in before) >= sum(abs(r["program_err"]) < 0.15 for r in before)
+  own = {(r["collective"], r["variant"]) for r in rows if r["run"] in mod.ROWS_RUNS
+         and abs(r["links_err"]) >= 0.15 > abs(r["program_err"])}
+  assert own and all(op == "all_gather" and v.startswith("hierarchical") for op, v in own), own
   assert mod.held_out_verdict(rows).endswith(
       f"{within['program_err']} of {len(rows)} within 15% of the medians; links only, on those variants: "
       f"{within['links_err']} of {len(rows)}")
