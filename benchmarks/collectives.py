@@ -340,12 +340,8 @@ def _prepare_case(w: _Worker, case, impl, codec, zs, auto_prof):
 
 # calibrate()'s default sizes, kept in every run so the fitted slopes span small messages too
 CALIBRATE_LINK_BYTES = (256 << 10, 4 << 20)
-# The sizes of the profile the model predicts from (`model`): none is a case's own (the cases send 3.5-4.6 MB
-# per device and call), so every prediction interpolates, as one for a program nobody measured would. Five
-# sizes, about 2.5x apart: with three (128 KiB, 1 MiB, 8 MiB) a two-level phase between 1 and 8 MiB read a
-# line whose 1 MiB end sat on a ~3 ms floor (the local all_gather: 3.85 ms at both 128 KiB and 1 MiB), and
-# the 2 x 4 run's links-only all_gather phases read 1-1.3 ms above the in-sample calibration's curve.
-HELD_OUT_LINK_BYTES = (128 << 10, 384 << 10, 1 << 20, 5 << 19, 8 << 20)
+# The sizes of the profile the model predicts from (`model`): none is a case's own (model_check.HELD_OUT_SIZES)
+HELD_OUT_LINK_BYTES = model_check.HELD_OUT_SIZES
 # psum (the two-level run's): its programs are psum_scatter's of the operand and all_gather's of the result,
 # each sending S (n-1)/n, so it is calibrated where psum_scatter is
 _SENT_KIND = {"all_to_all": "all-to-all", "all_gather": "all-gather", "psum_scatter": "reduce-scatter",

@@ -2,6 +2,7 @@
 
     python benchmarks/link_patterns.py --json benchmarks/results/link_patterns_2x4.json   # root, ~1 min
     python benchmarks/link_patterns.py --phases --mib 1,2,4 --json OUT.json   # all_gather's two-level phases
+    python benchmarks/link_patterns.py --local-group alone --json OUT.json    # the local level, as calibrate times it
 
 Two hosts (a `_netns.Fabric`, tbf at `--rate` Gbit/s both ways) of four CPU devices each, under
 `jax.distributed` as `collectives.py --mesh 2x4` runs them. Per size (MiB crossing each direction of the host
@@ -20,6 +21,8 @@ link), interleaved in a shuffled order with a barrier before each, `--reps` time
 
 `--phases` times all_gather's two-level raw program instead, phase by phase (`_phase_patterns`): whether its
 phases, each timed alone as calibrate times a level's link, cost what they do together.
+`--local-group alone|host` times the local level's all_gather and all_to_all as calibrate's local group
+does (`_local_group`): its sizes, one shuffled group; with `host`, host-level transfers between them.
 
 The link probe (`_netns.measure_fabric_MBps`, one TCP stream of 16 MiB) runs before and after, and the
 same bytes move by plain TCP too (`tcp_both_ways`: Python sockets, 1, 4 and 16 connections, each carrying
@@ -41,6 +44,7 @@ from pathlib import Path
 
 import _netns
 import _stats
+from model_check import HELD_OUT_SIZES  # the sizes calibrate times the levels at in the 2 x 4 runs
 
 MiB = 1 << 20
 HOSTS, LOCAL = 2, 4
@@ -165,6 +169,25 @@ def _phase_patterns(jax, lax, np, smap, put, mib: int) -> dict:
     }
 
 
+def _local_group(jax, lax, np, smap, put, company: str) -> dict:
+    """`--local-group`: the local level's links as calibrate times them, its all_gather and all_to_all at
+    HELD_OUT_SIZES in one shuffled group (key: (name, 0 MiB crossing)); with `company` "host", the host
+    level's all_gather of 1 MiB a direction beside them, so that local jobs follow network-bound ones as a
+    two-level program's local phase follows its host phase."""
+    jobs = {}
+    for size in HELD_OUT_SIZES:
+        per = -(-size // (LOCAL - 1))  # bytes per peer, as calibrate's `_link_job`
+        jobs[(f"local all_gather, {size} B sent", 0)] = (
+            smap(lambda c: lax.all_gather(c, "local", tiled=True)[:1]), put(np.zeros((1, per), np.uint8)))
+        jobs[(f"local all_to_all, {size} B sent", 0)] = (
+            smap(lambda c: lax.all_to_all(c, "local", 0, 0, tiled=True)), put(np.zeros((LOCAL, per), np.uint8)))
+    if company == "host":
+        for i in range(len(HELD_OUT_SIZES)):
+            jobs[(f"host all_gather, 4 pairs ({i + 1})", 1)] = (
+                smap(lambda c: lax.all_gather(c, "host", tiled=True)[:1]), put(np.zeros((1, MiB // LOCAL), np.uint8)))
+    return jobs
+
+
 def worker(args) -> None:
     import jax
     import numpy as np
@@ -190,8 +213,11 @@ def worker(args) -> None:
         full = np.broadcast_to(rows[None], (HOSTS * LOCAL,) + rows.shape).reshape(shape)
         return jax.make_array_from_callback(shape, sharding, lambda i: full[i])
 
-    patterns = _phase_patterns if args.phases else _patterns
-    jobs = {(name, mib): job for mib in args.mib for name, job in patterns(jax, lax, np, smap, put, mib).items()}
+    if args.local_group:
+        jobs = _local_group(jax, lax, np, smap, put, args.local_group)
+    else:
+        patterns = _phase_patterns if args.phases else _patterns
+        jobs = {(name, mib): job for mib in args.mib for name, job in patterns(jax, lax, np, smap, put, mib).items()}
     barrier = smap(lambda v: lax.psum(v, ("host", "local")))
     bx = put(np.ones((1, 1), np.float32))
     for f, x in jobs.values():
@@ -210,7 +236,7 @@ def worker(args) -> None:
         for (name, mib), ts in times.items():
             summary = _stats.summary(ts)
             recs.append({"pattern": name, "MiB_per_direction": mib, **summary, "rep_times_s": ts,
-                         "MBps_per_direction": mib * MiB / summary["median_s"] / 1e6})
+                         "MBps_per_direction": mib * MiB / summary["median_s"] / 1e6 if mib else None})
         Path(args.out).write_text(json.dumps(recs))
     jax.distributed.shutdown()
 
@@ -223,6 +249,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the records here")
     p.add_argument("--phases", action="store_true",
                    help="time all_gather's two-level phases alone, together, and together with a sync between")
+    p.add_argument("--local-group", choices=("alone", "host"),
+                   help="time the local level's links as calibrate does (its sizes, one shuffled group), alone or "
+                        "with host-level transfers beside them")
     p.add_argument("--timeout", type=float, default=600.0, help="hard limit for the workers, seconds")
     p.add_argument("--allocator", default="auto", choices=_netns.ALLOCATORS,
                    help="the workers' malloc (benchmarks/README.md; recorded)")
@@ -246,7 +275,8 @@ def main(argv=None) -> int:
         before = _netns.measure_fabric_MBps(fabric)
         out = tmp / "records.json"
         common = ["--worker", "--coordinator", f"{fabric.address(0)}:{PORT}", "--reps", str(args.reps),
-                  "--mib", ",".join(map(str, args.mib)), "--out", str(out)] + (["--phases"] if args.phases else [])
+                  "--mib", ",".join(map(str, args.mib)), "--out", str(out)] + (["--phases"] if args.phases else []) + (
+                      ["--local-group", args.local_group] if args.local_group else [])
         argvs = [[sys.executable, str(Path(__file__).resolve()), *common, "--rank", str(i), "--gloo-host",
                   fabric.address(i)] for i in range(HOSTS)]
         workers = held.enter_context(_netns.Workers(argvs, netns=fabric, logdir=tmp,
@@ -263,8 +293,9 @@ def main(argv=None) -> int:
         print(f"plain TCP, both ways, {t['connections']:2d} connections, {t['MiB_per_direction']:.0f} MiB a direction: "
               f"{t['median_s'] * 1e3:8.2f} ms  {t['MBps_per_direction']:6.1f} MB/s")
     for r in recs:
+        rate = f"  {r['MBps_per_direction']:6.1f} MB/s" if r["MBps_per_direction"] else ""
         print(f"{r['pattern']:26s} {r['MiB_per_direction']:3d} MiB a direction: {r['median_s'] * 1e3:8.2f} ms "
-              f"[{r['spread_s'] * 1e3:.2f}]  {r['MBps_per_direction']:6.1f} MB/s")
+              f"[{r['spread_s'] * 1e3:.2f}]{rate}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "rate_gbit": args.rate, "probe_MBps_before": before, "probe_MBps_after": after,

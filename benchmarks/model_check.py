@@ -585,7 +585,12 @@ def composed_verdict(rows) -> str:
             + "; ".join(parts))
 
 
-# The sizes the 2 x 4 runs' held-out calibrations time (collectives.HELD_OUT_LINK_BYTES, which imports this module)
+# The bytes a device sends at which the 2 x 4 runs' held-out calibration times each link and program
+# (benchmarks/collectives.py, `HELD_OUT_LINK_BYTES`): none is a case's own (the cases send 3.5-4.6 MB per device
+# and call), so every prediction interpolates, as one for a program nobody measured would. Five sizes, about 2.5x
+# apart: with three (128 KiB, 1 MiB, 8 MiB) a two-level phase between 1 and 8 MiB read a line whose 1 MiB end sat
+# on a ~3 ms floor (the local all_gather: 3.85 ms at both 128 KiB and 1 MiB), and the 2 x 4 run's links-only
+# all_gather phases read 1-1.3 ms above the in-sample calibration's curve.
 HELD_OUT_SIZES = (128 << 10, 384 << 10, 1 << 20, 5 << 19, 8 << 20)
 
 

@@ -434,8 +434,9 @@ def test_the_bound_patch_still_applies_to_the_code():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the fabric's network namespaces need root")
 def test_link_patterns_smoke(tmp_path):
-    """benchmarks/link_patterns.py on a real two-host fabric, tiny: every pattern and TCP line recorded, and with
-    --phases all_gather's two-level phases; a bad --mib is refused before any namespace is made."""
+    """benchmarks/link_patterns.py on a real two-host fabric, tiny: every pattern and TCP line recorded, with
+    --phases all_gather's two-level phases, with --local-group the local level as calibrate times it; a bad --mib
+    is refused before any namespace is made."""
     out = tmp_path / "patterns.json"
     cmd = [sys.executable, str(BENCH / "link_patterns.py"), "--mib", "1", "--reps", "2", "--allocator", "glibc",
            "--json", str(out)]
@@ -455,6 +456,14 @@ def test_link_patterns_smoke(tmp_path):
                            "phases: copy alone", "phases: copy then local", "phases: host all_gather, rows",
                            "phases: host twice", "phases: local then host"}
     assert all(x["n"] == 2 and x["median_s"] > 0 for x in phases.values())
+    r = subprocess.run(cmd + ["--local-group", "host"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    group = {x["pattern"]: x for x in json.loads(out.read_text())["records"]}
+    sizes = (128 << 10, 384 << 10, 1 << 20, 5 << 19, 8 << 20)  # calibrate's in the 2 x 4 runs
+    assert {p for p in group if p.startswith("local ")} == {
+        f"local {op}, {b} B sent" for op in ("all_gather", "all_to_all") for b in sizes}
+    assert sum(p.startswith("host all_gather") for p in group) == len(sizes)
+    assert all(x["MBps_per_direction"] is None for p, x in group.items() if p.startswith("local "))
     bad = subprocess.run([sys.executable, str(BENCH / "link_patterns.py"), "--mib", "1,x"], capture_output=True,
                          text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 2 and "--mib takes whole MiB" in bad.stderr
