@@ -537,6 +537,13 @@ def held_out_programs(runs=DECISION_RUNS, record_rows=None) -> list[dict]:
 # The runs since all_gather's fast level stopped transposing its result (hierarchical._gather_fast): their
 # programs are today's
 ROWS_RUNS = tuple(name for name in DECISION_RUNS if "_slot_rows_" in name)
+# The bytes a device sends at which the 2 x 4 runs' held-out calibration times each link and program
+# (benchmarks/collectives.py, `HELD_OUT_LINK_BYTES`): none is a case's own (the cases send 3.5-4.6 MB per device
+# and call), so every prediction interpolates, as one for a program nobody measured would. Five sizes, about 2.5x
+# apart: with three (128 KiB, 1 MiB, 8 MiB) a two-level phase between 1 and 8 MiB read a line whose 1 MiB end sat
+# on a ~3 ms floor (the local all_gather: 3.85 ms at both 128 KiB and 1 MiB), and the 2 x 4 run's links-only
+# all_gather phases read 1-1.3 ms above the in-sample calibration's curve.
+HELD_OUT_SIZES = (128 << 10, 384 << 10, 1 << 20, 5 << 19, 8 << 20)
 # The held-out size (bytes one device sends in the flat raw collective) nearest the cases' 3.5-4.6 MB
 COMPOSED_AT = 5 << 19
 
@@ -583,15 +590,6 @@ def composed_verdict(rows) -> str:
     return (f"links only's composition against the same held-out calibration's timing of the program, at "
             f"{COMPOSED_AT / 1e6:.1f} MB, over the {len({r['run'] for r in rows})} runs since the reorders went: "
             + "; ".join(parts))
-
-
-# The bytes a device sends at which the 2 x 4 runs' held-out calibration times each link and program
-# (benchmarks/collectives.py, `HELD_OUT_LINK_BYTES`): none is a case's own (the cases send 3.5-4.6 MB per device
-# and call), so every prediction interpolates, as one for a program nobody measured would. Five sizes, about 2.5x
-# apart: with three (128 KiB, 1 MiB, 8 MiB) a two-level phase between 1 and 8 MiB read a line whose 1 MiB end sat
-# on a ~3 ms floor (the local all_gather: 3.85 ms at both 128 KiB and 1 MiB), and the 2 x 4 run's links-only
-# all_gather phases read 1-1.3 ms above the in-sample calibration's curve.
-HELD_OUT_SIZES = (128 << 10, 384 << 10, 1 << 20, 5 << 19, 8 << 20)
 
 
 def composed_by_size(runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -> str:
