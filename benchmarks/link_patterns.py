@@ -181,7 +181,7 @@ def _local_group(jax, lax, np, smap, put, company: str) -> dict:
             smap(lambda c: lax.all_gather(c, "local", tiled=True)[:1]), put(np.zeros((1, per), np.uint8)))
         jobs[(f"local all_to_all, {size} B sent", 0)] = (
             smap(lambda c: lax.all_to_all(c, "local", 0, 0, tiled=True)), put(np.zeros((LOCAL, per), np.uint8)))
-    if company == "host":
+    if company == "host":  # as many host transfers as local sizes, so that about half the jobs cross the link
         for i in range(len(HELD_OUT_SIZES)):
             jobs[(f"host all_gather, 4 pairs ({i + 1})", 1)] = (
                 smap(lambda c: lax.all_gather(c, "host", tiled=True)[:1]), put(np.zeros((1, MiB // LOCAL), np.uint8)))

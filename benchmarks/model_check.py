@@ -592,20 +592,24 @@ def composed_verdict(rows) -> str:
             + "; ".join(parts))
 
 
-def composed_by_size(runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -> str:
-    """One line: per two-level program of TIMED_PROGRAMS, links only's composition less the program's own held-out
-    timing (`composed_vs_programs`), in ms, averaged over `runs`, at each size the calibrations timed: whether
-    the gap is a cost per program (flat over size) or grows with the bytes."""
+def composed_by_size(runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -> dict:
+    """{(op, variant): [ms, one per size of `sizes`]}: per two-level program of TIMED_PROGRAMS, links only's
+    composition less the program's own held-out timing (`composed_vs_programs`), in ms, averaged over `runs`, at
+    each size the calibrations timed: whether the gap is a cost per program (flat over size) or grows with the
+    bytes."""
     by: dict = {}
-    for at in sizes:
+    for i, at in enumerate(sizes):
         for r in composed_vs_programs(runs, at):
             if r["variant"].startswith("hierarchical"):
-                gap_ms = r["composed_err"] * r["program_s"] * 1e3
-                by.setdefault((r["collective"], r["variant"]), []).append((at, gap_ms))
-    parts = []
-    for (op, v), pts in by.items():
-        means = [statistics.mean(g for a, g in pts if a == at) for at in sizes]
-        parts.append(f"{op} {v.replace('hierarchical ', '')} " + "/".join(f"{m:+.1f}" for m in means))
+                by.setdefault((r["collective"], r["variant"]), [[] for _ in sizes])[i].append(
+                    r["composed_err"] * r["program_s"] * 1e3)
+    return {k: [statistics.mean(g) for g in per_size] for k, per_size in by.items()}
+
+
+def composed_by_size_verdict(gaps: dict, runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -> str:
+    """One line of `composed_by_size`."""
+    parts = [f"{op} {v.replace('hierarchical ', '')} " + "/".join(f"{m:+.1f}" for m in means)
+             for (op, v), means in gaps.items()]
     return (f"links only's composition less the program's own timing, ms, mean over the {len(runs)} runs since the "
             f"reorders went, at {'/'.join(f'{at / 1e6:.2f}' for at in sizes)} MB: " + "; ".join(parts))
 
@@ -797,7 +801,7 @@ def main(argv=None) -> int:
         print("calibrated as today (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
         print(held_out_verdict(held_out_programs(record_rows=rows)))
         print(composed_verdict(composed_vs_programs()))
-        print(composed_by_size())
+        print(composed_by_size_verdict(composed_by_size()))
         print(bar_verdict(auto_bar()))
         print(drift_verdict(ratio_drift()))
         print("the decisions with another margin on timed programs: " + margin_verdict(margin_whatif()))
