@@ -54,12 +54,13 @@ JAX_SUITES=(
   tests/test_decode_into.py tests/test_compat.py tests/test_jax_suite.py tests/test_refactor_snapshot.py
   tests/test_info.py tests/test_multiprocess.py tests/test_examples.py tests/test_moe_nnx.py tests/test_dropless.py
   tests/test_hardening.py tests/test_auto_vs_lax.py tests/test_strategy.py tests/test_model.py
+  tests/test_model_record.py
 )
 run_pair "$PYENV_ROOT/versions/3.13.0/bin/python" .venv-py313 0.12.0.1 "${JAX_SUITES[@]}" || status=1
 
 run_pair "$PYENV_ROOT/versions/3.12.1/bin/python" .venv-py312 0.11.2 \
   tests/test_collectives.py tests/test_dropin.py tests/test_ragged.py tests/test_fp8_collectives.py \
-  tests/test_transform.py tests/test_tracer_leaks.py tests/test_model.py tests/test_roofline.py \
+  tests/test_transform.py tests/test_tracer_leaks.py tests/test_model.py tests/test_model_record.py tests/test_roofline.py \
   tests/test_ppermute_arguments.py || status=1
 
 exit $status

@@ -1,0 +1,379 @@
+"""The links-only prediction scored over every stored 2 x 4 run, and `compress="auto"`'s record on them.
+
+    python benchmarks/model_record.py          # the record's table and its lines (5 s); --json writes the rows
+
+benchmarks/model_check.py predicts each configuration once, from one run (`--two-levels RUN`); this scores the
+same predictions over every run of today's decision (`DECISION_RUNS`, each with the profile it calibrated) and
+asks where the misses come from:
+
+* **the record** (`record`): each timed variant's links-only error in every run, and how many are within 15%;
+* **the program's own timing** (`held_out_programs`): the held-out calibration's timing of the very program,
+  read at the case's size: how close the testbed lets any prediction come;
+* **the composition** (`composed_vs_programs`, `composed_by_size`): links only's sum of phases against the
+  same calibration's timing of the program, at the sizes it timed (no drift between the two);
+* **the picks** (`record_picks`): what running links only's fastest variant costs;
+* **`auto`** (`auto_bar`, `ratio_drift`, `margin_whatif`): within 3% + 1.5 ms of the fastest variant, how far
+  the ratio it decides on drifts, and what other margins on timed programs would have picked.
+
+benchmarks/README.md quotes its output ("The record").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from model_check import (FIXED_ORDER, HELD_OUT_SIZES, MESH_VARIANTS, OPS, RESULTS, by_variant, call_role,
+                         cost_model, dtype_of, links_only_times, links_topology, pct, rel_err, run_profile,
+                         run_records, testbed_profile, two_levels)
+
+# Every 2 x 4 all-ops run of today's decision (one decision per call: a call the plan keeps flat decides with the
+# plan's flat estimates), oldest first: the record the links-only column is judged on (`record`). From
+# per_case on, each calibrated again before each case (`--held-out-per-case`); from slot on, with the mixed
+# slot exchange's passes (`CodecModel.slot_Bps`); slot_once and its repeats, the default command (one
+# calibration) with them; slot_timed_*, the default command once `Profile.timed_gain` ranked calibrate's timed
+# compressed programs at their time (the runs before it, MARGIN_ON_TIMED_RUNS, with the 2% margin of a modelled
+# estimate: `RUNS_TIMED_GAIN`); slot_passes_*, the same once the coded reductions read their own row inside the
+# sum and a coded fast phase reorders by row concatenation (benchmarks/coded_passes_ab.py); slot_rows_*, the same
+# once all_gather's raw fast level gathers rows (no element-wise transpose). Every run of that command is added
+# here, whatever it shows.
+MARGIN_ON_TIMED_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
+    "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
+    "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2", "slot_repeat3", "slot_repeat4",
+    "slot_repeat5", "slot_once", "slot_once_repeat", "slot_once_repeat2"))
+DECISION_RUNS = MARGIN_ON_TIMED_RUNS + tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
+    "slot_timed_once", "slot_timed_once_repeat", "slot_timed_once_repeat2", "slot_passes_once",
+    "slot_passes_once_repeat", "slot_passes_once_repeat2", "slot_rows_once", "slot_rows_once_repeat",
+    "slot_rows_once_repeat2", "slot_rows_once_repeat3", "slot_rows_once_repeat4",
+    "slot_rows_once_repeat5", "slot_rows_once_repeat6", "slot_rows_once_repeat7"))
+# The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
+# codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
+SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
+# The runs since all_gather's fast level stopped transposing its result (hierarchical._gather_fast): their
+# programs are today's
+ROWS_RUNS = tuple(name for name in DECISION_RUNS if "_slot_rows_" in name)
+# The held-out size (bytes one device sends in the flat raw collective) nearest the cases' 3.5-4.6 MB
+COMPOSED_AT = 5 << 19
+
+
+def record(runs=DECISION_RUNS) -> list[dict]:
+    """Per timed variant of the 2 x 4 runs (`runs`, names in RESULTS): its links-only error in each run."""
+    rows: dict = {}
+    for name in runs:
+        run = RESULTS / name
+        for r in two_levels(testbed_profile(run), run=run):
+            if r["variant"] != "auto":
+                rows.setdefault((r["collective"], r["variant"]), []).append(r["links_err"])
+    return [{"collective": c, "variant": v, "runs": list(runs), "links_errs": errs} for (c, v), errs in rows.items()]
+
+
+def record_markdown(rows, bound: float = 0.15) -> str:
+    """The links-only column over every run of `record`: each variant's errors (lowest, mean, highest) and in
+    how many runs it is within `bound`."""
+    n = len(rows[0]["runs"])
+    out = [f"| collective | variant | links only, lowest / mean / highest error over {n} runs | runs within "
+           f"{bound:.0%} |", "|---|---|---|---|"]
+    for r in rows:
+        e = r["links_errs"]
+        out.append(f"| {r['collective']} | {r['variant']} | {pct(min(e))} / {pct(statistics.mean(e))} / "
+                   f"{pct(max(e))} | {sum(abs(x) < bound for x in e)} of {n} |")
+    return "\n".join(out)
+
+
+def record_verdict(rows, bound: float = 0.15) -> str:
+    """One line: of every variant in every run of `record`, how many are within `bound`, the runs with all of
+    them within it, and each run's count (oldest first)."""
+    runs = rows[0]["runs"]
+    per_run = [sum(abs(r["links_errs"][i]) < bound for r in rows) for i in range(len(runs))]
+    return (f"links only over {len(runs)} runs: {sum(per_run)} of {len(runs) * len(rows)} variants within "
+            f"{bound:.0%} of their medians; every variant within it in {per_run.count(len(rows))} of {len(runs)} "
+            f"runs (per run, oldest first: {', '.join(map(str, per_run))} of {len(rows)})")
+
+
+# The variants of the 2 x 4 runs whose programs calibrate times over the tuple, each with its own curve in the
+# held-out profile: variant -> (slow level coded, the flat program)
+TIMED_PROGRAMS = {"hierarchical_raw": (False, False), "hierarchical_compressed": (True, False),
+                  "flat_compressed": (True, True)}
+
+
+def _program_key(op: str, variant: str) -> str:
+    """The key of `variant`'s (of TIMED_PROGRAMS) program among a calibrated tuple's links."""
+    from zipccl_jax.strategy import levels as two_level
+    coded, flat = TIMED_PROGRAMS[variant]
+    return two_level.flat_coded_key(op) if flat else two_level.hierarchical_key(op, coded, FIXED_ORDER)
+
+
+def held_out_programs(runs=DECISION_RUNS, record_rows=None) -> list[dict]:
+    """Per run, op of PAIRED_OPS and variant of TIMED_PROGRAMS: the held-out calibration's own timing of that
+    very program (its curve over the held-out sizes, interpolated at the case's size, as `LinkModel` reads
+    it) against the run's median, beside links only's error for the variant (`record_rows`, `record(runs)`'s
+    rows, computed if not given). A direct measurement of the same program, minutes before its case and at
+    other sizes: how close the testbed lets any prediction come."""
+    from zipccl_jax.accounting import sent_bytes
+    from zipccl_jax.strategy.links import LinkModel
+    record_rows = record(runs) if record_rows is None else record_rows
+    links = {(r["collective"], r["variant"]): dict(zip(r["runs"], r["links_errs"])) for r in record_rows}
+    rows = []
+    for name in runs:
+        recs = run_records(name)
+        for op in PAIRED_OPS:
+            by = by_variant(recs, op)
+            r0 = by["flat_raw"]
+            nbytes = math.prod(r0["global_shape"]) // 8 * np.dtype(dtype_of(r0["dtype"])).itemsize
+            tab = by["auto"]["model_profile"]["links"]["host,local"]
+            for variant in TIMED_PROGRAMS:
+                t = LinkModel(**tab[_program_key(op, variant)]).time(sent_bytes(op, nbytes, 8))
+                rows.append({"run": name, "collective": op, "variant": MESH_VARIANTS[variant],
+                             "program_err": rel_err(t, by[variant]["median_s"]),
+                             "links_err": links[(op, MESH_VARIANTS[variant])][name]})
+    return rows
+
+
+
+
+def composed_vs_programs(runs=ROWS_RUNS, at: int = COMPOSED_AT) -> list[dict]:
+    """Per run, op of PAIRED_OPS and variant of TIMED_PROGRAMS: links only's composition of the variant at the
+    held-out size `at` against the same calibration's timing of that program there. One calibration, minutes
+    before any case, so no drift between the two: what differs is the composition's own error (phases timed
+    as programs of their own, summed)."""
+    zm = cost_model()
+    from zipccl_jax.accounting import sent_bytes
+    rows = []
+    for name in runs:
+        recs = run_records(name)
+        for op in PAIRED_OPS:
+            by = by_variant(recs, op)
+            held = by["auto"]["model_profile"]
+            r0 = by["flat_raw"]
+            dt = np.dtype(dtype_of(r0["dtype"]))
+            elems = round(at / sent_bytes(op, float(dt.itemsize), 8))  # an operand whose flat raw sends `at`
+            elems -= elems % 64  # a whole row per rank, as calibrate's programs have
+            links = zm.predict_call(links_topology(run_profile(held), recs),
+                                    zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, call_role(r0["payload"], op)),
+                                    fixed_order=FIXED_ORDER)
+            alone = links_only_times(links)
+            tab = held["links"]["host,local"]
+            for variant in TIMED_PROGRAMS:
+                # the point calibrate measured at `at` (its sizes round to whole elements per rank)
+                x, t = min(tab[_program_key(op, variant)]["points"], key=lambda p: abs(p[0] - at))
+                assert abs(x / at - 1) < 1e-3, (name, op, variant, x)
+                rows.append({"run": name, "collective": op, "variant": MESH_VARIANTS[variant], "program_s": t,
+                             "composed_err": rel_err(alone[MESH_VARIANTS[variant]], t)})
+    return rows
+
+
+def composed_verdict(rows) -> str:
+    """One line of `composed_vs_programs`: per op and variant, the mean and the spread (sd) of the composition's
+    error against the program's own timing."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["collective"], r["variant"]), []).append(r["composed_err"])
+    parts = [f"{op} {v.replace('hierarchical ', '')} {pct(statistics.mean(e))} (sd {statistics.stdev(e):.1%})"
+             for (op, v), e in by.items()]
+    return (f"links only's composition against the same held-out calibration's timing of the program, at "
+            f"{COMPOSED_AT / 1e6:.1f} MB, over the {len({r['run'] for r in rows})} runs since the reorders went: "
+            + "; ".join(parts))
+
+
+def composed_by_size(runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -> dict:
+    """{(op, variant): [ms, one per size of `sizes`]}: per two-level program of TIMED_PROGRAMS, links only's
+    composition less the program's own held-out timing (`composed_vs_programs`), in ms, averaged over `runs`, at
+    each size the calibrations timed: whether the gap is a cost per program (flat over size) or grows with the
+    bytes."""
+    by: dict = {}
+    for i, at in enumerate(sizes):
+        for r in composed_vs_programs(runs, at):
+            if r["variant"].startswith("hierarchical"):
+                by.setdefault((r["collective"], r["variant"]), [[] for _ in sizes])[i].append(
+                    r["composed_err"] * r["program_s"] * 1e3)
+    return {k: [statistics.mean(g) for g in per_size] for k, per_size in by.items()}
+
+
+def composed_by_size_verdict(gaps: dict, runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -> str:
+    """One line of `composed_by_size`."""
+    parts = [f"{op} {v.replace('hierarchical ', '')} " + "/".join(f"{m:+.1f}" for m in means)
+             for (op, v), means in gaps.items()]
+    return (f"links only's composition less the program's own timing, ms, mean over the {len(runs)} runs since the "
+            f"reorders went, at {'/'.join(f'{at / 1e6:.2f}' for at in sizes)} MB: " + "; ".join(parts))
+
+
+def held_out_verdict(rows, bound: float = 0.15) -> str:
+    """One line of `held_out_programs`: how often the program's own held-out timing, and links only, are
+    within `bound` of the run's median."""
+    within = lambda k: sum(abs(r[k]) < bound for r in rows)  # noqa: E731
+    return (f"the held-out calibration's own timing of the same programs (all_to_all, all_gather, psum_scatter: "
+            f"two-level raw, host coded, flat compressed; interpolated at the case's size): {within('program_err')}"
+            f" of {len(rows)} within {bound:.0%} of the medians; links only, on those variants: "
+            f"{within('links_err')} of {len(rows)}")
+
+
+def record_picks(runs=DECISION_RUNS) -> list[dict]:
+    """Per run and op of `runs`: the variant links only ranks fastest, whether it is the one measured fastest,
+    and its median over the fastest median (what following links only's ranking would have cost)."""
+    picks = []
+    for name in runs:
+        run = RESULTS / name
+        mesh = [r for r in two_levels(testbed_profile(run), run=run) if r["variant"] != "auto"]
+        for op in dict.fromkeys(r["collective"] for r in mesh):
+            timed = [r for r in mesh if r["collective"] == op]
+            best, pick = min(timed, key=lambda r: r["meas_s"]), min(timed, key=lambda r: r["links_s"])
+            picks.append({"run": name, "collective": op, "pick": pick["variant"], "best": best["variant"],
+                          "over_best": pick["meas_s"] / best["meas_s"]})
+    return picks
+
+
+def picks_verdict(picks) -> str:
+    """One line of `record_picks`: how often links only's fastest is the measured fastest, and the cost of
+    running its pick (mean and largest of its median over the fastest)."""
+    over = [p["over_best"] for p in picks]
+    return (f"links only's fastest variant is the measured fastest in {sum(p['pick'] == p['best'] for p in picks)}"
+            f" of {len(picks)} (run, op); its pick runs at {statistics.mean(over):.3f}x the fastest median on "
+            f"average, {max(over):.3f}x at most")
+
+
+# The two-level pair a near tie of the 2 x 4 runs is between: the slow level coded, against both levels raw
+NEAR_TIE = ("hierarchical host:compressed local:raw", "hierarchical host:raw local:raw")
+# The ops whose two-level programs calibrate times as one pair (psum runs psum_scatter's, then all_gather's)
+PAIRED_OPS = ("all_to_all", "all_gather", "psum_scatter")
+
+
+# The margin the runs of MARGIN_ON_TIMED_RUNS ranked a timed compressed program with: the profile's min_gain, as
+# any compressed estimate (`Profile.timed_gain` came after them; its default is 0)
+RUNS_TIMED_GAIN = 0.02
+
+
+def decided_timed_gain(name: str) -> float:
+    """The margin run `name` ranked calibrate's timed compressed programs with."""
+    return RUNS_TIMED_GAIN if name in MARGIN_ON_TIMED_RUNS else 0.0
+
+
+def _own_decision(recs: list[dict], op: str, timed_gain: float | None = None):
+    """The LevelPlan of `op` in a 2 x 4 run (`recs`) from that op's own calibration (a run with
+    `--held-out-per-case` calibrated before each case), as `auto` decides today or with `timed_gain` (the
+    run's own decision: `decided_timed_gain`)."""
+    from zipccl_jax.strategy import levels as two_level
+    by = by_variant(recs, op)
+    prof, r0 = run_profile(by["auto"]["profile"]), by["flat_raw"]
+    if timed_gain is not None:
+        prof.timed_gain = timed_gain
+    dt = np.dtype(dtype_of(r0["dtype"]))
+    return two_level.choose(op, dt, math.prod(r0["global_shape"]) // 8, ("host", "local"), ("host", "local"),
+                            (2, 4), "auto", call_role(r0["payload"], op), profile=prof, platform="cpu",
+                            fixed_order=FIXED_ORDER)
+
+
+def ratio_drift(runs=DECISION_RUNS) -> list[dict]:
+    """Per run and op of `PAIRED_OPS`, `NEAR_TIE`'s ratio (slow level coded over both raw) three ways: as
+    calibrate ranked it at the case's size (the estimates `auto` decided with), as the median of calibrate's
+    ratios at each of its sizes from 1 MB (three sizes, three times the repetitions), and as the run measured it
+    (the two variants' medians). If calibrate's sampling limited the decision, the pooled ratio would land nearer."""
+    rows = []
+    for name in runs:
+        recs = run_records(name)
+        for op in PAIRED_OPS:
+            by = by_variant(recs, op)
+            est = dict(_own_decision(recs, op).candidates)
+            net, order = by["auto"]["profile"]["net_s"], "_fixed_order" if op == "psum_scatter" and FIXED_ORDER else ""
+            raw = {k.rsplit("/", 1)[1]: v for k, v in net.items() if k.startswith(f"link/hierarchical_{op}{order}/")}
+            coded = f"link/hierarchical_{op}_slow_coded{order}/"
+            pooled = statistics.median(net[coded + s] / t for s, t in raw.items() if int(s) >= 1 << 20)
+            rows.append({"run": name, "collective": op, "calibrated": est[NEAR_TIE[0]] / est[NEAR_TIE[1]],
+                         "pooled": pooled, "measured": by["hierarchical_compressed"]["median_s"]
+                         / by["hierarchical_raw"]["median_s"]})
+    return rows
+
+
+def drift_verdict(rows) -> str:
+    """One line of `ratio_drift`: the measured ratio less each calibrated one, mean and standard deviation."""
+    def stats(k):
+        d = [r["measured"] - r[k] for r in rows]
+        return f"mean {statistics.mean(d):+.1%}, sd {statistics.stdev(d):.1%}"
+    return (f"host coded / both raw, measured less calibrated over {len(rows)} (run, op): at the case's size "
+            f"{stats('calibrated')}; pooled over calibrate's sizes from 1 MB {stats('pooled')}")
+
+
+def _best_s(by: dict) -> float:
+    """The fastest median among a run's timed variants of one op (`by`: variant -> record), jax.lax's call
+    included, `auto`'s own timings of the programs it picked aside."""
+    return min(r["median_s"] for v, r in by.items() if not v.endswith("auto"))
+
+
+def auto_bar(runs=DECISION_RUNS) -> list[dict]:
+    """Per run, op and `auto` variant (over the tuple; over one axis, where the run has it): its median, the
+    fastest variant's (`_best_s`), and whether it is within 3% + 1.5 ms of it (the testbed's bar)."""
+    rows = []
+    for name in runs:
+        recs = run_records(name)
+        for op in OPS:
+            by = by_variant(recs, op)
+            best = _best_s(by)
+            rows += [{"run": name, "collective": op, "variant": v, "median_s": by[v]["median_s"], "best_s": best,
+                      "within": by[v]["median_s"] <= 1.03 * best + 1.5e-3}
+                     for v in ("auto", "one_axis_auto") if v in by]
+    return rows
+
+
+def bar_verdict(rows) -> str:
+    """One line of `auto_bar`: how many `auto` timings are within 3% + 1.5 ms, and how far over the others are."""
+    out = [r for r in rows if not r["within"]]
+    over = "; ".join(f"{r['run'].removeprefix('mesh_2x4_all_ops_avx2_').removesuffix('.json')} {r['collective']}"
+                     f"{' over one axis' if r['variant'] == 'one_axis_auto' else ''} "
+                     f"{(r['median_s'] - 1.03 * r['best_s'] - 1.5e-3) * 1e3:.2f} ms over" for r in out)
+    return (f"auto within 3% + 1.5 ms of the fastest variant in {len(rows) - len(out)} of {len(rows)} (run, op, "
+            f"tuple or one axis)" + (f"; outside: {over}" if out else ""))
+
+
+def margin_whatif(gains=(RUNS_TIMED_GAIN, 0.01, 0.0), runs=DECISION_RUNS) -> list[dict]:
+    """Per `timed_gain` in `gains`: the variant each run's own calibration picks for each op with that margin
+    on its timed compressed programs (`_own_decision`; `RUNS_TIMED_GAIN`: the rule before), and that variant's
+    median over the fastest timed variant's (`auto`'s own timing aside): how many exceed 3% + 1.5 ms, and the
+    mean and largest ratio."""
+    by_name = {v: k for k, v in MESH_VARIANTS.items()}
+    picked: dict = {g: [] for g in gains}   # (the pick's median, the fastest median) per decision
+    for name in runs:
+        recs = run_records(name)
+        for op in OPS:
+            by = by_variant(recs, op)
+            for g in gains:
+                picked[g].append((by[by_name[_own_decision(recs, op, g).candidates[0][0]]]["median_s"], _best_s(by)))
+    return [{"timed_gain": g, "decisions": len(tb), "misses": sum(t > 1.03 * b + 1.5e-3 for t, b in tb),
+             "mean_over_best": statistics.mean(t / b for t, b in tb), "max_over_best": max(t / b for t, b in tb)}
+            for g, tb in picked.items()]
+
+
+def margin_verdict(rows) -> str:
+    """One line of `margin_whatif`; the rule before and today's default (`Profile.timed_gain`) named."""
+    from zipccl_jax.strategy.profile import Profile
+    today = Profile.timed_gain
+    return "; ".join(f"timed_gain {r['timed_gain']:g}{' (before)' if r['timed_gain'] == RUNS_TIMED_GAIN else ''}"
+                     f"{' (today)' if r['timed_gain'] == today else ''}: {r['misses']} of {r['decisions']} over 3% + 1.5 ms, "
+                     f"{r['mean_over_best']:.4f}x the fastest on average, {r['max_over_best']:.3f}x at most"
+                     for r in rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", help="write the record's rows here")
+    a = p.parse_args(argv)
+    rows = record()
+    print(record_markdown(rows) + "\n\n" + record_verdict(rows))
+    print(picks_verdict(record_picks()))
+    print("calibrated as today (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
+    print(held_out_verdict(held_out_programs(record_rows=rows)))
+    print(composed_verdict(composed_vs_programs()))
+    print(composed_by_size_verdict(composed_by_size()))
+    print(bar_verdict(auto_bar()))
+    print(drift_verdict(ratio_drift()))
+    print("the decisions with another margin on timed programs: " + margin_verdict(margin_whatif()))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"record": rows, "auto": auto_bar()}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
