@@ -202,6 +202,30 @@ def composed_by_size_verdict(gaps: dict, runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -
             f"reorders went, at {'/'.join(f'{at / 1e6:.2f}' for at in sizes)} MB: " + "; ".join(parts))
 
 
+def lead_in_whatif(credits_ms=(0.0, 0.5, 0.9, 1.5), runs=DECISION_RUNS, bound: float = 0.15) -> list[dict]:
+    """Per credit (ms): links only with that much taken off every two-level variant (one lead-in per phase after
+    the first: the phase runs of benchmarks/link_patterns.py measured ~0.9 ms), and how many variants of `runs`
+    then land within `bound`, in all and per op. The lead-in term links only does not have, scored."""
+    timed = [r for name in runs for r in two_levels(testbed_profile(RESULTS / name), run=RESULTS / name)
+             if r["variant"] != "auto"]
+    out = []
+    for c in credits_ms:
+        within = {}
+        for r in timed:
+            t = r["links_s"] - (c * 1e-3 if r["variant"].startswith("hierarchical") else 0.0)
+            within.setdefault(r["collective"], []).append(abs(rel_err(t, r["meas_s"])) < bound)
+        out.append({"credit_ms": c, "within": sum(map(sum, within.values())), "of": len(timed),
+                    "per_op": {op: sum(v) for op, v in within.items()}})
+    return out
+
+
+def lead_in_verdict(rows, bound: float = 0.15) -> str:
+    """One line of `lead_in_whatif`."""
+    return (f"links only with a lead-in credit per two-level variant, variants within {bound:.0%} over the record: "
+            + "; ".join(f"{r['credit_ms']:g} ms {r['within']} of {r['of']} ("
+                        + ", ".join(f"{op} {k}" for op, k in r["per_op"].items()) + ")" for r in rows))
+
+
 def held_out_verdict(rows, bound: float = 0.15) -> str:
     """One line of `held_out_programs`: how often the program's own held-out timing, and links only, are
     within `bound` of the run's median."""
@@ -367,6 +391,7 @@ def main(argv=None) -> int:
     print(held_out_verdict(held_out_programs(record_rows=rows)))
     print(composed_verdict(composed_vs_programs()))
     print(composed_by_size_verdict(composed_by_size()))
+    print(lead_in_verdict(lead_in_whatif()))
     print(bar_verdict(auto_bar()))
     print(drift_verdict(ratio_drift()))
     print("the decisions with another margin on timed programs: " + margin_verdict(margin_whatif()))

@@ -301,6 +301,21 @@ def test_the_composition_by_size_is_the_same_gap_in_ms():
         r["composed_err"] * r["program_s"] * 1e3 for r in rows if (r["collective"], r["variant"]) == key))
 
 
+def test_a_lead_in_credit_is_scored_against_the_record(record_rows):
+  """`lead_in_whatif` with no credit is the record itself (the same count, per op too), and a credit only ever
+  moves the two-level variants: the flat ones keep their count whatever it is."""
+  rows = REC.lead_in_whatif((0.0, 5.0))
+  per_op: dict = {}
+  for r in record_rows:
+    per_op[r["collective"]] = per_op.get(r["collective"], 0) + sum(abs(e) < 0.15 for e in r["links_errs"])
+  assert rows[0]["within"] == sum(per_op.values()) and rows[0]["per_op"] == per_op
+  assert rows[0]["of"] == rows[1]["of"] == 20 * len(REC.DECISION_RUNS)
+  flat = {op: sum(abs(e) < 0.15 for r in record_rows if r["collective"] == op and r["variant"].startswith("flat")
+                  for e in r["links_errs"]) for op in per_op}
+  assert all(rows[1]["per_op"][op] >= flat[op] for op in per_op)
+  assert rows[1]["within"] != rows[0]["within"]  # 5 ms moves some two-level variant across the bound
+
+
 def test_readme_quotes_the_record(record_rows):
   """benchmarks/README.md ("The record") quotes `python benchmarks/model_record.py` as it prints today."""
   text = (REPO / "benchmarks" / "README.md").read_text()
@@ -310,6 +325,7 @@ def test_readme_quotes_the_record(record_rows):
             REC.held_out_verdict(REC.held_out_programs(record_rows=record_rows)),
             REC.composed_verdict(REC.composed_vs_programs()),
             REC.composed_by_size_verdict(REC.composed_by_size()),
+            REC.lead_in_verdict(REC.lead_in_whatif()),
             REC.bar_verdict(REC.auto_bar()),
             REC.drift_verdict(REC.ratio_drift()),
             "the decisions with another margin on timed programs: " + REC.margin_verdict(REC.margin_whatif())]
