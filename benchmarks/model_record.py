@@ -1,6 +1,6 @@
 """The links-only prediction scored over every stored 2 x 4 run, and `compress="auto"`'s record on them.
 
-    python benchmarks/model_record.py          # the record's table and its lines (5 s); --json writes the rows
+    python benchmarks/model_record.py          # the record's table and its lines (~10 s); --json writes the rows
 
 benchmarks/model_check.py predicts each configuration once, from one run (`--two-levels RUN`); this scores the
 same predictions over every run of today's decision (`DECISION_RUNS`, each with the profile it calibrated) and
@@ -11,6 +11,7 @@ asks where the misses come from:
   read at the case's size: how close the testbed lets any prediction come;
 * **the composition** (`composed_vs_programs`, `composed_by_size`): links only's sum of phases against the
   same calibration's timing of the program, at the sizes it timed (no drift between the two);
+* **a lead-in term** (`lead_in_whatif`): the record again with a credit off every two-level variant;
 * **the picks** (`record_picks`): what running links only's fastest variant costs;
 * **`auto`** (`auto_bar`, `ratio_drift`, `margin_whatif`): within 3% + 1.5 ms of the fastest variant, how far
   the ratio it decides on drifts, and what other margins on timed programs would have picked.
@@ -50,7 +51,8 @@ DECISION_RUNS = MARGIN_ON_TIMED_RUNS + tuple(f"mesh_2x4_all_ops_avx2_{s}.json" f
     "slot_timed_once", "slot_timed_once_repeat", "slot_timed_once_repeat2", "slot_passes_once",
     "slot_passes_once_repeat", "slot_passes_once_repeat2", "slot_rows_once", "slot_rows_once_repeat",
     "slot_rows_once_repeat2", "slot_rows_once_repeat3", "slot_rows_once_repeat4",
-    "slot_rows_once_repeat5", "slot_rows_once_repeat6", "slot_rows_once_repeat7"))
+    "slot_rows_once_repeat5", "slot_rows_once_repeat6", "slot_rows_once_repeat7",
+    "slot_rows_once_repeat8"))
 # The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
 # codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
 SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
