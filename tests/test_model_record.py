@@ -63,7 +63,7 @@ def record_rows():
 
 
 def test_the_record_is_every_run_of_todays_decision(record_rows):
-  """model_check's record holds every stored `mesh_2x4_all_ops_avx2_*` run (a run of today's decision is
+  """The record holds every stored `mesh_2x4_all_ops_avx2_*` run (a run of today's decision is
   added whatever it shows), each run's column is that run's two-level table, and its verdict counts what
   `links_verdict` says of each run on its own."""
   stored = {p.name for p in MC.RESULTS.glob("mesh_2x4_all_ops_avx2_*.json")}
