@@ -178,7 +178,7 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=OPS) -> list[dict]:
         elems = math.prod(r0["global_shape"]) // 8
         role = call_role(r0["payload"], op)
         lp = two_level.choose(op, dt, elems, ("host", "local"), ("host", "local"), (2, 4), "auto", role,
-                                 profile=prof, platform="cpu", fixed_order=FIXED_ORDER)
+                              profile=prof, platform="cpu", fixed_order=FIXED_ORDER)
         anchored = dict(lp.candidates)
         links = zm.predict_call(top, zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, role),
                                 fixed_order=FIXED_ORDER)
@@ -245,7 +245,7 @@ def links_topology(prof, recs: list[dict]):
     """The 2 x 4 testbed as links only costs it from `prof`: each level per collective, as calibrated, the host
     level's stream from the run's probe (`_host_level`), no measured two-level program."""
     return cost_model().Topology(2, 4, _host_level(prof, recs), dict(prof.links["local"]), platform="cpu",
-                          base=_without_programs(prof))
+                                 base=_without_programs(prof))
 
 
 def _without_programs(prof):

@@ -155,9 +155,8 @@ def composed_vs_programs(runs=ROWS_RUNS, at: int = COMPOSED_AT) -> list[dict]:
             dt = np.dtype(dtype_of(r0["dtype"]))
             elems = round(at / sent_bytes(op, float(dt.itemsize), 8))  # an operand whose flat raw sends `at`
             elems -= elems % 64  # a whole row per rank, as calibrate's programs have
-            links = zm.predict_call(links_topology(run_profile(held), recs),
-                                    zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, call_role(r0["payload"], op)),
-                                    fixed_order=FIXED_ORDER)
+            call = zm.Call(r0["payload"], op, elems * dt.itemsize, dt.name, call_role(r0["payload"], op))
+            links = zm.predict_call(links_topology(run_profile(held), recs), call, fixed_order=FIXED_ORDER)
             alone = links_only_times(links)
             tab = held["links"]["host,local"]
             for variant in TIMED_PROGRAMS:
@@ -377,7 +376,8 @@ def margin_verdict(rows) -> str:
     from zipccl_jax.strategy.profile import Profile
     today = Profile.timed_gain
     return "; ".join(f"timed_gain {r['timed_gain']:g}{' (before)' if r['timed_gain'] == RUNS_TIMED_GAIN else ''}"
-                     f"{' (today)' if r['timed_gain'] == today else ''}: {r['misses']} of {r['decisions']} over 3% + 1.5 ms, "
+                     f"{' (today)' if r['timed_gain'] == today else ''}: "
+                     f"{r['misses']} of {r['decisions']} over 3% + 1.5 ms, "
                      f"{r['mean_over_best']:.4f}x the fastest on average, {r['max_over_best']:.3f}x at most"
                      for r in rows)
 
