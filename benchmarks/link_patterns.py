@@ -188,6 +188,29 @@ def _local_group(jax, lax, np, smap, put, company: str) -> dict:
     return jobs
 
 
+def _local_forms(jax, lax, np, smap, put) -> dict:
+    """`--local-forms`: the local level's all_gather at calibrate's two largest sizes, in the forms it
+    takes: calibrate's link job (rows of uint8, the first row kept), the phase patterns' (a vector, its
+    first byte kept), the whole result kept, and the two-level program's local phase (bfloat16, the host
+    phase's (2, ...) result gathered untiled, the whole result kept), in one shuffled group."""
+    import jax.numpy as jnp
+    jobs = {}
+    for size in HELD_OUT_SIZES[-2:]:
+        per = -(-size // (LOCAL - 1))  # bytes per peer, as calibrate's `_link_job`
+        rows = put(np.zeros((1, per), np.uint8))
+        jobs[(f"calibrate's rows, first kept, {size} B", 0)] = (
+            smap(lambda c: lax.all_gather(c, "local", tiled=True)[:1]), rows)
+        jobs[(f"vector, first byte kept, {size} B", 0)] = (
+            smap(lambda c: lax.all_gather(c, "local", tiled=True)[:1]), put(np.zeros((per,), np.uint8)))
+        jobs[(f"rows, whole result, {size} B", 0)] = (smap(lambda c: lax.all_gather(c, "local", tiled=True)), rows)
+        jobs[(f"program's phase (uint16 bits), {size} B", 0)] = (
+            smap(lambda c: lax.all_gather(c, "local", axis=0, tiled=False)),
+            put(np.zeros((HOSTS, per // (2 * HOSTS)), np.uint16)))
+        jobs[(f"bfloat16 rows, whole result, {size} B", 0)] = (
+            smap(lambda c: lax.all_gather(c, "local", tiled=True)), put(np.zeros((1, per // 2), jnp.bfloat16)))
+    return jobs
+
+
 def worker(args) -> None:
     import jax
     import numpy as np
@@ -213,7 +236,9 @@ def worker(args) -> None:
         full = np.broadcast_to(rows[None], (HOSTS * LOCAL,) + rows.shape).reshape(shape)
         return jax.make_array_from_callback(shape, sharding, lambda i: full[i])
 
-    if args.local_group:
+    if args.local_forms:
+        jobs = _local_forms(jax, lax, np, smap, put)
+    elif args.local_group:
         jobs = _local_group(jax, lax, np, smap, put, args.local_group)
     else:
         patterns = _phase_patterns if args.phases else _patterns
@@ -252,6 +277,8 @@ def main(argv=None) -> int:
     p.add_argument("--local-group", choices=("alone", "host"),
                    help="time the local level's links as calibrate does (its sizes, one shuffled group), alone or "
                         "with host-level transfers beside them")
+    p.add_argument("--local-forms", action="store_true",
+                   help="time the local level's all_gather in calibrate's, the phase patterns' and the program's forms")
     p.add_argument("--timeout", type=float, default=600.0, help="hard limit for the workers, seconds")
     p.add_argument("--allocator", default="auto", choices=_netns.ALLOCATORS,
                    help="the workers' malloc (benchmarks/README.md; recorded)")
@@ -276,7 +303,8 @@ def main(argv=None) -> int:
         out = tmp / "records.json"
         common = ["--worker", "--coordinator", f"{fabric.address(0)}:{PORT}", "--reps", str(args.reps),
                   "--mib", ",".join(map(str, args.mib)), "--out", str(out)] + (["--phases"] if args.phases else []) + (
-                      ["--local-group", args.local_group] if args.local_group else [])
+                      ["--local-group", args.local_group] if args.local_group else []) + (
+                      ["--local-forms"] if args.local_forms else [])
         argvs = [[sys.executable, str(Path(__file__).resolve()), *common, "--rank", str(i), "--gloo-host",
                   fabric.address(i)] for i in range(HOSTS)]
         workers = held.enter_context(_netns.Workers(argvs, netns=fabric, logdir=tmp,

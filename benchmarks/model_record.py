@@ -41,8 +41,9 @@ from model_check import (FIXED_ORDER, HELD_OUT_SIZES, MESH_VARIANTS, OPS, RESULT
 # compressed programs at their time (the runs before it, MARGIN_ON_TIMED_RUNS, with the 2% margin of a modelled
 # estimate: `RUNS_TIMED_GAIN`); slot_passes_*, the same once the coded reductions read their own row inside the
 # sum and a coded fast phase reorders by row concatenation (benchmarks/coded_passes_ab.py); slot_rows_*, the same
-# once all_gather's raw fast level gathers rows (no element-wise transpose). Every run of that command is added
-# here, whatever it shows.
+# once all_gather's raw fast level gathers rows (no element-wise transpose); slot_rows_whole_*, the same once
+# calibrate times a level's all_gather on its whole result (not the first row of it, a copy more). Every run of
+# that command is added here, whatever it shows.
 MARGIN_ON_TIMED_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
     "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2", "slot_repeat3", "slot_repeat4",
@@ -52,13 +53,18 @@ DECISION_RUNS = MARGIN_ON_TIMED_RUNS + tuple(f"mesh_2x4_all_ops_avx2_{s}.json" f
     "slot_passes_once_repeat", "slot_passes_once_repeat2", "slot_rows_once", "slot_rows_once_repeat",
     "slot_rows_once_repeat2", "slot_rows_once_repeat3", "slot_rows_once_repeat4",
     "slot_rows_once_repeat5", "slot_rows_once_repeat6", "slot_rows_once_repeat7",
-    "slot_rows_once_repeat8"))
+    "slot_rows_once_repeat8", "slot_rows_whole_once", "slot_rows_whole_once_repeat"))
 # The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
 # codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
 SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
 # The runs since all_gather's fast level stopped transposing its result (hierarchical._gather_fast): their
 # programs are today's
 ROWS_RUNS = tuple(name for name in DECISION_RUNS if "_slot_rows_" in name)
+# The runs calibrated as `zipccl_jax.calibrate` is today: its all_gather links timed on their whole result
+# (calibration._link_job); the ROWS_RUNS before them kept the first row, a copy of one row more per device
+WHOLE_RUNS = tuple(name for name in ROWS_RUNS if "_slot_rows_whole_" in name)
+SLICED_RUNS = tuple(name for name in ROWS_RUNS if name not in WHOLE_RUNS)
+SLICED = "the reorders went, before calibrate timed all_gather's whole result"
 # The held-out size (bytes one device sends in the flat raw collective) nearest the cases' 3.5-4.6 MB
 COMPOSED_AT = 5 << 19
 
@@ -138,7 +144,7 @@ def held_out_programs(runs=DECISION_RUNS, record_rows=None) -> list[dict]:
 
 
 
-def composed_vs_programs(runs=ROWS_RUNS, at: int = COMPOSED_AT) -> list[dict]:
+def composed_vs_programs(runs=SLICED_RUNS, at: int = COMPOSED_AT) -> list[dict]:
     """Per run, op of PAIRED_OPS and variant of TIMED_PROGRAMS: links only's composition of the variant at the
     held-out size `at` against the same calibration's timing of that program there. One calibration, minutes
     before any case, so no drift between the two: what differs is the composition's own error (phases timed
@@ -168,7 +174,7 @@ def composed_vs_programs(runs=ROWS_RUNS, at: int = COMPOSED_AT) -> list[dict]:
     return rows
 
 
-def composed_verdict(rows) -> str:
+def composed_verdict(rows, since: str = SLICED) -> str:
     """One line of `composed_vs_programs`: per op and variant, the mean and the spread (sd) of the composition's
     error against the program's own timing."""
     by: dict = {}
@@ -177,11 +183,11 @@ def composed_verdict(rows) -> str:
     parts = [f"{op} {v.replace('hierarchical ', '')} {pct(statistics.mean(e))} (sd {statistics.stdev(e):.1%})"
              for (op, v), e in by.items()]
     return (f"links only's composition against the same held-out calibration's timing of the program, at "
-            f"{COMPOSED_AT / 1e6:.1f} MB, over the {len({r['run'] for r in rows})} runs since the reorders went: "
+            f"{COMPOSED_AT / 1e6:.1f} MB, over the {len({r['run'] for r in rows})} runs since {since}: "
             + "; ".join(parts))
 
 
-def composed_by_size(runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -> dict:
+def composed_by_size(runs=SLICED_RUNS, sizes=HELD_OUT_SIZES) -> dict:
     """{(op, variant): [ms, one per size of `sizes`]}: per two-level program of TIMED_PROGRAMS, links only's
     composition less the program's own held-out timing (`composed_vs_programs`), in ms, averaged over `runs`, at
     each size the calibrations timed: whether the gap is a cost per program (flat over size) or grows with the
@@ -195,12 +201,13 @@ def composed_by_size(runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -> dict:
     return {k: [statistics.mean(g) for g in per_size] for k, per_size in by.items()}
 
 
-def composed_by_size_verdict(gaps: dict, runs=ROWS_RUNS, sizes=HELD_OUT_SIZES) -> str:
+def composed_by_size_verdict(gaps: dict, runs=SLICED_RUNS, sizes=HELD_OUT_SIZES,
+                             since: str = SLICED) -> str:
     """One line of `composed_by_size`."""
     parts = [f"{op} {v.replace('hierarchical ', '')} " + "/".join(f"{m:+.1f}" for m in means)
              for (op, v), means in gaps.items()]
-    return (f"links only's composition less the program's own timing, ms, mean over the {len(runs)} runs since the "
-            f"reorders went, at {'/'.join(f'{at / 1e6:.2f}' for at in sizes)} MB: " + "; ".join(parts))
+    return (f"links only's composition less the program's own timing, ms, mean over the {len(runs)} runs since "
+            f"{since}, at {'/'.join(f'{at / 1e6:.2f}' for at in sizes)} MB: " + "; ".join(parts))
 
 
 def lead_in_whatif(credits_ms=(0.0, 0.5, 0.9, 1.5), runs=DECISION_RUNS, bound: float = 0.15) -> list[dict]:
@@ -389,10 +396,14 @@ def main(argv=None) -> int:
     rows = record()
     print(record_markdown(rows) + "\n\n" + record_verdict(rows))
     print(picks_verdict(record_picks()))
-    print("calibrated as today (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
+    print("with the mixed slot's passes (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
+    print("calibrated as today (WHOLE_RUNS): " + record_verdict(record(WHOLE_RUNS)))
     print(held_out_verdict(held_out_programs(record_rows=rows)))
     print(composed_verdict(composed_vs_programs()))
     print(composed_by_size_verdict(composed_by_size()))
+    whole = "calibrate times all_gather's whole result"
+    print(composed_verdict(composed_vs_programs(WHOLE_RUNS), whole))
+    print(composed_by_size_verdict(composed_by_size(WHOLE_RUNS), WHOLE_RUNS, since=whole))
     print(lead_in_verdict(lead_in_whatif()))
     print(bar_verdict(auto_bar()))
     print(drift_verdict(ratio_drift()))
