@@ -3,6 +3,7 @@
     python benchmarks/link_patterns.py --json benchmarks/results/link_patterns_2x4.json   # root, ~1 min
     python benchmarks/link_patterns.py --phases --mib 1,2,4 --json OUT.json   # all_gather's two-level phases
     python benchmarks/link_patterns.py --local-group alone --json OUT.json    # the local level, as calibrate times it
+    python benchmarks/link_patterns.py --local-forms --json OUT.json          # the local all_gather's forms, ~15 s
 
 Two hosts (a `_netns.Fabric`, tbf at `--rate` Gbit/s both ways) of four CPU devices each, under
 `jax.distributed` as `collectives.py --mesh 2x4` runs them. Per size (MiB crossing each direction of the host
@@ -23,6 +24,10 @@ link), interleaved in a shuffled order with a barrier before each, `--reps` time
 phases, each timed alone as calibrate times a level's link, cost what they do together.
 `--local-group alone|host` times the local level's all_gather and all_to_all as calibrate's local group
 does (`_local_group`): its sizes, one shuffled group; with `host`, host-level transfers between them.
+`--local-forms` times the local level's all_gather at calibrate's two largest sizes in the forms it has taken
+(`_local_forms`): calibrate's link job before it kept the whole result (the first row kept, a copy of one row more
+per device), the whole result, the two-level program's local phase, and bfloat16 (XLA:CPU widens it). The other
+patterns keep their first row or byte, as calibrate did when their stored runs were made.
 
 The link probe (`_netns.measure_fabric_MBps`, one TCP stream of 16 MiB) runs before and after, and the
 same bytes move by plain TCP too (`tcp_both_ways`: Python sockets, 1, 4 and 16 connections, each carrying

@@ -274,9 +274,11 @@ def test_links_only_lands_within_15_percent_as_often_as_the_programs_own_held_ou
 def test_the_composition_is_compared_with_its_own_calibrations_program():
   """`composed_vs_programs` reads, for each program, the time its run's held-out calibration measured at a size
   it timed (no interpolation), and composes links only from that same profile at that size: the two differ by
-  the composition alone. Every run since the reorders, every op calibrate times as a pair and each program."""
-  rows = REC.composed_vs_programs()
-  assert set(REC.ROWS_RUNS) <= set(REC.DECISION_RUNS) and len(REC.ROWS_RUNS) >= 5
+  the composition alone. Every run since the reorders, every op calibrate times as a pair and each program; the
+  runs calibrated on all_gather's whole result (WHOLE_RUNS) apart from those before (SLICED_RUNS)."""
+  assert set(REC.ROWS_RUNS) <= set(REC.DECISION_RUNS) and len(REC.SLICED_RUNS) >= 5 and REC.WHOLE_RUNS
+  assert sorted(REC.SLICED_RUNS + REC.WHOLE_RUNS) == sorted(REC.ROWS_RUNS)
+  rows = REC.composed_vs_programs() + REC.composed_vs_programs(REC.WHOLE_RUNS)
   assert len(rows) == len(REC.ROWS_RUNS) * len(REC.PAIRED_OPS) * len(REC.TIMED_PROGRAMS)
   for r in rows:
     held = next(x for x in MC.run_records(r["run"]) if x["collective"] == r["collective"] and x["variant"] == "auto")
@@ -321,10 +323,13 @@ def test_readme_quotes_the_record(record_rows):
   text = (REPO / "benchmarks" / "README.md").read_text()
   quoted = [REC.record_markdown(record_rows), REC.record_verdict(record_rows),
             REC.picks_verdict(REC.record_picks()),
-            "calibrated as today (SLOT_RUNS): " + REC.record_verdict(REC.record(REC.SLOT_RUNS)),
+            "with the mixed slot's passes (SLOT_RUNS): " + REC.record_verdict(REC.record(REC.SLOT_RUNS)),
+            "calibrated as today (WHOLE_RUNS): " + REC.record_verdict(REC.record(REC.WHOLE_RUNS)),
             REC.held_out_verdict(REC.held_out_programs(record_rows=record_rows)),
             REC.composed_verdict(REC.composed_vs_programs()),
             REC.composed_by_size_verdict(REC.composed_by_size()),
+            REC.composed_verdict(REC.composed_vs_programs(REC.WHOLE_RUNS), REC.WHOLE),
+            REC.composed_by_size_verdict(REC.composed_by_size(REC.WHOLE_RUNS), REC.WHOLE_RUNS, since=REC.WHOLE),
             REC.lead_in_verdict(REC.lead_in_whatif()),
             REC.bar_verdict(REC.auto_bar()),
             REC.drift_verdict(REC.ratio_drift()),
