@@ -196,8 +196,9 @@ def _local_group(jax, lax, np, smap, put, company: str) -> dict:
 def _local_forms(jax, lax, np, smap, put) -> dict:
     """`--local-forms`: the local level's all_gather at calibrate's two largest sizes, in the forms it
     takes: calibrate's link job (rows of uint8, the first row kept), the phase patterns' (a vector, its
-    first byte kept), the whole result kept, and the two-level program's local phase (bfloat16, the host
-    phase's (2, ...) result gathered untiled, the whole result kept), in one shuffled group."""
+    first byte kept), the whole result kept, the two-level program's local phase (its bfloat16 bits as
+    uint16, the host phase's (2, ...) result gathered untiled, the whole result kept) and bfloat16 rows
+    (XLA:CPU widens them), in one shuffled group."""
     import jax.numpy as jnp
     jobs = {}
     for size in HELD_OUT_SIZES[-2:]:

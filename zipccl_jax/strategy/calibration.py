@@ -258,8 +258,8 @@ def _link_job(h: _Harness, coll: str, size: int):
   if coll == "all_gather":
     per = max(1, -(-int(size) // max(1, n - 1)))
     # the whole result, as a program uses it: keeping a slice of it adds a copy of one row per device
-    # (2 x 4 CPU testbed, local level, 8.4 MB sent: 19.5-24.5 ms against 17.5-21.4 for the whole
-    # result; `python benchmarks/link_patterns.py --local-forms`)
+    # (2 x 4 CPU testbed, local level, 8.4 MB sent, medians of 3 runs: 16.3-17.1 ms sliced, 14.4-15.3
+    # whole; `python benchmarks/link_patterns.py --local-forms`, results/local_forms_2x4*.json)
     f = h.smap(lambda c: lax.all_gather(c, axis_name, tiled=True))
     return f, h.put(np.zeros((1, per), np.uint8)), sent_bytes("all_gather", float(per), n)
   if coll == "ppermute":
