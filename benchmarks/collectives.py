@@ -443,7 +443,7 @@ def _time_case(w: _Worker, item, go: dict, impl, impl_error) -> dict:
         # extras
         "tensor": tensor if args.corpus else "synthetic_gaussian",
         "shape_per_rank": list(x.shape), "n_processes": nproc, "reps": args.reps,
-        "link_MBps": go.get("link_MBps"),
+        "link_MBps": go.get("link_MBps"), "link_MBps_probes": go.get("link_MBps_probes"),
         "raw_bits_s": med["raw_bits"], "codec_s": med.get("codec"),
         "wire_bytes_raw_hlo": info.get("wire_raw"),
         "wire_bytes_raw_bits_hlo": info.get("wire_raw_bits"),

@@ -230,7 +230,8 @@ def stream_fill() -> float:
 def _host_level(prof, recs: list[dict], per_host: int = 4) -> dict:
     """The host level's links per collective, as calibrated, and its stream (`links.stream_link`): what a
     flat collective's crossings reach, the run's link probe (one TCP stream from host to host, which a host's
-    `per_host` devices share) times `stream_fill`. The host level's calibrated collectives exchange one
+    `per_host` devices share; the fastest of three from `..._slot_rows_whole_once_repeat11` on,
+    `_netns.best_probe`) times `stream_fill`. The host level's calibrated collectives exchange one
     message per device pair, four pairs at once, and fill less of the link; a flat ring's edge is one
     pipelined stream (gloo's allgather keeps two half-chunks in flight on one connection), a flat
     all_to_all sixteen messages a direction."""

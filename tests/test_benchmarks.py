@@ -29,6 +29,15 @@ def test_parse_rates():
         _netns.parse_rates(",")
 
 
+def test_the_link_probe_is_the_fastest_of_its_streams():
+    """Other work only slows a probe's stream, so a phase's rate is its fastest reading; a reading that failed
+    (None) counts for nothing, and none measured gives None."""
+    readings = iter([None, 88.0, 118.0])
+    assert _netns.best_probe(lambda: next(readings)) == (118.0, [None, 88.0, 118.0])
+    assert _netns.best_probe(lambda: None, n=2) == (None, [None, None])
+    assert _netns.PROBES >= 3
+
+
 def test_worker_env_drops_forced_device_count(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_dump_to=/nowhere")
     env = _netns.worker_env()

@@ -37,13 +37,21 @@ DISTURBED = {("mesh_2x4_all_ops_avx2_slot_rows_once_repeat.json", "all_gather")}
 BAR_MISSES = ({("mesh_2x4_all_ops_avx2_held_out_7.json", "all_gather", v) for v in ("auto", "one_axis_auto")}
               | {("mesh_2x4_all_ops_avx2_slot_repeat3.json", "psum_scatter", "one_axis_auto")}
               | {run + ("auto",) for run in DISTURBED})
-# Where links only puts a flat raw collective 15% or more from its median: the disturbed case only, at the stream's
-# fill with the latest day's link_patterns runs (0.930); at 0.894 also the last timed-gain run's all_gather (its
-# link probe read 114 MB/s) and the sixth slot_rows run's (+16.0%), benchmarks/README.md
-STREAM_MISSES = set(DISTURBED)
+# The run whose link probe misread the link (`test_one_probe_misread`): the sixth slot_rows_whole run's one TCP
+# stream read 88 MB/s, where every other run's read 107-121, and its flat collectives ran as in the others (their
+# medians within 4% of the record's). Links only costs a flat collective's crossings at the probe, so it put this
+# run's flat variants 24-40% over their medians; its two-level variants, which the calibrated host level costs,
+# within 15%. The runs since take the fastest of three streams (`_netns.best_probe`)
+MISREAD_PROBE = {"mesh_2x4_all_ops_avx2_slot_rows_whole_once_repeat5.json"}
+# Where links only puts a flat raw collective 15% or more from its median: the disturbed case and the misread
+# probe's all_to_all and all_gather, at the stream's fill with the latest day's link_patterns runs (0.930); at
+# 0.894 also the last timed-gain run's all_gather (its link probe read 114 MB/s) and the sixth slot_rows run's
+# (+16.0%), benchmarks/README.md
+STREAM_MISSES = set(DISTURBED) | {(run, op) for run in MISREAD_PROBE for op in ("all_to_all", "all_gather")}
 # Where links only puts the flat coded all_gather 15% or more from its median: the third repeat (load 4.2-5.6,
 # the others 2.3-3.8), whose coded programs all ran slower than calibrated (benchmarks/README.md)
-RING_MISSES = {"mesh_2x4_all_ops_avx2_once_repeat3.json"} | {run for run, op in DISTURBED if op == "all_gather"}
+RING_MISSES = ({"mesh_2x4_all_ops_avx2_once_repeat3.json"} | {run for run, op in DISTURBED if op == "all_gather"}
+               | MISREAD_PROBE)
 # The runs whose codec binds where the in-situ scale still lands nearer the flat coded all_gather's median: the
 # third and fifth slot_rows runs, whose all_gather programs all ran faster than links only puts them (the flat
 # raw ring too), the codec as measured alone the further over
@@ -145,8 +153,9 @@ def test_links_only_decodes_the_flat_ring_all_at_once(monkeypatch):
   """The flat coded all_gather is a ring: every device receives its last row in the same step and decodes its
   n - 1 rows at once, with no peer's wait to hide the codec, so its links-only cost has the codec as measured
   alone (`Profile.phase_codecs`), not calibrate's in-situ scale. In every 2 x 4 all-ops run whose codec binds
-  but IN_SITU_NEARER that lands nearer its median than the in-situ scale does (6-30% under there) or ties it
-  (within a point), nearer on mean |error| over all of them, and within 15% in all but RING_MISSES; where the
+  but IN_SITU_NEARER and MISREAD_PROBE (its slow probe puts the ring over its median, and the in-situ scale's
+  smaller codec term less far) that lands nearer its median than the in-situ scale does (6-30% under there) or
+  ties it (within a point), nearer on mean |error| over all of them, and within 15% in all but RING_MISSES; where the
   codec hides behind the link (CODEC_HIDDEN_RUNS) the in-situ scale is nearer, by 7-12 points."""
   from zipccl_jax.strategy.profile import Profile
 
@@ -163,7 +172,7 @@ def test_links_only_decodes_the_flat_ring_all_at_once(monkeypatch):
                       lambda self, dtype, platform, phases, n: [self.codec_model(dtype, platform)[0]] * len(phases))
   in_situ = errors()
   nearer = {name for name, err in alone.items() if abs(err) > abs(in_situ[name]) + 0.01}
-  assert nearer == CODEC_HIDDEN_RUNS | IN_SITU_NEARER, (alone, in_situ)
+  assert nearer == CODEC_HIDDEN_RUNS | IN_SITU_NEARER | MISREAD_PROBE, (alone, in_situ)
   assert sum(map(abs, alone.values())) < 0.5 * sum(map(abs, in_situ.values())), (alone, in_situ)
   assert {name for name, err in alone.items() if abs(err) >= 0.15} == RING_MISSES, alone
 
@@ -178,6 +187,20 @@ def test_one_case_was_disturbed():
                                              if r["collective"] == op and r.get("spread_s") is not None)
   assert {k for k, q in spread.items()
           if q > 2 * max(v for o, v in spread.items() if o[1] == k[1] and o != k)} == DISTURBED, spread
+
+
+def test_one_probe_misread():
+  """MISREAD_PROBE is every run of the record whose link probe read under 85% of the record's median probe; in
+  each, every op's flat raw collective ran within 5% of that op's median over the record: the link was as in
+  the other runs, the probe was not."""
+  probe = {name: MC.run_records(name)[0]["link_MBps"] for name in REC.DECISION_RUNS}
+  typical = statistics.median(probe.values())
+  assert {name for name, p in probe.items() if p < 0.85 * typical} == MISREAD_PROBE, probe
+  flat = {(name, op): by_op["flat_raw"]["median_s"] for name in REC.DECISION_RUNS for op in OPS
+          for by_op in [MC.by_variant(MC.run_records(name), op)]}
+  for op in OPS:
+    usual = statistics.median(t for (name, o), t in flat.items() if o == op)
+    assert all(abs(flat[(name, op)] / usual - 1) < 0.05 for name in MISREAD_PROBE), (op, usual)
 
 
 def test_auto_runs_within_3_percent_of_the_best_variant_once_decided():
@@ -254,7 +277,8 @@ def test_links_only_lands_within_15_percent_as_often_as_the_programs_own_held_ou
   for any prediction from the calibration. Before today's programs (ROWS_RUNS) links only's composition of
   per-level links and codec landed within 15% at least as often; since, it misses more, and every variant it
   misses where the program's own timing does not is one of all_gather's two-level programs (the composition's
-  own bias, benchmarks/README.md). What both miss is the testbed's drift between a calibration and its case."""
+  own bias, benchmarks/README.md), outside the run whose probe misread (MISREAD_PROBE: its flat variants).
+  What both miss is the testbed's drift between a calibration and its case."""
   rows = REC.held_out_programs(record_rows=record_rows)
   assert len(rows) == 3 * len(REC.PAIRED_OPS) * len(REC.DECISION_RUNS)
   assert all(r["program_err"] != 0 for r in rows)  # never the case's own measurement
@@ -262,7 +286,7 @@ def test_links_only_lands_within_15_percent_as_often_as_the_programs_own_held_ou
   before = [r for r in rows if r["run"] not in REC.ROWS_RUNS]
   assert sum(abs(r["links_err"]) < 0.15 for r in before) >= sum(abs(r["program_err"]) < 0.15 for r in before)
   own = {(r["collective"], r["variant"]) for r in rows if r["run"] in REC.ROWS_RUNS
-         and abs(r["links_err"]) >= 0.15 > abs(r["program_err"])}
+         and r["run"] not in MISREAD_PROBE and abs(r["links_err"]) >= 0.15 > abs(r["program_err"])}
   assert own and all(op == "all_gather" and v.startswith("hierarchical") for op, v in own), own
   assert REC.held_out_verdict(rows).endswith(
       f"{within['program_err']} of {len(rows)} within 15% of the medians; links only, on those variants: "
