@@ -602,7 +602,7 @@ def open_netns(make):
 # Link probes per phase; the phase's rate is the fastest. A probe is one TCP stream of a few MiB that the
 # machine's other work can only slow: it runs while the workers import jax and start up, and on the 2-core 2 x 4
 # testbed one probe read 88 MB/s where the link ran as in every other run (107-121 MB/s, the cases' flat
-# collectives within 3% of theirs: results/mesh_2x4_all_ops_avx2_slot_rows_whole_once_repeat5.json)
+# collectives within 2% of theirs: results/mesh_2x4_all_ops_avx2_slot_rows_whole_once_repeat5.json)
 PROBES = 3
 
 
