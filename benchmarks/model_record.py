@@ -42,8 +42,9 @@ from model_check import (FIXED_ORDER, HELD_OUT_SIZES, MESH_VARIANTS, OPS, RESULT
 # estimate: `RUNS_TIMED_GAIN`); slot_passes_*, the same once the coded reductions read their own row inside the
 # sum and a coded fast phase reorders by row concatenation (benchmarks/coded_passes_ab.py); slot_rows_*, the same
 # once all_gather's raw fast level gathers rows (no element-wise transpose); slot_rows_whole_*, the same once
-# calibrate times a level's all_gather on its whole result (not the first row of it, a copy more). Every run of
-# that command is added here, whatever it shows.
+# calibrate times a level's all_gather on its whole result (not the first row of it, a copy more);
+# slot_rows_whole_bysize_*, the same once calibrate times each level's links beside the programs of their size.
+# Every run of that command is added here, whatever it shows.
 MARGIN_ON_TIMED_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
     "per_case_repeat", "per_case_repeat2", "slot", "slot_repeat", "slot_repeat2", "slot_repeat3", "slot_repeat4",
@@ -58,19 +59,25 @@ DECISION_RUNS = MARGIN_ON_TIMED_RUNS + tuple(f"mesh_2x4_all_ops_avx2_{s}.json" f
     "slot_rows_whole_once_repeat5", "slot_rows_whole_once_repeat6", "slot_rows_whole_once_repeat7",
     "slot_rows_whole_once_repeat8", "slot_rows_whole_once_repeat9", "slot_rows_whole_once_repeat10",
     "slot_rows_whole_once_repeat11", "slot_rows_whole_once_repeat12", "slot_rows_whole_once_repeat13",
-    "slot_rows_whole_once_repeat14", "slot_rows_whole_once_repeat15", "slot_rows_whole_once_repeat16"))
+    "slot_rows_whole_once_repeat14", "slot_rows_whole_once_repeat15", "slot_rows_whole_once_repeat16",
+    "slot_rows_whole_bysize_once", "slot_rows_whole_bysize_once_repeat1", "slot_rows_whole_bysize_once_repeat2"))
 # The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
 # codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
 SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
 # The runs since all_gather's fast level stopped transposing its result (hierarchical._gather_fast): their
 # programs are today's
 ROWS_RUNS = tuple(name for name in DECISION_RUNS if "_slot_rows_" in name)
-# The runs calibrated as `zipccl_jax.calibrate` is today: its all_gather links timed on their whole result
-# (calibration._link_job); the ROWS_RUNS before them kept the first row, a copy of one row more per device
-WHOLE_RUNS = tuple(name for name in ROWS_RUNS if "_slot_rows_whole_" in name)
-SLICED_RUNS = tuple(name for name in ROWS_RUNS if name not in WHOLE_RUNS)
+# The runs calibrated as `zipccl_jax.calibrate` is today: each level's link of a collective at a size timed in
+# one group with the flat collective and the programs over the tuple at that size (calibration._job_group); the
+# runs before timed a level's links in a group of their own, every collective and size shuffled together
+BYSIZE_RUNS = tuple(name for name in ROWS_RUNS if "_slot_rows_whole_bysize_" in name)
+# The runs before them with calibrate's all_gather links timed on their whole result (calibration._link_job);
+# the ROWS_RUNS before those kept the first row, a copy of one row more per device
+WHOLE_RUNS = tuple(name for name in ROWS_RUNS if "_slot_rows_whole_" in name and name not in BYSIZE_RUNS)
+SLICED_RUNS = tuple(name for name in ROWS_RUNS if name not in WHOLE_RUNS + BYSIZE_RUNS)
 SLICED = "the reorders went, before calibrate timed all_gather's whole result"
-WHOLE = "calibrate times all_gather's whole result"
+WHOLE = "calibrate times all_gather's whole result, before it timed the levels beside the programs"
+BYSIZE = "calibrate times each level's links beside the programs of their size"
 # The held-out size (bytes one device sends in the flat raw collective) nearest the cases' 3.5-4.6 MB
 COMPOSED_AT = 5 << 19
 
@@ -403,12 +410,15 @@ def main(argv=None) -> int:
     print(record_markdown(rows) + "\n\n" + record_verdict(rows))
     print(picks_verdict(record_picks()))
     print("with the mixed slot's passes (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
-    print("calibrated as today (WHOLE_RUNS): " + record_verdict(record(WHOLE_RUNS)))
+    print("on the whole result, the levels in groups of their own (WHOLE_RUNS): " + record_verdict(record(WHOLE_RUNS)))
+    print("calibrated as today (BYSIZE_RUNS): " + record_verdict(record(BYSIZE_RUNS)))
     print(held_out_verdict(held_out_programs(record_rows=rows)))
     print(composed_verdict(composed_vs_programs()))
     print(composed_by_size_verdict(composed_by_size()))
     print(composed_verdict(composed_vs_programs(WHOLE_RUNS), WHOLE))
     print(composed_by_size_verdict(composed_by_size(WHOLE_RUNS), WHOLE_RUNS, since=WHOLE))
+    print(composed_verdict(composed_vs_programs(BYSIZE_RUNS), BYSIZE))
+    print(composed_by_size_verdict(composed_by_size(BYSIZE_RUNS), BYSIZE_RUNS, since=BYSIZE))
     print(lead_in_verdict(lead_in_whatif()))
     print(bar_verdict(auto_bar()))
     print(drift_verdict(ratio_drift()))

@@ -103,22 +103,24 @@ def test_in_situ_scales_the_codec_only_when_measured(monkeypatch, times, applied
 
 
 def test_time_all_times_each_group_side_by_side():
-  """The programs plan compares for one op at one size (its flat and hierarchical programs over the tuple)
-  are warmed up and timed together, interleaved, in an order shuffled every repetition (the same on every
-  process: seeded with the repetition); other ops at that size, each level's links and the codec are groups of
-  their own, one group after another."""
+  """The programs plan compares for one op at one size (its flat and hierarchical programs over the tuple),
+  with each level's link of that collective at that size, are warmed up and timed together, interleaved, in an
+  order shuffled every repetition (the same on every process: seeded with the repetition); other ops at that
+  size, a level's links at other sizes and the codec are groups of their own, one group after another."""
   order = []
   jobs = [(name, (lambda name=name: order.append(name)), ()) for name in
           ("link/all_gather/1024", "link[host]/all_gather/1024", "link/hierarchical_all_gather/1024",
-           "link/all_to_all/1024", "link/hierarchical_all_gather_slow_coded/1024", "enc/bfloat16/64",
-           "link/flat_all_gather_coded/1024", "link/hierarchical_all_to_all_slow_coded/1024")]
+           "link/all_to_all/1024", "link/hierarchical_all_gather_slow_coded/1024", "link[host]/all_gather/4096",
+           "enc/bfloat16/64", "link/flat_all_gather_coded/1024", "link[local]/all_gather/1024",
+           "link/hierarchical_all_to_all_slow_coded/1024")]
   reps = 6
   ts = calibration._time_all(jobs, reps=reps, warmup=1, group=calibration._job_group)
   assert all(len(v) == reps for v in ts.values())
-  ag = ["link/all_gather/1024", "link/hierarchical_all_gather/1024", "link/hierarchical_all_gather_slow_coded/1024",
-        "link/flat_all_gather_coded/1024"]
+  ag = ["link/all_gather/1024", "link[host]/all_gather/1024", "link/hierarchical_all_gather/1024",
+        "link/hierarchical_all_gather_slow_coded/1024", "link/flat_all_gather_coded/1024",
+        "link[local]/all_gather/1024"]
   a2a = ["link/all_to_all/1024", "link/hierarchical_all_to_all_slow_coded/1024"]
-  host, enc = "link[host]/all_gather/1024", "enc/bfloat16/64"
+  host, enc = "link[host]/all_gather/4096", "enc/bfloat16/64"
   timed = order[len(ag):len(ag) + reps * len(ag)]
   assert order[:len(ag)] == ag                                          # warm-up, in order
   reps_ag = [timed[i * len(ag):(i + 1) * len(ag)] for i in range(reps)]
@@ -127,9 +129,9 @@ def test_time_all_times_each_group_side_by_side():
   after = {r[r.index(ag[2]) - 1] for r in reps_ag if r.index(ag[2]) > 0}
   assert len(after) > 1                                                 # no fixed predecessor
   rest = order[len(ag) * (reps + 1):]
-  assert rest[:reps + 1] == [host] * (reps + 1)
-  assert sorted(rest[reps + 1:reps + 1 + len(a2a) * (reps + 1)]) == sorted(a2a * (reps + 1))
-  assert rest[-(reps + 1):] == [enc] * (reps + 1)
+  k = len(a2a) * (reps + 1)
+  assert sorted(rest[:k]) == sorted(a2a * (reps + 1))
+  assert rest[k:] == [host] * (reps + 1) + [enc] * (reps + 1)
 
 
 def test_paired_keeps_the_ratio_measured_side_by_side():

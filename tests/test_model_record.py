@@ -299,10 +299,13 @@ def test_the_composition_is_compared_with_its_own_calibrations_program():
   """`composed_vs_programs` reads, for each program, the time its run's held-out calibration measured at a size
   it timed (no interpolation), and composes links only from that same profile at that size: the two differ by
   the composition alone. Every run since the reorders, every op calibrate times as a pair and each program; the
-  runs calibrated on all_gather's whole result (WHOLE_RUNS) apart from those before (SLICED_RUNS)."""
-  assert set(REC.ROWS_RUNS) <= set(REC.DECISION_RUNS) and len(REC.SLICED_RUNS) >= 5 and REC.WHOLE_RUNS
-  assert sorted(REC.SLICED_RUNS + REC.WHOLE_RUNS) == sorted(REC.ROWS_RUNS)
-  rows = REC.composed_vs_programs() + REC.composed_vs_programs(REC.WHOLE_RUNS)
+  runs calibrated on all_gather's whole result (WHOLE_RUNS) apart from those before (SLICED_RUNS), and those whose
+  calibration timed each level beside the programs of its size (BYSIZE_RUNS) apart from both."""
+  assert set(REC.ROWS_RUNS) <= set(REC.DECISION_RUNS) and len(REC.SLICED_RUNS) >= 5
+  assert REC.WHOLE_RUNS and REC.BYSIZE_RUNS
+  assert sorted(REC.SLICED_RUNS + REC.WHOLE_RUNS + REC.BYSIZE_RUNS) == sorted(REC.ROWS_RUNS)
+  rows = (REC.composed_vs_programs() + REC.composed_vs_programs(REC.WHOLE_RUNS)
+          + REC.composed_vs_programs(REC.BYSIZE_RUNS))
   assert len(rows) == len(REC.ROWS_RUNS) * len(REC.PAIRED_OPS) * len(REC.TIMED_PROGRAMS)
   for r in rows:
     held = next(x for x in MC.run_records(r["run"]) if x["collective"] == r["collective"] and x["variant"] == "auto")
@@ -348,12 +351,16 @@ def test_readme_quotes_the_record(record_rows):
   quoted = [REC.record_markdown(record_rows), REC.record_verdict(record_rows),
             REC.picks_verdict(REC.record_picks()),
             "with the mixed slot's passes (SLOT_RUNS): " + REC.record_verdict(REC.record(REC.SLOT_RUNS)),
-            "calibrated as today (WHOLE_RUNS): " + REC.record_verdict(REC.record(REC.WHOLE_RUNS)),
+            "on the whole result, the levels in groups of their own (WHOLE_RUNS): "
+            + REC.record_verdict(REC.record(REC.WHOLE_RUNS)),
+            "calibrated as today (BYSIZE_RUNS): " + REC.record_verdict(REC.record(REC.BYSIZE_RUNS)),
             REC.held_out_verdict(REC.held_out_programs(record_rows=record_rows)),
             REC.composed_verdict(REC.composed_vs_programs()),
             REC.composed_by_size_verdict(REC.composed_by_size()),
             REC.composed_verdict(REC.composed_vs_programs(REC.WHOLE_RUNS), REC.WHOLE),
             REC.composed_by_size_verdict(REC.composed_by_size(REC.WHOLE_RUNS), REC.WHOLE_RUNS, since=REC.WHOLE),
+            REC.composed_verdict(REC.composed_vs_programs(REC.BYSIZE_RUNS), REC.BYSIZE),
+            REC.composed_by_size_verdict(REC.composed_by_size(REC.BYSIZE_RUNS), REC.BYSIZE_RUNS, since=REC.BYSIZE),
             REC.lead_in_verdict(REC.lead_in_whatif()),
             REC.bar_verdict(REC.auto_bar()),
             REC.drift_verdict(REC.ratio_drift()),

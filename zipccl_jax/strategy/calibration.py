@@ -174,13 +174,13 @@ def _op_of(key: str) -> str:
 
 def _job_group(name: str) -> str:
   """The flat and hierarchical programs of one op over the tuple at one size form a group (what
-  `plan` compares for a call of that op and size); each level's links, and the codec, are groups
-  of their own."""
+  `plan` compares for a call of that op and size), and each level's link of that collective at
+  that size joins it; the codec is a group of its own."""
   parts = _link_parts(name)
   if parts is not None:
     return f"link@{parts[2]}/{_op_of(parts[1])}"
   parts = name.split("/")
-  return f"link@{parts[-1]}" if parts[0] == "link" else parts[0]
+  return f"link@{parts[2]}/{parts[1]}" if parts[0].startswith("link[") else parts[0]
 
 
 def _paired(ts: dict) -> dict:
@@ -532,9 +532,9 @@ def calibrate(mesh, axis_name, *, profile: Profile | None = None, link: bool = T
   "ppermute", "psum"), a jitted ``shard_map`` over ``mesh`` runs the
   ``jax.lax`` collective on uint8 messages of which each device sends about
   ``link_bytes`` (two or more sizes). The median time over ``reps`` (the
-  measurements interleaved within groups, in shuffled order: the flat and
-  hierarchical programs of one op over the tuple at one size, each level's
-  links, the codec; see `_job_group`), minus that of an empty ``shard_map``
+  measurements interleaved within groups, in shuffled order: one collective
+  at one size, flat, over each level and, for an op with programs, those
+  programs over the tuple; the codec; see `_job_group`), minus that of an empty ``shard_map``
   (dispatch), is fitted to ``latency + sent_bytes / bandwidth`` (least
   squares), and the medians themselves are kept as the model's ``points``
   (:class:`LinkModel`: interpolated between measured sizes, the fitted slope
