@@ -2,7 +2,7 @@
 
     python benchmarks/link_patterns.py --json benchmarks/results/link_patterns_2x4.json   # root, ~1 min
     python benchmarks/link_patterns.py --phases --mib 1,2,4 --json OUT.json   # all_gather's two-level phases
-    python benchmarks/link_patterns.py --local-group alone --json OUT.json    # the local level, as calibrate times it
+    python benchmarks/link_patterns.py --local-group alone --json OUT.json    # the local level, as calibrate timed it
     python benchmarks/link_patterns.py --local-forms --json OUT.json          # the local all_gather's forms, ~15 s
 
 Two hosts (a `_netns.Fabric`, tbf at `--rate` Gbit/s both ways) of four CPU devices each, under
@@ -21,9 +21,9 @@ link), interleaved in a shuffled order with a barrier before each, `--reps` time
   of the other host's four devices (sixteen messages a direction) while its three local rows stay on the host.
 
 `--phases` times all_gather's two-level raw program instead, phase by phase (`_phase_patterns`): whether its
-phases, each timed alone as calibrate times a level's link, cost what they do together.
+phases, each timed alone as a level's link, cost what they do together.
 `--local-group alone|host` times the local level's all_gather and all_to_all as calibrate's local group
-does (`_local_group`): its sizes, one shuffled group; with `host`, host-level transfers between them.
+did (`_local_group`): its sizes, one shuffled group; with `host`, host-level transfers between them.
 `--local-forms` times the local level's all_gather at calibrate's two largest sizes in the forms it has taken
 (`_local_forms`): calibrate's link job before it kept the whole result (the first row kept, a copy of one row more
 per device), the whole result, the two-level program's local phase, and bfloat16 (XLA:CPU widens it). The other
@@ -175,10 +175,10 @@ def _phase_patterns(jax, lax, np, smap, put, mib: int) -> dict:
 
 
 def _local_group(jax, lax, np, smap, put, company: str) -> dict:
-    """`--local-group`: the local level's links as calibrate times them, its all_gather and all_to_all at
-    HELD_OUT_SIZES in one shuffled group (key: (name, 0 MiB crossing)); with `company` "host", the host
-    level's all_gather of 1 MiB a direction beside them, so that local jobs follow network-bound ones as a
-    two-level program's local phase follows its host phase."""
+    """`--local-group`: the local level's links as calibrate timed them before it timed them beside the programs,
+    its all_gather and all_to_all at HELD_OUT_SIZES in one shuffled group (key: (name, 0 MiB crossing)); with
+    `company` "host", the host level's all_gather of 1 MiB a direction beside them, so that local jobs follow
+    network-bound ones as a two-level program's local phase follows its host phase."""
     jobs = {}
     for size in HELD_OUT_SIZES:
         per = -(-size // (LOCAL - 1))  # bytes per peer, as calibrate's `_link_job`
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
     p.add_argument("--phases", action="store_true",
                    help="time all_gather's two-level phases alone, together, and together with a sync between")
     p.add_argument("--local-group", choices=("alone", "host"),
-                   help="time the local level's links as calibrate does (its sizes, one shuffled group), alone or "
+                   help="time the local level's links as calibrate did (its sizes, one shuffled group), alone or "
                         "with host-level transfers beside them")
     p.add_argument("--local-forms", action="store_true",
                    help="time the local level's all_gather in calibrate's, the phase patterns' and the program's forms")

@@ -60,7 +60,10 @@ DECISION_RUNS = MARGIN_ON_TIMED_RUNS + tuple(f"mesh_2x4_all_ops_avx2_{s}.json" f
     "slot_rows_whole_once_repeat8", "slot_rows_whole_once_repeat9", "slot_rows_whole_once_repeat10",
     "slot_rows_whole_once_repeat11", "slot_rows_whole_once_repeat12", "slot_rows_whole_once_repeat13",
     "slot_rows_whole_once_repeat14", "slot_rows_whole_once_repeat15", "slot_rows_whole_once_repeat16",
-    "slot_rows_whole_bysize_once", "slot_rows_whole_bysize_once_repeat1", "slot_rows_whole_bysize_once_repeat2"))
+    "slot_rows_whole_bysize_once", "slot_rows_whole_bysize_once_repeat1", "slot_rows_whole_bysize_once_repeat2",
+    "slot_rows_whole_bysize_once_repeat3", "slot_rows_whole_bysize_once_repeat4",
+    "slot_rows_whole_bysize_once_repeat5", "slot_rows_whole_bysize_once_repeat6",
+    "slot_rows_whole_bysize_once_repeat7"))
 # The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
 # codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
 SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
