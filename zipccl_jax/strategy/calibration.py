@@ -179,10 +179,10 @@ def _job_group(name: str) -> str:
 
   A level's links are timed beside the programs whose phases they cost, not among the level's other
   links: on the 2 x 4 CPU testbed the local level's all_gather, timed in a group of the local level's
-  links alone (every collective and size shuffled together), cost 1.4-2.0 ms more a call at every
-  size than beside the programs (the programs themselves 0.5-0.9 ms more), and all_gather's two-level
-  programs composed from those links came to 16% over calibrate's timing of the very program
-  (benchmarks/README.md, "calibrate times each level beside the programs")."""
+  links alone (every collective and size shuffled together), cost 1.4-1.9 ms more a call at every
+  size than beside the programs (the programs themselves 0.2-1.0 ms more at the smallest sizes), and
+  all_gather's two-level programs composed from those links came to 16% over calibrate's timing of
+  the very program (benchmarks/README.md, "calibrate times each level beside the programs")."""
   parts = _link_parts(name)
   if parts is not None:
     return f"link@{parts[2]}/{_op_of(parts[1])}"
