@@ -162,9 +162,10 @@ def dtype_of(name):
     return np_dtype(name)
 
 
-def two_levels(prof, run: Path = PROFILE_RUN, ops=OPS) -> list[dict]:
+def two_levels(prof, run: Path = PROFILE_RUN, ops=OPS, held_fn=None) -> list[dict]:
     """Every variant of a 2 x 4 run (`run`, of `ops`): the anchored and the links-only prediction against the
-    median. Links only reads the run's held-out profile where it has one (calibrated at sizes no case has)."""
+    median. Links only reads the run's held-out profile where it has one (calibrated at sizes no case has),
+    through `held_fn` (its summary -> another summary) where given."""
     zm = cost_model()
     from zipccl_jax.strategy import levels as two_level
     recs = json.loads(run.read_text())
@@ -172,7 +173,7 @@ def two_levels(prof, run: Path = PROFILE_RUN, ops=OPS) -> list[dict]:
     for op in ops:
         by = by_variant(recs, op)
         held = by["auto"].get("model_profile")  # one per run, or measured before each case (--held-out-per-case)
-        top = links_topology(run_profile(held) if held else prof, recs)
+        top = links_topology(run_profile(held_fn(held) if held_fn else held) if held else prof, recs)
         r0 = by["flat_raw"]
         dt = np.dtype(dtype_of(r0["dtype"]))
         elems = math.prod(r0["global_shape"]) // 8

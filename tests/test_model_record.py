@@ -356,6 +356,25 @@ def test_the_composition_by_size_is_the_same_gap_in_ms():
         r["composed_err"] * r["program_s"] * 1e3 for r in rows if (r["collective"], r["variant"]) == key))
 
 
+def test_the_slowest_repetition_replay_refits_only_the_levels():
+  """`slowest_levels` refits a held-out profile's host and local links to `slowest_rep_s` less the null
+  program's (the points calibrate's `monotone_points` makes of those times at the sizes it timed, not the kept
+  medians'), and leaves the codec and the programs over the tuple as calibrated."""
+  from zipccl_jax.strategy.calibration import monotone_points
+  name = REC.BYSIZE_RUNS[0]
+  held = MC.by_variant(MC.run_records(name), "all_gather")["auto"]["model_profile"]
+  out = REC.slowest_levels(held)
+  assert out["codec"] == held["codec"] and out["links"]["host,local"] == held["links"]["host,local"]
+  slow, sizes = held["slowest_rep_s"], held["bytes"]
+  for level in ("host", "local"):
+    for coll in ("all_to_all", "all_gather"):
+      keys = sorted((k for k in slow if k.startswith(f"link[{level}]/{coll}/")), key=sizes.get)
+      want = monotone_points([sizes[k] for k in keys], [slow[k] - slow["null"] for k in keys])
+      got = out["links"][level][coll]["points"]
+      assert [tuple(p) for p in got] == list(want) and got != held["links"][level][coll]["points"]
+    assert out["links"][level]["*"] == out["links"][level]["all_to_all"]
+
+
 def test_a_lead_in_credit_is_scored_against_the_record(record_rows):
   """`lead_in_whatif` with no credit is the record itself (the same count, per op too), and a credit only ever
   moves the two-level variants: the flat ones keep their count whatever it is."""
@@ -387,6 +406,7 @@ def test_readme_quotes_the_record(record_rows):
             REC.composed_by_size_verdict(REC.composed_by_size(REC.WHOLE_RUNS), REC.WHOLE_RUNS, since=REC.WHOLE),
             REC.composed_verdict(REC.composed_vs_programs(REC.BYSIZE_RUNS), REC.BYSIZE),
             REC.composed_by_size_verdict(REC.composed_by_size(REC.BYSIZE_RUNS), REC.BYSIZE_RUNS, since=REC.BYSIZE),
+            REC.slowest_verdict(),
             REC.lead_in_verdict(REC.lead_in_whatif()),
             REC.bar_verdict(REC.auto_bar()),
             REC.drift_verdict(REC.ratio_drift()),
