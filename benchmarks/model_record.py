@@ -263,16 +263,19 @@ def slowest_levels(summary: dict) -> dict:
         for coll in [c for c in out["links"][level] if c != "*"]:
             keys = sorted((k for k in slow if k.startswith(f"link[{level}]/{coll}/")), key=sizes.get)
             lk, _ = fit_bounded([sizes[k] for k in keys], [max(0.0, slow[k] - slow["null"]) for k in keys])
-            out["links"][level][coll] = {"latency_s": lk.latency_s, "bandwidth_Bps": lk.bandwidth_Bps,
-                                         "points": [list(p) for p in lk.points]}
+            if lk is not None:  # an unmeasurable fit keeps the calibrated link, as calibrate does
+                out["links"][level][coll] = {"latency_s": lk.latency_s, "bandwidth_Bps": lk.bandwidth_Bps,
+                                             "points": [list(p) for p in lk.points]}
         out["links"][level]["*"] = out["links"][level]["all_to_all"]  # calibrate's first collective
     return out
 
 
-def slowest_verdict(runs=None, bound: float = 0.15) -> str:
+def slowest_verdict(runs=None, calibrated=None, bound: float = 0.15) -> str:
     """One line: links only over `runs` (BYSIZE_RUNS) with each level's links from `slowest_levels`, beside the
-    record as calibrated: the count within `bound` and the mean error."""
+    record as calibrated (`calibrated`, `record(runs)`'s rows, computed if not given): the count within `bound`
+    and the mean error."""
     runs = BYSIZE_RUNS if runs is None else runs
+    calibrated = record(runs) if calibrated is None else calibrated
 
     def score(rows):
         errs = [e for r in rows for e in r["links_errs"]]
@@ -281,7 +284,33 @@ def slowest_verdict(runs=None, bound: float = 0.15) -> str:
 
     return (f"links only over the {len(runs)} runs since {BYSIZE}, each level's links fitted to the median of each "
             f"repetition's slowest process: {score(record(runs, slowest_levels))} (as calibrated: "
-            f"{score(record(runs))})")
+            f"{score(calibrated)})")
+
+
+# The calibrated curves `level_curves` reads: each level's links, and all_gather's two-level raw program
+CURVES = (("host", "all_gather"), ("host", "all_to_all"), ("local", "all_gather"), ("local", "all_to_all"),
+          ("host,local", "hierarchical_all_gather"))
+
+
+def level_curves(runs) -> dict:
+    """{(level, link): [(mean ms, sd ms) per size of HELD_OUT_SIZES]}: the held-out calibrations' own points
+    (net medians) of CURVES over `runs`, what links only composes and what it is compared with."""
+    by: dict = {}
+    for name in runs:
+        links = by_variant(run_records(name), "all_gather")["auto"]["model_profile"]["links"]
+        for level, link in CURVES:
+            for i, (x, t) in enumerate(links[level][link]["points"]):
+                assert abs(x / HELD_OUT_SIZES[i] - 1) < 0.01, (name, level, link, x)
+                by.setdefault((level, link), [[] for _ in HELD_OUT_SIZES])[i].append(t * 1e3)
+    return {k: [(statistics.mean(v), statistics.stdev(v)) for v in per] for k, per in by.items()}
+
+
+def level_curves_verdict(runs, since: str) -> str:
+    """One line of `level_curves`."""
+    parts = [f"{level} {link} " + "/".join(f"{m:.1f} (sd {sd:.1f})" for m, sd in per)
+             for (level, link), per in level_curves(runs).items()]
+    return (f"the calibrated curves, ms, mean over the {len(runs)} runs since {since}, at "
+            f"{'/'.join(f'{at / 1e6:.2f}' for at in HELD_OUT_SIZES)} MB: " + "; ".join(parts))
 
 
 def held_out_verdict(rows, bound: float = 0.15) -> str:
@@ -447,8 +476,10 @@ def main(argv=None) -> int:
     print(record_markdown(rows) + "\n\n" + record_verdict(rows))
     print(picks_verdict(record_picks()))
     print("with the mixed slot's passes (SLOT_RUNS): " + record_verdict(record(SLOT_RUNS)))
-    print("on the whole result, the levels in groups of their own (WHOLE_RUNS): " + record_verdict(record(WHOLE_RUNS)))
-    print("calibrated as today (BYSIZE_RUNS): " + record_verdict(record(BYSIZE_RUNS)))
+    print("on the whole result, the levels in groups of their own (WHOLE_RUNS): "
+          + record_verdict(record(WHOLE_RUNS)))
+    bysize = record(BYSIZE_RUNS)
+    print("calibrated as today (BYSIZE_RUNS): " + record_verdict(bysize))
     print(held_out_verdict(held_out_programs(record_rows=rows)))
     print(composed_verdict(composed_vs_programs()))
     print(composed_by_size_verdict(composed_by_size()))
@@ -456,8 +487,10 @@ def main(argv=None) -> int:
     print(composed_by_size_verdict(composed_by_size(WHOLE_RUNS), WHOLE_RUNS, since=WHOLE))
     print(composed_verdict(composed_vs_programs(BYSIZE_RUNS), BYSIZE))
     print(composed_by_size_verdict(composed_by_size(BYSIZE_RUNS), BYSIZE_RUNS, since=BYSIZE))
-    print(slowest_verdict())
+    print(slowest_verdict(calibrated=bysize))
     print(lead_in_verdict(lead_in_whatif()))
+    print(level_curves_verdict(WHOLE_RUNS, WHOLE))
+    print(level_curves_verdict(BYSIZE_RUNS, BYSIZE))
     print(bar_verdict(auto_bar()))
     print(drift_verdict(ratio_drift()))
     print("the decisions with another margin on timed programs: " + margin_verdict(margin_whatif()))

@@ -408,6 +408,8 @@ def test_readme_quotes_the_record(record_rows):
             REC.composed_by_size_verdict(REC.composed_by_size(REC.BYSIZE_RUNS), REC.BYSIZE_RUNS, since=REC.BYSIZE),
             REC.slowest_verdict(),
             REC.lead_in_verdict(REC.lead_in_whatif()),
+            REC.level_curves_verdict(REC.WHOLE_RUNS, REC.WHOLE),
+            REC.level_curves_verdict(REC.BYSIZE_RUNS, REC.BYSIZE),
             REC.bar_verdict(REC.auto_bar()),
             REC.drift_verdict(REC.ratio_drift()),
             "the decisions with another margin on timed programs: " + REC.margin_verdict(REC.margin_whatif())]
