@@ -281,7 +281,8 @@ def _profile_summary(prof) -> dict | None:
     return {"links": d["links"], "codec": d["codec"], "codec_in_situ": d.get("codec_in_situ", {}),
             "fits": cal.get("fits"),
             "in_situ": cal.get("in_situ"), "net_s": cal.get("net_s"), "bytes": cal.get("bytes"),
-            "dispatch_s": cal.get("dispatch_s"), "slowest_rep_s": cal.get("slowest_rep_s")}
+            "dispatch_s": cal.get("dispatch_s"), "slowest_rep_s": cal.get("slowest_rep_s"),
+            "slowest_median_s": cal.get("slowest_median_s")}
 
 
 def _time_case(case, gx, vs, go, prof, calib_error, sm, zc, zs, barrier, anywhere, args, log,

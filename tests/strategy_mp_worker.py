@@ -105,7 +105,7 @@ def main() -> int:
   report({"rank": a.rank, "processes": jax.process_count(),
           "loaded_fingerprint": loaded.fingerprint(), "loaded": dec_loaded,
           "calibrated_fingerprint": cal.fingerprint(), "calibrated": dec_cal,
-          "calibration": {k: cal.meta["calibration"][k] for k in ("net_s", "dispatch_s", "slowest_rep_s")},
+          "calibration": {k: cal.meta["calibration"][k] for k in ("net_s", "dispatch_s", "slowest_rep_s", "slowest_median_s")},
           "observed": observed, "results_ok": ok})
   jax.distributed.shutdown()
   return 0

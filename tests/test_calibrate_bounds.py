@@ -152,3 +152,29 @@ def test_paired_keeps_the_ratio_measured_side_by_side():
   # no flat program of the op beside it, or not a hierarchical job: as measured
   for k in ("link/hierarchical_psum_scatter/4096", "link[host]/all_gather/4096", "link/all_gather/4096"):
     assert out[k] == ts[k]
+
+def test_agree_fits_the_median_of_each_repetitions_slowest_process(monkeypatch):
+  """Two processes whose slow repetitions alternate: each one's median is 10 ms, but every repetition
+  ends with whichever process ran 14 ms in it, so a call costs 14 ms in most; that is the median fitted
+  (and recorded as `slowest_rep_s`), with the slowest process's median recorded beside it. Every process
+  gets the same figures, and the largest spread."""
+  mine = {"link/all_gather/1024": [0.010, 0.014, 0.010, 0.014, 0.010],
+          "null": [0.001, 0.001, 0.001, 0.001, 0.001]}
+  other = {"link/all_gather/1024": [0.014, 0.010, 0.014, 0.010, 0.010],
+           "null": [0.001, 0.002, 0.001, 0.001, 0.001]}
+
+  def gathered(me):
+    names = sorted(other)
+    return {"t": [float(np.median(other[k])) for k in names], "q": [calibration._iqr(other[k]) for k in names],
+            "r": {}, "names": names, "reps": [other[k] for k in names]}
+
+  monkeypatch.setattr(calibration, "allgather_json", lambda me: [me, gathered(me)])
+  t, q, allv = calibration._agree(mine, {})
+  assert t == calibration._slowest_rep(allv)
+  assert t["link/all_gather/1024"] == pytest.approx(0.014) and t["null"] == pytest.approx(0.001)
+  assert calibration._slowest_median(allv)["link/all_gather/1024"] == pytest.approx(0.010)
+  assert q["link/all_gather/1024"] == pytest.approx(0.004)
+  # processes that measured different things refuse to agree
+  monkeypatch.setattr(calibration, "allgather_json", lambda me: [me, dict(gathered(me), names=["null"])])
+  with pytest.raises(RuntimeError, match="measured different things"):
+    calibration._agree(mine, {})
