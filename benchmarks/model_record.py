@@ -12,6 +12,8 @@ asks where the misses come from:
 * **the composition** (`composed_vs_programs`, `composed_by_size`): links only's sum of phases against the
   same calibration's timing of the program, at the sizes it timed (no drift between the two);
 * **a lead-in term** (`lead_in_whatif`): the record again with a credit off every two-level variant;
+* **the mixed exchange** (`mixed_over_flat`): all_to_all's host-coded program against its flat coded one, as
+  measured and as links only costs them, with and without the codec saving it no longer counts;
 * **the picks** (`record_picks`): what running links only's fastest variant costs;
 * **`auto`** (`auto_bar`, `ratio_drift`, `margin_whatif`): within 3% + 1.5 ms of the fastest variant, how far
   the ratio it decides on drifts, and what other margins on timed programs would have picked.
@@ -43,7 +45,8 @@ from model_check import (FIXED_ORDER, HELD_OUT_SIZES, MESH_VARIANTS, OPS, RESULT
 # sum and a coded fast phase reorders by row concatenation (benchmarks/coded_passes_ab.py); slot_rows_*, the same
 # once all_gather's raw fast level gathers rows (no element-wise transpose); slot_rows_whole_*, the same once
 # calibrate times a level's all_gather on its whole result (not the first row of it, a copy more);
-# slot_rows_whole_bysize_*, the same once calibrate times each level's links beside the programs of their size.
+# slot_rows_whole_bysize_*, the same once calibrate times each level's links beside the programs of their size;
+# slot_rows_whole_slowrep*, the same once calibrate fits the median of each repetition's slowest process.
 # Every run of that command is added here, whatever it shows.
 MARGIN_ON_TIMED_RUNS = tuple(f"mesh_2x4_all_ops_avx2_{s}.json" for s in (
     "once", "once_repeat", "once_repeat2", "once_repeat3", "once_repeat4", "held_out_7", "per_case",
@@ -63,24 +66,32 @@ DECISION_RUNS = MARGIN_ON_TIMED_RUNS + tuple(f"mesh_2x4_all_ops_avx2_{s}.json" f
     "slot_rows_whole_bysize_once", "slot_rows_whole_bysize_once_repeat1", "slot_rows_whole_bysize_once_repeat2",
     "slot_rows_whole_bysize_once_repeat3", "slot_rows_whole_bysize_once_repeat4",
     "slot_rows_whole_bysize_once_repeat5", "slot_rows_whole_bysize_once_repeat6",
-    "slot_rows_whole_bysize_once_repeat7"))
+    "slot_rows_whole_bysize_once_repeat7", "slot_rows_whole_slowrep", "slot_rows_whole_slowrep_repeat1",
+    "slot_rows_whole_slowrep_repeat2", "slot_rows_whole_slowrep_repeat3", "slot_rows_whole_slowrep_repeat4",
+    "slot_rows_whole_slowrep_repeat5", "slot_rows_whole_slowrep_repeat6", "slot_rows_whole_slowrep_repeat7"))
 # The runs calibrated as `zipccl_jax.calibrate` is today: with the mixed slot exchange's passes timed beside the
 # codec (`CodecModel.slot_Bps`); the runs before them cost that exchange without its passes
 SLOT_RUNS = tuple(name for name in DECISION_RUNS if name.startswith("mesh_2x4_all_ops_avx2_slot"))
 # The runs since all_gather's fast level stopped transposing its result (hierarchical._gather_fast): their
 # programs are today's
 ROWS_RUNS = tuple(name for name in DECISION_RUNS if "_slot_rows_" in name)
-# The runs calibrated as `zipccl_jax.calibrate` is today: each level's link of a collective at a size timed in
-# one group with the flat collective and the programs over the tuple at that size (calibration._job_group); the
-# runs before timed a level's links in a group of their own, every collective and size shuffled together
+# The runs calibrated as `zipccl_jax.calibrate` is today: every measurement fitted at the median of each
+# repetition's slowest process (calibration._slowest_rep); the runs before fitted the slowest process's median
+SLOWREP_RUNS = tuple(name for name in ROWS_RUNS if "_slot_rows_whole_slowrep" in name)
+# The runs before them with each level's link of a collective at a size timed in one group with the flat
+# collective and the programs over the tuple at that size (calibration._job_group); the runs before those timed a
+# level's links in a group of their own, every collective and size shuffled together
 BYSIZE_RUNS = tuple(name for name in ROWS_RUNS if "_slot_rows_whole_bysize_" in name)
 # The runs before them with calibrate's all_gather links timed on their whole result (calibration._link_job);
 # the ROWS_RUNS before those kept the first row, a copy of one row more per device
-WHOLE_RUNS = tuple(name for name in ROWS_RUNS if "_slot_rows_whole_" in name and name not in BYSIZE_RUNS)
-SLICED_RUNS = tuple(name for name in ROWS_RUNS if name not in WHOLE_RUNS + BYSIZE_RUNS)
+WHOLE_RUNS = tuple(name for name in ROWS_RUNS
+                   if "_slot_rows_whole_" in name and name not in BYSIZE_RUNS + SLOWREP_RUNS)
+SLICED_RUNS = tuple(name for name in ROWS_RUNS if name not in WHOLE_RUNS + BYSIZE_RUNS + SLOWREP_RUNS)
 SLICED = "the reorders went, before calibrate timed all_gather's whole result"
 WHOLE = "calibrate times all_gather's whole result, before it timed the levels beside the programs"
-BYSIZE = "calibrate times each level's links beside the programs of their size"
+BYSIZE = ("calibrate times each level's links beside the programs of their size, before it fitted each "
+          "repetition's slowest process")
+SLOWREP = "calibrate fits the median of each repetition's slowest process"
 # The held-out size (bytes one device sends in the flat raw collective) nearest the cases' 3.5-4.6 MB
 COMPOSED_AT = 5 << 19
 
@@ -249,6 +260,63 @@ def lead_in_verdict(rows, bound: float = 0.15) -> str:
     return (f"links only with a lead-in credit per two-level variant, variants within {bound:.0%} over the record: "
             + "; ".join(f"{r['credit_ms']:g} ms {r['within']} of {r['of']} ("
                         + ", ".join(f"{op} {k}" for op, k in r["per_op"].items()) + ")" for r in rows))
+
+
+MIXED = "hierarchical host:compressed local:raw"
+
+
+def mixed_over_flat(runs=DECISION_RUNS) -> list[dict]:
+    """Per run: all_to_all's mixed exchange (MIXED) less its flat coded exchange, in ms, as measured (the medians)
+    and as links only costs them, and the codec time of the L - 1 rows it does not code (`saved_ms`, at the
+    held-out calibration's in-situ rates), which links only took off it until it counted no saving where the
+    codec hides behind the slow link (`levels._mixed_model`); with the mixed exchange's links-only error with
+    and without that saving."""
+    rows = []
+    for name in runs:
+        run = RESULTS / name
+        recs = run_records(name)
+        prof = testbed_profile(run)
+        by = {r["variant"]: r for r in two_levels(prof, run=run) if r["collective"] == "all_to_all"}
+        r0 = by_variant(recs, "all_to_all")["flat_raw"]
+        dt = np.dtype(dtype_of(r0["dtype"]))
+        summary = by_variant(recs, "all_to_all")["auto"].get("model_profile")
+        held = run_profile(summary) if summary else prof  # as `two_levels` reads it
+        cm = held.codec_model(dt, "cpu")[0]
+        row_bytes = math.prod(r0["global_shape"]) // 64 * dt.itemsize  # one row of one device's operand
+        saved = 3 * (row_bytes / cm.encode_Bps + row_bytes / cm.decode_Bps)  # L - 1 = 3 rows
+        m, f = by[MIXED], by["flat compressed"]
+        rows.append({"run": name, "measured_ms": (m["meas_s"] - f["meas_s"]) * 1e3,
+                     "links_ms": (m["links_s"] - f["links_s"]) * 1e3, "saved_ms": saved * 1e3,
+                     "in_situ": held.codec_in_situ.get("cpu", 1.0), "links_err": m["links_err"],
+                     "saving_err": rel_err(m["links_s"] - saved, m["meas_s"])})
+    return rows
+
+
+def mixed_verdict(rows, recent: int = 16, bound: float = 0.15) -> str:
+    """One line of `mixed_over_flat`: the gap over the `recent` newest runs, and the mixed exchange's links-only
+    errors over all of `rows`, with and without the saving."""
+    last = rows[-recent:]
+
+    def span(k, rs):
+        v = [r[k] for r in rs]
+        return f"{min(v):+.1f} to {max(v):+.1f} ms (mean {statistics.mean(v):+.1f})"
+
+    def errs(k):
+        v = [r[k] for r in rows]
+        return f"mean {pct(statistics.mean(v))}, {sum(abs(e) < bound for e in v)} of {len(v)} within {bound:.0%}"
+
+    after = [dict(r, gap=r["links_ms"] - r["saved_ms"]) for r in last]
+    return (f"all_to_all's mixed exchange less its flat coded one, over the {len(last)} newest runs: measured "
+            f"{span('measured_ms', last)}; links only {span('links_ms', last)}, with the uncoded rows' codec "
+            f"saved {span('gap', after)}; in-situ codec factors {min(r['in_situ'] for r in rows):.2f}-"
+            f"{max(r['in_situ'] for r in rows):.2f} over the {len(rows)} runs, where links only's error on the "
+            f"mixed exchange is {errs('links_err')} (with the saving: {errs('saving_err')})")
+
+
+def errors_verdict(rows) -> str:
+    """The mean and sd of `rows`' links-only errors (every variant in every run), in points."""
+    errs = [100 * e for r in rows for e in r["links_errs"]]
+    return f"mean error {statistics.mean(errs):+.1f}% (sd {statistics.stdev(errs):.1f} points)"
 
 
 def slowest_levels(summary: dict) -> dict:
@@ -479,7 +547,8 @@ def main(argv=None) -> int:
     print("on the whole result, the levels in groups of their own (WHOLE_RUNS): "
           + record_verdict(record(WHOLE_RUNS)))
     bysize = record(BYSIZE_RUNS)
-    print("calibrated as today (BYSIZE_RUNS): " + record_verdict(bysize))
+    print("the levels beside the programs, the slowest process's median fitted (BYSIZE_RUNS): "
+          + record_verdict(bysize))
     print(held_out_verdict(held_out_programs(record_rows=rows)))
     print(composed_verdict(composed_vs_programs()))
     print(composed_by_size_verdict(composed_by_size()))
@@ -491,6 +560,13 @@ def main(argv=None) -> int:
     print(lead_in_verdict(lead_in_whatif()))
     print(level_curves_verdict(WHOLE_RUNS, WHOLE))
     print(level_curves_verdict(BYSIZE_RUNS, BYSIZE))
+    slowrep = record(SLOWREP_RUNS)
+    print("calibrated as today (SLOWREP_RUNS): " + record_verdict(slowrep) + "; " + errors_verdict(slowrep)
+          + " (BYSIZE_RUNS: " + errors_verdict(bysize) + ")")
+    print(composed_verdict(composed_vs_programs(SLOWREP_RUNS), SLOWREP))
+    print(composed_by_size_verdict(composed_by_size(SLOWREP_RUNS), SLOWREP_RUNS, since=SLOWREP))
+    print(level_curves_verdict(SLOWREP_RUNS, SLOWREP))
+    print(mixed_verdict(mixed_over_flat()))
     print(bar_verdict(auto_bar()))
     print(drift_verdict(ratio_drift()))
     print("the decisions with another margin on timed programs: " + margin_verdict(margin_whatif()))

@@ -388,6 +388,34 @@ def test_the_mixed_exchange_costs_its_own_rows_slot_passes():
       k: v for k, v in before.items() if k != (True, False)}
 
 
+@pytest.mark.parametrize("factor", [None, 1.0, 2.0, 0.5], ids=["isolated", "in-situ-1", "in-situ-2", "hidden"])
+def test_the_mixed_exchange_saves_the_uncoded_rows_codec_only_where_it_binds(factor):
+  """all_to_all host coded / local raw leaves the L - 1 other rows of its own host uncoded: `_mixed_model` takes
+  their encode and decode off the flat coded exchange's time where the codec binds (no in-situ factor, or one
+  of 1 or more), and nothing where calibrate measured it hidden behind the slow link (a factor under 1: coding
+  fewer rows there saves no time a call waits for). The slow level's codec rates are the same in both
+  profiles compared, so the raw variant and the slow phase of the one coding both levels do not move."""
+  dt, m, sizes = np.dtype(ml_dtypes.bfloat16), 1 << 20, (2, 4)
+  args = ("all_to_all", dt, m, ("host", "local"), "host", "local", sizes, "activation")
+  p = _in_situ_profile(factor or 1.0)
+  if factor is None:
+    p.codec_in_situ = {}
+  got, _, _ = two_level._models(*args, p, "cpu")
+  cm = p.codec_model(dt, "cpu")[0]
+  L, row_bytes = sizes[1], m // 8 * dt.itemsize
+  saving = (L - 1) * (row_bytes / cm.encode_Bps + row_bytes / cm.decode_Bps)
+  hidden = p.copy()
+  hidden.codec_in_situ = {"cpu": 0.5}
+  hidden.codec = p.codec  # the same rates, read as hidden
+  without, _, _ = two_level._models(*args, hidden, "cpu")
+  if factor is not None and factor < 1:
+    assert got[(True, False)] == without[(True, False)]
+  else:
+    assert without[(True, False)] - got[(True, False)] == pytest.approx(saving, rel=1e-9)
+    assert saving > 0
+  assert got[(False, False)] == without[(False, False)]
+
+
 def _tied_profile(timed_gain: float, coded_key: str) -> Profile:
   """A 2 x 4 profile whose flat raw all_gather of a 512 KiB shard takes 30 ms and whose program `coded_key`
   (calibrate's timing over the tuple) takes 29.7 ms: a near tie, 1% apart."""

@@ -308,12 +308,13 @@ def test_the_composition_is_compared_with_its_own_calibrations_program():
   it timed (no interpolation), and composes links only from that same profile at that size: the two differ by
   the composition alone. Every run since the reorders, every op calibrate times as a pair and each program; the
   runs calibrated on all_gather's whole result (WHOLE_RUNS) apart from those before (SLICED_RUNS), and those whose
-  calibration timed each level beside the programs of its size (BYSIZE_RUNS) apart from both."""
+  calibration timed each level beside the programs of its size (BYSIZE_RUNS) apart from both, and those whose
+  calibration fitted each repetition's slowest process (SLOWREP_RUNS) apart from all three."""
   assert set(REC.ROWS_RUNS) <= set(REC.DECISION_RUNS) and len(REC.SLICED_RUNS) >= 5
-  assert REC.WHOLE_RUNS and REC.BYSIZE_RUNS
-  assert sorted(REC.SLICED_RUNS + REC.WHOLE_RUNS + REC.BYSIZE_RUNS) == sorted(REC.ROWS_RUNS)
+  assert REC.WHOLE_RUNS and REC.BYSIZE_RUNS and REC.SLOWREP_RUNS
+  assert sorted(REC.SLICED_RUNS + REC.WHOLE_RUNS + REC.BYSIZE_RUNS + REC.SLOWREP_RUNS) == sorted(REC.ROWS_RUNS)
   rows = (REC.composed_vs_programs() + REC.composed_vs_programs(REC.WHOLE_RUNS)
-          + REC.composed_vs_programs(REC.BYSIZE_RUNS))
+          + REC.composed_vs_programs(REC.BYSIZE_RUNS) + REC.composed_vs_programs(REC.SLOWREP_RUNS))
   assert len(rows) == len(REC.ROWS_RUNS) * len(REC.PAIRED_OPS) * len(REC.TIMED_PROGRAMS)
   for r in rows:
     held = next(x for x in MC.run_records(r["run"]) if x["collective"] == r["collective"] and x["variant"] == "auto")
@@ -354,6 +355,25 @@ def test_the_composition_by_size_is_the_same_gap_in_ms():
     assert len(per_size) == len(MC.HELD_OUT_SIZES)
     assert per_size[k] == pytest.approx(statistics.mean(
         r["composed_err"] * r["program_s"] * 1e3 for r in rows if (r["collective"], r["variant"]) == key))
+
+
+def test_the_runs_since_fitted_each_repetitions_slowest_process():
+  """Each held-out calibration of SLOWREP_RUNS fitted what it records as `slowest_rep_s` (`net_s` is it less the
+  null program's, floored at 0) and keeps the slowest process's median beside it, never above it; each of
+  BYSIZE_RUNS fitted a statistic below it somewhere (the slowest process's median)."""
+  def held(name):
+    return MC.by_variant(MC.run_records(name), "all_gather")["auto"]["model_profile"]
+
+  for name in REC.SLOWREP_RUNS:
+    h = held(name)
+    slow, null = h["slowest_rep_s"], h["slowest_rep_s"]["null"]
+    assert h["dispatch_s"] == null, name
+    assert all(h["net_s"][k] == pytest.approx(max(0.0, slow[k] - null), abs=1e-12) for k in h["net_s"]), name
+    assert all(h["slowest_median_s"][k] <= slow[k] for k in slow), name
+  for name in REC.BYSIZE_RUNS:
+    h = held(name)
+    assert "slowest_median_s" not in h or h["slowest_median_s"] is None
+    assert any(h["net_s"][k] + h["dispatch_s"] < h["slowest_rep_s"][k] - 1e-9 for k in h["net_s"]), name
 
 
 def test_the_slowest_repetition_replay_refits_only_the_levels():
@@ -398,7 +418,8 @@ def test_readme_quotes_the_record(record_rows):
             "with the mixed slot's passes (SLOT_RUNS): " + REC.record_verdict(REC.record(REC.SLOT_RUNS)),
             "on the whole result, the levels in groups of their own (WHOLE_RUNS): "
             + REC.record_verdict(REC.record(REC.WHOLE_RUNS)),
-            "calibrated as today (BYSIZE_RUNS): " + REC.record_verdict(REC.record(REC.BYSIZE_RUNS)),
+            "the levels beside the programs, the slowest process's median fitted (BYSIZE_RUNS): "
+            + REC.record_verdict(REC.record(REC.BYSIZE_RUNS)),
             REC.held_out_verdict(REC.held_out_programs(record_rows=record_rows)),
             REC.composed_verdict(REC.composed_vs_programs()),
             REC.composed_by_size_verdict(REC.composed_by_size()),
@@ -410,6 +431,14 @@ def test_readme_quotes_the_record(record_rows):
             REC.lead_in_verdict(REC.lead_in_whatif()),
             REC.level_curves_verdict(REC.WHOLE_RUNS, REC.WHOLE),
             REC.level_curves_verdict(REC.BYSIZE_RUNS, REC.BYSIZE),
+            "calibrated as today (SLOWREP_RUNS): " + REC.record_verdict(REC.record(REC.SLOWREP_RUNS)) + "; "
+            + REC.errors_verdict(REC.record(REC.SLOWREP_RUNS))
+            + " (BYSIZE_RUNS: " + REC.errors_verdict(REC.record(REC.BYSIZE_RUNS)) + ")",
+            REC.composed_verdict(REC.composed_vs_programs(REC.SLOWREP_RUNS), REC.SLOWREP),
+            REC.composed_by_size_verdict(REC.composed_by_size(REC.SLOWREP_RUNS), REC.SLOWREP_RUNS,
+                                         since=REC.SLOWREP),
+            REC.level_curves_verdict(REC.SLOWREP_RUNS, REC.SLOWREP),
+            REC.mixed_verdict(REC.mixed_over_flat()),
             REC.bar_verdict(REC.auto_bar()),
             REC.drift_verdict(REC.ratio_drift()),
             "the decisions with another margin on timed programs: " + REC.margin_verdict(REC.margin_whatif())]
