@@ -433,11 +433,10 @@ def _slowest_rep(allv: list) -> dict:
   What calibrate fits: a collective ends when its last process does, so this is what a call costs,
   and what a benchmark that times the slowest process per call measures (`benchmarks/_twolevel.py`).
   It is never below the slowest process's median (`_slowest_median`), which calibrate fitted until
-  the 2 x 4 testbed showed links-only predictions a few percent under the cases' medians: replayed
-  from stored calibrations with each level's links fitted to this statistic instead, links only put
-  157 of 160 variants within 15% (mean error -2.0%) where the slowest process's median put 155
-  (-3.3%) (benchmarks/README.md, "calibrate fits each repetition's slowest process"). One process:
-  the median of its repetitions, as before."""
+  the 2 x 4 testbed showed links-only predictions a few percent under the cases' medians (eight
+  runs: 156 of 160 variants within 15%, mean error -2.9%). Eight runs calibrated on this statistic
+  put 160 of 160 within 15%, mean error +1.2% (benchmarks/README.md, "calibrate fits each
+  repetition's slowest process"). One process: the median of its repetitions, as before."""
   out = {}
   for i, k in enumerate(allv[0]["names"]):
     reps = min(len(v["reps"][i]) for v in allv)

@@ -415,9 +415,10 @@ def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
   the slow link: where calibrate measured it in situ under its cost alone (`Profile.codec_in_situ`
   below 1), the devices' codecs run while their peers' bytes cross, and coding fewer rows saves
   nothing a call waits for. On the 2 x 4 CPU testbed (in-situ factors 0.25-0.88) this exchange ran
-  6.9-10.1 ms slower than the flat coded one in the eleven newest runs, where the saving put it
-  0.3-1.0 ms faster; without the saving, links only's error on it over the record went from -9.5%
-  to -0.5% on average (benchmarks/README.md, "The mixed exchange saves no hidden codec")."""
+  4.0-11.8 ms slower than the flat coded one in each of the sixteen newest runs (mean 7.7), where the
+  saving put it up to 2.4 ms faster (mean 1.0); without the saving, links only's error on it over
+  the 66 runs went from -9.4% to -0.5% on average (`benchmarks/model_record.py`'s
+  `mixed_over_flat`; benchmarks/README.md, "The mixed exchange saves no hidden codec")."""
   H, L = sizes
   n = H * L
   d = decide("all_to_all", dt, chunk, axis_size=n, axis_name=axis_name, role=role,
