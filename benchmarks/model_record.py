@@ -285,10 +285,15 @@ def mixed_over_flat(runs=DECISION_RUNS) -> list[dict]:
         row_bytes = math.prod(r0["global_shape"]) // 64 * dt.itemsize  # one row of one device's operand
         saved = 3 * (row_bytes / cm.encode_Bps + row_bytes / cm.decode_Bps)  # L - 1 = 3 rows
         m, f = by[MIXED], by["flat compressed"]
+        timed = [r for r in by.values() if r["variant"] != "auto"]
+        with_saving = {r["variant"]: r["links_s"] - (saved if r is m else 0.0) for r in timed}
         rows.append({"run": name, "measured_ms": (m["meas_s"] - f["meas_s"]) * 1e3,
                      "links_ms": (m["links_s"] - f["links_s"]) * 1e3, "saved_ms": saved * 1e3,
                      "in_situ": held.codec_in_situ.get("cpu", 1.0), "links_err": m["links_err"],
-                     "saving_err": rel_err(m["links_s"] - saved, m["meas_s"])})
+                     "saving_err": rel_err(m["links_s"] - saved, m["meas_s"]),
+                     "best": min(timed, key=lambda r: r["meas_s"])["variant"],
+                     "pick": min(timed, key=lambda r: r["links_s"])["variant"],
+                     "saving_pick": min(with_saving, key=with_saving.get)})
     return rows
 
 
@@ -306,11 +311,15 @@ def mixed_verdict(rows, recent: int = 16, bound: float = 0.15) -> str:
         return f"mean {pct(statistics.mean(v))}, {sum(abs(e) < bound for e in v)} of {len(v)} within {bound:.0%}"
 
     after = [dict(r, gap=r["links_ms"] - r["saved_ms"]) for r in last]
+    right = lambda k: sum(r[k] == r["best"] for r in rows)  # noqa: E731
+    mixed_wrong = sum(r["saving_pick"] == MIXED != r["best"] for r in rows)
     return (f"all_to_all's mixed exchange less its flat coded one, over the {len(last)} newest runs: measured "
             f"{span('measured_ms', last)}; links only {span('links_ms', last)}, with the uncoded rows' codec "
             f"saved {span('gap', after)}; in-situ codec factors {min(r['in_situ'] for r in rows):.2f}-"
             f"{max(r['in_situ'] for r in rows):.2f} over the {len(rows)} runs, where links only's error on the "
-            f"mixed exchange is {errs('links_err')} (with the saving: {errs('saving_err')})")
+            f"mixed exchange is {errs('links_err')} (with the saving: {errs('saving_err')}), and its all_to_all pick "
+            f"the measured fastest in {right('pick')} of {len(rows)} (with the saving: {right('saving_pick')}, "
+            f"{mixed_wrong} of the others the mixed exchange)")
 
 
 def errors_verdict(rows) -> str:
