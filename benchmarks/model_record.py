@@ -271,19 +271,20 @@ def mixed_over_flat(runs=DECISION_RUNS) -> list[dict]:
     held-out calibration's in-situ rates), which links only took off it until it counted no saving where the
     codec hides behind the slow link (`levels._mixed_model`); with the mixed exchange's links-only error with
     and without that saving."""
+    from zipccl_jax.strategy.levels import uncoded_rows_codec_s
     rows = []
     for name in runs:
         run = RESULTS / name
         recs = run_records(name)
         prof = testbed_profile(run)
-        by = {r["variant"]: r for r in two_levels(prof, run=run) if r["collective"] == "all_to_all"}
+        by = {r["variant"]: r for r in two_levels(prof, run=run, ops=("all_to_all",))}
         r0 = by_variant(recs, "all_to_all")["flat_raw"]
         dt = np.dtype(dtype_of(r0["dtype"]))
         summary = by_variant(recs, "all_to_all")["auto"].get("model_profile")
         held = run_profile(summary) if summary else prof  # as `two_levels` reads it
         cm = held.codec_model(dt, "cpu")[0]
         row_bytes = math.prod(r0["global_shape"]) // 64 * dt.itemsize  # one row of one device's operand
-        saved = 3 * (row_bytes / cm.encode_Bps + row_bytes / cm.decode_Bps)  # L - 1 = 3 rows
+        saved = uncoded_rows_codec_s(cm, row_bytes, 4)  # the testbed's L = 4
         m, f = by[MIXED], by["flat compressed"]
         timed = [r for r in by.values() if r["variant"] != "auto"]
         with_saving = {r["variant"]: r["links_s"] - (saved if r is m else 0.0) for r in timed}

@@ -407,7 +407,8 @@ def test_the_mixed_exchange_saves_the_uncoded_rows_codec_only_where_it_binds(fac
   got, _, _ = two_level._models(*args, p, "cpu")
   cm = p.codec_model(dt, "cpu")[0]
   L, row_bytes = sizes[1], m // 8 * dt.itemsize
-  saving = (L - 1) * (row_bytes / cm.encode_Bps + row_bytes / cm.decode_Bps)
+  saving = (L - 1) * (row_bytes / cm.encode_Bps + row_bytes / cm.decode_Bps)  # written out: the model's term
+  assert two_level.uncoded_rows_codec_s(cm, row_bytes, L) == pytest.approx(saving, rel=1e-12)
   hidden = p.copy()
   hidden.codec_in_situ = {"cpu": 0.5}
   hidden.codec = p.codec  # the same rates, read as hidden

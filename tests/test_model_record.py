@@ -380,7 +380,7 @@ def test_the_runs_since_fitted_each_repetitions_slowest_process():
     assert any(h["net_s"][k] + h["dispatch_s"] < h["slowest_rep_s"][k] - 1e-9 for k in h["net_s"]), name
 
 
-def test_the_mixed_exchange_saves_no_hidden_codec_on_the_testbed(record_rows):
+def test_the_mixed_exchange_saves_no_hidden_codec_on_the_testbed(record_rows, monkeypatch):
   """Every run's calibration found the codec hidden behind the slow link (in-situ factor under 1), and in each of
   the sixteen newest runs the mixed exchange ran slower than the flat coded one, as links only now costs it
   (`levels._mixed_model`); with the uncoded rows' codec saved, links only put it under the flat one in most. Over
@@ -392,15 +392,20 @@ def test_the_mixed_exchange_saves_no_hidden_codec_on_the_testbed(record_rows):
   assert sum(r["links_ms"] - r["saved_ms"] < 0 for r in newest) > len(newest) // 2
   record = {(r["collective"], r["variant"]): r["links_errs"] for r in record_rows}[("all_to_all", REC.MIXED)]
   assert [r["links_err"] for r in rows] == pytest.approx(record, rel=1e-12)
-  for r in rows:  # the saving replayed: the same prediction less the saved codec time
-    assert r["saving_err"] < r["links_err"]
+  # the saving replayed is the model's own: links only with the codec read as binding, on the newest run
+  from zipccl_jax.strategy import levels as two_level
+  monkeypatch.setattr(two_level, "codec_hidden", lambda prof, plat: False)
+  run = MC.RESULTS / rows[-1]["run"]
+  old = next(r for r in MC.two_levels(MC.testbed_profile(run), run=run, ops=("all_to_all",))
+             if r["variant"] == REC.MIXED)
+  assert old["links_err"] == pytest.approx(rows[-1]["saving_err"], rel=1e-9)
+  monkeypatch.undo()
   within = lambda k: sum(abs(r[k]) < 0.15 for r in rows)  # noqa: E731
   assert within("links_err") > within("saving_err")
   assert statistics.mean(abs(r["links_err"]) for r in rows) < statistics.mean(abs(r["saving_err"]) for r in rows)
   # ... and its all_to_all pick is the measured fastest more often: the saving ranked the mixed exchange first
   right = lambda k: sum(r[k] == r["best"] for r in rows)  # noqa: E731
   assert right("pick") > right("saving_pick")
-  assert all(r["saving_pick"] == REC.MIXED for r in rows if r["pick"] == r["best"] != r["saving_pick"])
 
 
 def test_the_slowest_repetition_replay_refits_only_the_levels():

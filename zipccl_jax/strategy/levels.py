@@ -402,6 +402,18 @@ def _models(op, dt, m, axis_name, slow, fast, sizes, role, prof, plat, fixed_ord
   return model, flat, flat_sent
 
 
+def codec_hidden(prof, plat) -> bool:
+  """Whether calibrate measured `plat`'s codec hidden behind the slow link: its in-situ factor under 1
+  (`Profile.codec_in_situ`; none: not hidden)."""
+  return prof.codec_in_situ.get(plat, 1.0) < 1.0
+
+
+def uncoded_rows_codec_s(cm, row_bytes: int, L: int) -> float:
+  """Seconds of the encode and decode of the L - 1 rows of its own host that the mixed exchange leaves
+  uncoded (rows of `row_bytes`, codec model `cm`): what `_mixed_model` saves where the codec binds."""
+  return (L - 1) * (row_bytes / cm.encode_Bps + row_bytes / cm.decode_Bps)
+
+
 def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
   """Seconds of all_to_all host coded / local raw (`_all_to_all_mixed`): the flat coded exchange
   over the tuple (its link, its wire of n slots of C bytes, its fallback risk) with n - L rows
@@ -425,8 +437,7 @@ def _mixed_model(dt, chunk, axis_name, slow, fast, sizes, role, prof, plat):
                       compress=True, profile=prof, platform=plat, log=False, pieces=1)
   cm = prof.codec_model(dt, plat)[0]
   B = chunk * np.dtype(dt).itemsize
-  hidden = prof.codec_in_situ.get(plat, 1.0) < 1.0
-  saved = 0.0 if hidden else (L - 1) * (B / cm.encode_Bps + B / cm.decode_Bps)
+  saved = 0.0 if codec_hidden(prof, plat) else uncoded_rows_codec_s(cm, B, L)
   t = d.est_compressed_s - saved + cm.slot_time(L * B)
   tail = chunk - _mixed.mixed_head_elems(d.capacity, chunk, dt)   # elements
   if tail:
